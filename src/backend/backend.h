@@ -1,0 +1,104 @@
+/* The op interface that model code is written against. A backend owns the
+ * memory its tensors live in (host RAM for the CPU, HBM for CUDA) and
+ * implements every op; model code never touches tensor data directly.
+ *
+ * Tensors are 2-D row-major views: `rows` x `cols` elements, `stride`
+ * elements between row starts. Activations are fp32; weights may be fp32,
+ * bf16 or f16 and matmuls accumulate in fp32.
+ *
+ * Row invariance: for every op, row i of the output depends only on row i
+ * of the inputs (and on the weights / KV cache), never on how many rows
+ * share the call. Verification scores n+1 rows at once where plain decoding
+ * scores one, and lossless greedy output needs both to agree to the bit. */
+#ifndef DS_BACKEND_H
+#define DS_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "io/safetensors.h"
+
+typedef struct ds_backend ds_backend;
+
+typedef struct {
+    ds_dtype dtype;
+    void *data; /* backend memory */
+    int64_t rows, cols, stride;
+    bool owned; /* memory belongs to this tensor (not a view, not a mapped weight) */
+} ds_tensor;
+
+/* Rows [r0, r0+n) of t, as a view sharing t's memory. */
+static inline ds_tensor ds_rows(ds_tensor t, int64_t r0, int64_t n) {
+    ds_tensor v = t;
+    v.data = (char *)t.data + (size_t)(r0 * t.stride) * ds_dtype_size(t.dtype);
+    v.rows = n;
+    v.owned = false;
+    return v;
+}
+/* Columns [c0, c0+n) of every row, as a view. */
+static inline ds_tensor ds_cols(ds_tensor t, int64_t c0, int64_t n) {
+    ds_tensor v = t;
+    v.data = (char *)t.data + (size_t)c0 * ds_dtype_size(t.dtype);
+    v.cols = n;
+    v.owned = false;
+    return v;
+}
+
+/* Attention over a KV cache. Query row i (absolute position q_pos[i]) sees
+ * key rows j < n_keys with: causal -> j <= q_pos[i] (and j > q_pos[i] - window
+ * when window > 0); not causal -> every j. Keys/values are stored by
+ * absolute position (row j holds position j) unless the cache is a ring:
+ * ring_size > 0 means row = position % ring_size (sliding layers). */
+typedef struct {
+    int n_heads, n_kv_heads, head_dim, v_head_dim;
+    int n_keys;            /* key rows to consider: positions 0..n_keys-1 */
+    bool causal;
+    int window;            /* sliding window (0 = none) */
+    int ring_size;         /* 0 = cache indexed by position */
+    float scale;
+    const int32_t *q_pos;  /* host array, one position per query row */
+} ds_attn_params;
+
+typedef struct {
+    const char *name;
+    void (*destroy)(ds_backend *be);
+    /* Memory. alloc zero-fills. weight() makes a tensor from a checkpoint
+     * tensor (the CPU maps it in place; a GPU copies it to device memory). */
+    ds_error *(*alloc)(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out);
+    ds_error *(*weight)(ds_backend *be, const ds_st_tensor *src, int64_t rows, int64_t cols, ds_tensor *out);
+    void (*release)(ds_backend *be, ds_tensor *t);
+    void (*upload)(ds_backend *be, ds_tensor dst, const float *src);  /* host fp32 -> dst (fp32) */
+    void (*download)(ds_backend *be, ds_tensor src, float *dst);      /* src (fp32) -> host */
+    void (*copy)(ds_backend *be, ds_tensor dst, ds_tensor src);       /* same shape, fp32 */
+
+    /* out[i] = table[ids[i]] * scale (ids on the host). */
+    void (*embed)(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale);
+    /* out[M,N] = x[M,K] @ w[N,K]^T (+ bias[N] when bias.data). */
+    void (*linear)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+    /* Row-wise RMSNorm over `cols`: out = x / rms(x) * (w or 1). Rows may be
+     * heads: x viewed as [rows*k, cols/k] with dim = head size. */
+    void (*rmsnorm)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps);
+    /* In-place rotate-half RoPE on x[M, n_heads*head_dim]; inv_freq[head_dim/2]
+     * (zeros give the identity tail of proportional RoPE). */
+    void (*rope)(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq);
+    void (*attention)(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                      const ds_attn_params *p);
+    void (*add)(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);      /* out = a + b */
+    void (*scale)(ds_backend *be, ds_tensor x, float s);                       /* x *= s */
+    void (*swiglu)(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up); /* silu(g)*u */
+    void (*geglu_tanh)(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
+    void (*softcap)(ds_backend *be, ds_tensor x, float cap);                   /* tanh(x/c)*c */
+} ds_backend_ops;
+
+struct ds_backend {
+    const ds_backend_ops *ops;
+    int n_threads;
+};
+
+ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out);
+
+static inline ds_tensor ds_no_tensor(void) { return (ds_tensor){0}; }
+
+#endif

@@ -1,0 +1,174 @@
+/* CPU backend: fp32 activations, weights used in place from the mmap'd
+ * checkpoint (bf16 stays bf16 in memory and is widened on the fly), OpenMP
+ * across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+static ds_error *cpu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out) {
+    size_t bytes = (size_t)(rows * cols) * ds_dtype_size(dtype);
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return ds_errorf("cpu backend: cannot allocate %zu bytes", bytes);
+    memset(p, 0, bytes);
+    *out = (ds_tensor){.dtype = dtype, .data = p, .rows = rows, .cols = cols, .stride = cols, .owned = true};
+    return NULL;
+}
+
+/* Weights are used where the mapping has them (no copy, no extra resident
+ * memory). safetensors only promises byte alignment, so a tensor whose data
+ * is not aligned to its element size gets an owned, aligned copy. */
+static ds_error *cpu_weight(ds_backend *be, const ds_st_tensor *src, int64_t rows, int64_t cols, ds_tensor *out) {
+    size_t es = ds_dtype_size(src->dtype);
+    if ((size_t)(rows * cols) * es != src->nbytes)
+        return ds_errorf("tensor %s: %zu bytes, expected %lld x %lld", src->name, src->nbytes, (long long)rows,
+                         (long long)cols);
+    if (((uintptr_t)src->data % es) == 0) {
+        *out = (ds_tensor){.dtype = src->dtype, .data = (void *)src->data, .rows = rows, .cols = cols, .stride = cols};
+        return NULL;
+    }
+    DS_TRY(cpu_alloc(be, src->dtype, rows, cols, out));
+    memcpy(out->data, src->data, src->nbytes);
+    return NULL;
+}
+
+static void cpu_release(ds_backend *be, ds_tensor *t) {
+    if (t->owned) free(t->data);
+    *t = ds_no_tensor();
+}
+
+static void cpu_upload(ds_backend *be, ds_tensor dst, const float *src) {
+    for (int64_t r = 0; r < dst.rows; r++)
+        memcpy((float *)dst.data + r * dst.stride, src + r * dst.cols, (size_t)dst.cols * 4);
+}
+
+static void cpu_download(ds_backend *be, ds_tensor src, float *dst) {
+    for (int64_t r = 0; r < src.rows; r++)
+        memcpy(dst + r * src.cols, (const float *)src.data + r * src.stride, (size_t)src.cols * 4);
+}
+
+static void cpu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
+    for (int64_t r = 0; r < dst.rows; r++)
+        memmove((float *)dst.data + r * dst.stride, (const float *)src.data + r * src.stride, (size_t)dst.cols * 4);
+}
+
+static void cpu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale) {
+    for (int64_t i = 0; i < out.rows; i++) {
+        float *o = (float *)out.data + i * out.stride;
+        size_t es = ds_dtype_size(table.dtype);
+        ds_to_f32(table.dtype, (const char *)table.data + (size_t)ids[i] * (size_t)table.stride * es, o,
+                  (size_t)out.cols);
+        if (scale != 1.0f)
+            for (int64_t c = 0; c < out.cols; c++) o[c] *= scale;
+    }
+}
+
+static void cpu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps) {
+    int64_t groups = x.cols / dim;
+    float *wf = NULL;
+    if (w.data) {
+        wf = malloc((size_t)dim * 4);
+        ds_to_f32(w.dtype, w.data, wf, (size_t)dim);
+    }
+    for (int64_t r = 0; r < x.rows; r++)
+        for (int64_t g = 0; g < groups; g++)
+            ds_cpu_rmsnorm_row((float *)out.data + r * out.stride + g * dim,
+                               (const float *)x.data + r * x.stride + g * dim, wf, dim, eps);
+    free(wf);
+}
+
+static void cpu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq) {
+    int half = head_dim / 2;
+    int64_t heads = x.cols / head_dim;
+    for (int64_t r = 0; r < x.rows; r++) {
+        float *row = (float *)x.data + r * x.stride;
+        for (int i = 0; i < half; i++) {
+            float ang = (float)pos[r] * inv_freq[i];
+            /* Same as the reference: angle = pos * inv_freq in fp32, then cos/sin. */
+            float c = cosf(ang), s = sinf(ang);
+            for (int64_t h = 0; h < heads; h++) {
+                float *v = row + h * head_dim;
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) {
+    for (int64_t r = 0; r < out.rows; r++) {
+        float *o = (float *)out.data + r * out.stride;
+        const float *x = (const float *)a.data + r * a.stride, *y = (const float *)b.data + r * b.stride;
+        for (int64_t c = 0; c < out.cols; c++) o[c] = x[c] + y[c];
+    }
+}
+
+static void cpu_scale(ds_backend *be, ds_tensor x, float s) {
+    for (int64_t r = 0; r < x.rows; r++) {
+        float *o = (float *)x.data + r * x.stride;
+        for (int64_t c = 0; c < x.cols; c++) o[c] *= s;
+    }
+}
+
+static void cpu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
+    for (int64_t r = 0; r < out.rows; r++) {
+        float *o = (float *)out.data + r * out.stride;
+        const float *g = (const float *)gate.data + r * gate.stride, *u = (const float *)up.data + r * up.stride;
+        for (int64_t c = 0; c < out.cols; c++) o[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+    }
+}
+
+static void cpu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t r = 0; r < out.rows; r++) {
+        float *o = (float *)out.data + r * out.stride;
+        const float *g = (const float *)gate.data + r * gate.stride, *u = (const float *)up.data + r * up.stride;
+        for (int64_t c = 0; c < out.cols; c++) {
+            float x = g[c];
+            o[c] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[c];
+        }
+    }
+}
+
+static void cpu_softcap(ds_backend *be, ds_tensor x, float cap) {
+    for (int64_t r = 0; r < x.rows; r++) {
+        float *o = (float *)x.data + r * x.stride;
+        for (int64_t c = 0; c < x.cols; c++) o[c] = tanhf(o[c] / cap) * cap;
+    }
+}
+
+static void cpu_destroy(ds_backend *be) { free(be); }
+
+static const ds_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .weight = cpu_weight,
+    .release = cpu_release,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .copy = cpu_copy,
+    .embed = cpu_embed,
+    .linear = ds_cpu_linear,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = ds_cpu_attention,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .swiglu = cpu_swiglu,
+    .geglu_tanh = cpu_geglu_tanh,
+    .softcap = cpu_softcap,
+};
+
+ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {
+    ds_backend *be = calloc(1, sizeof *be);
+    if (!be) return ds_errorf("out of memory");
+    be->ops = &cpu_ops;
+    be->n_threads = n_threads > 0 ? n_threads : 1;
+    *out = be;
+    return NULL;
+}

@@ -1,0 +1,12 @@
+/* The CPU backend's heavier kernels (one family per file). */
+#ifndef DS_CPU_KERNELS_H
+#define DS_CPU_KERNELS_H
+
+#include "backend/backend.h"
+
+void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                      const ds_attn_params *p);
+void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);
+
+#endif

@@ -1,0 +1,59 @@
+#include "base/dtype.h"
+
+#include <math.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[DS_DTYPE_COUNT] = {
+    [DS_F32] = {"F32", 4}, [DS_BF16] = {"BF16", 2}, [DS_F16] = {"F16", 2},
+    [DS_I64] = {"I64", 8}, [DS_I32] = {"I32", 4},
+};
+
+size_t ds_dtype_size(ds_dtype t) { return (unsigned)t < DS_DTYPE_COUNT ? dtypes[t].size : 0; }
+const char *ds_dtype_name(ds_dtype t) { return (unsigned)t < DS_DTYPE_COUNT ? dtypes[t].name : "?"; }
+
+int ds_dtype_parse(const char *s) {
+    for (int i = 0; i < DS_DTYPE_COUNT; i++)
+        if (!strcmp(s, dtypes[i].name)) return i;
+    return -1;
+}
+
+float ds_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24); /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void ds_to_f32(ds_dtype t, const void *src, float *dst, size_t n) {
+    switch (t) {
+    case DS_F32: memcpy(dst, src, n * 4); break;
+    case DS_BF16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = ds_bf16_to_f32(s[i]);
+        break;
+    }
+    case DS_F16: {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = ds_f16_to_f32(s[i]);
+        break;
+    }
+    case DS_I64: {
+        const int64_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        break;
+    }
+    case DS_I32: {
+        const int32_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        break;
+    }
+    default: break;
+    }
+}

@@ -1,0 +1,37 @@
+/* Element types of stored tensors and their conversions. */
+#ifndef DS_DTYPE_H
+#define DS_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum { DS_F32 = 0, DS_BF16, DS_F16, DS_I64, DS_I32, DS_DTYPE_COUNT } ds_dtype;
+
+size_t ds_dtype_size(ds_dtype t);
+const char *ds_dtype_name(ds_dtype t);
+/* Parses a safetensors dtype string ("F32", "BF16", ...); -1 if unknown. */
+int ds_dtype_parse(const char *s);
+
+static inline float ds_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, as PyTorch does. */
+static inline uint16_t ds_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+float ds_f16_to_f32(uint16_t h);
+
+/* Converts n elements of type t at src to fp32. */
+void ds_to_f32(ds_dtype t, const void *src, float *dst, size_t n);
+
+#endif

@@ -1,0 +1,129 @@
+/* Qwen3ForCausalLM: pre-norm decoder, q/k RMSNorm per head before RoPE,
+ * GQA, SwiGLU MLP, tied or untied LM head. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model/qwen3_layer.h"
+#include "model/target.h"
+
+typedef struct {
+    ds_target base;
+    ds_qwen3_config c;
+    ds_tensor embed, final_norm, lm_head;
+    ds_qwen3_layer *layers;
+    ds_tensor *k_cache, *v_cache; /* per layer [max_ctx, kv_heads*head_dim], row = position */
+    ds_tensor x;                  /* residual stream [max_rows, hidden] */
+    ds_qwen3_scratch s;
+    int32_t *pos;
+} qwen3_target;
+
+static void qwen3_destroy(ds_target *t) {
+    qwen3_target *q = (qwen3_target *)t;
+    ds_backend *be = t->be;
+    for (int l = 0; q->layers && l < q->c.n_layers; l++) {
+        ds_qwen3_layer_release(be, &q->layers[l]);
+        be->ops->release(be, &q->k_cache[l]);
+        be->ops->release(be, &q->v_cache[l]);
+    }
+    free(q->layers);
+    free(q->k_cache);
+    free(q->v_cache);
+    be->ops->release(be, &q->embed);
+    be->ops->release(be, &q->final_norm);
+    be->ops->release(be, &q->lm_head);
+    be->ops->release(be, &q->x);
+    ds_qwen3_scratch_release(be, &q->s);
+    ds_qwen3_config_free(&q->c);
+    free(q->pos);
+    free(q);
+}
+
+static void tap(ds_target *t, int layer, ds_tensor x, int n) {
+    for (int i = 0; i < t->n_taps; i++)
+        if (t->tap_layers[i] == layer)
+            t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
+}
+
+static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    qwen3_target *q = (qwen3_target *)t;
+    ds_backend *be = t->be;
+    const ds_qwen3_config *c = &q->c;
+    for (int i = 0; i < n; i++) q->pos[i] = pos0 + i;
+    ds_tensor x = ds_rows(q->x, 0, n), xn = ds_rows(q->s.xn, 0, n);
+    be->ops->embed(be, x, q->embed, ids, 1.0f);
+    tap(t, -1, x, n);
+    ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                         .v_head_dim = c->head_dim, .n_keys = pos0 + n, .causal = true,
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
+    for (int l = 0; l < c->n_layers; l++) {
+        const ds_qwen3_layer *L = &q->layers[l];
+        ds_tensor qt = ds_rows(q->s.q, 0, n), attn = ds_rows(q->s.attn, 0, n);
+        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
+        ds_qwen3_query(be, c, L, xn, qt, q->pos);
+        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->k_cache[l], pos0, n), ds_rows(q->v_cache[l], pos0, n), q->pos);
+        be->ops->attention(be, attn, qt, q->k_cache[l], q->v_cache[l], &ap);
+        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
+        tap(t, l, x, n);
+    }
+    ds_tensor fh = ds_rows(t->final_hidden, 0, n);
+    be->ops->rmsnorm(be, fh, x, q->final_norm, c->hidden, c->eps);
+    if (n_logits > 0)
+        be->ops->linear(be, ds_rows(t->logits, 0, n_logits), ds_rows(fh, n - n_logits, n_logits), q->lm_head,
+                        ds_no_tensor());
+    return NULL;
+}
+
+static const ds_target_ops qwen3_ops = {.forward = qwen3_forward, .destroy = qwen3_destroy};
+
+ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out) {
+    qwen3_target *q = calloc(1, sizeof *q);
+    if (!q) return ds_errorf("out of memory");
+    ds_target *t = &q->base;
+    ds_target_init_common(t, be, ck, opts);
+    ds_qwen3_config *c = &q->c;
+    ds_error *e = ds_qwen3_config_read(ck->config, ck->dir, c);
+    if (!e) {
+        t->ops = &qwen3_ops;
+        t->model_type = "qwen3";
+        t->vocab = c->vocab;
+        t->hidden = c->hidden;
+        t->n_layers = c->n_layers;
+        t->max_ctx = c->max_pos;
+        q->layers = calloc((size_t)c->n_layers, sizeof *q->layers);
+        q->k_cache = calloc((size_t)c->n_layers, sizeof *q->k_cache);
+        q->v_cache = calloc((size_t)c->n_layers, sizeof *q->v_cache);
+        q->pos = calloc((size_t)t->max_rows, sizeof *q->pos);
+        if (!q->layers || !q->k_cache || !q->v_cache || !q->pos) e = ds_errorf("out of memory");
+    }
+    const int H = c->hidden, kvd = c->n_kv_heads * c->head_dim;
+    if (!e) e = ds_load_weight(be, ck, "model.embed_tokens.weight", c->vocab, H, &q->embed);
+    if (!e) e = ds_load_vector(be, ck, "model.norm.weight", H, &q->final_norm);
+    if (!e) {
+        if (c->tie_embeddings) {
+            q->lm_head = q->embed;
+            q->lm_head.owned = false;
+        } else {
+            e = ds_load_weight(be, ck, "lm_head.weight", c->vocab, H, &q->lm_head);
+        }
+    }
+    char prefix[64];
+    for (int l = 0; !e && l < c->n_layers; l++) {
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        e = ds_qwen3_layer_load(be, ck, prefix, c, &q->layers[l]);
+        if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->k_cache[l]);
+        if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->v_cache[l]);
+    }
+    if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &q->x);
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, &q->s);
+    if (!e) e = be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits);
+    if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden);
+    if (e) {
+        be->ops->release(be, &t->logits);
+        be->ops->release(be, &t->final_hidden);
+        qwen3_destroy(t);
+        return e;
+    }
+    *out = t;
+    return NULL;
+}

@@ -1,0 +1,163 @@
+#include "model/qwen3_layer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "io/config.h"
+
+ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head_dim, float **out) {
+    double theta;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "rope_theta")) {
+        DS_TRY(ds_cfg_float(rp, where, "rope_theta", &theta));
+        const char *type = ds_cfg_str(rp, "rope_type");
+        if (type && strcmp(type, "default"))
+            return ds_errorf("%s: rope_parameters.rope_type \"%s\" is not supported (default only)", where, type);
+    } else {
+        DS_TRY(ds_cfg_float_or(cfg, where, "rope_theta", 10000.0, &theta));
+    }
+    float *f = malloc((size_t)(head_dim / 2) * sizeof *f);
+    if (!f) return ds_errorf("out of memory");
+    /* As transformers: 1 / theta^(arange(0, D, 2) / D), computed in fp32 from int64 steps. */
+    for (int i = 0; i < head_dim / 2; i++) f[i] = (float)(1.0 / pow(theta, (double)(2 * i) / head_dim));
+    *out = f;
+    return NULL;
+}
+
+ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_config *c) {
+    int64_t v;
+    double d;
+    *c = (ds_qwen3_config){0};
+#define INT_FIELD(name, dst)                          \
+    DS_TRY(ds_cfg_int(cfg, where, name, &v));         \
+    if (v <= 0 || v > (1 << 30))                      \
+        return ds_errorf("%s: config field %s = %lld is out of range", where, name, (long long)v); \
+    dst = (int)v;
+    INT_FIELD("vocab_size", c->vocab);
+    INT_FIELD("hidden_size", c->hidden);
+    INT_FIELD("num_hidden_layers", c->n_layers);
+    INT_FIELD("num_attention_heads", c->n_heads);
+    INT_FIELD("intermediate_size", c->inter);
+#undef INT_FIELD
+    DS_TRY(ds_cfg_int_or(cfg, where, "num_key_value_heads", c->n_heads, &v));
+    c->n_kv_heads = (int)v;
+    DS_TRY(ds_cfg_int_or(cfg, where, "head_dim", c->hidden / c->n_heads, &v));
+    c->head_dim = (int)v;
+    DS_TRY(ds_cfg_int_or(cfg, where, "max_position_embeddings", 32768, &v));
+    c->max_pos = (int)v;
+    DS_TRY(ds_cfg_float_or(cfg, where, "rms_norm_eps", 1e-6, &d));
+    c->eps = (float)d;
+    DS_TRY(ds_cfg_bool_or(cfg, where, "attention_bias", false, &c->attention_bias));
+    DS_TRY(ds_cfg_bool_or(cfg, where, "tie_word_embeddings", false, &c->tie_embeddings));
+    if (c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads)
+        return ds_errorf("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where, c->n_heads,
+                         c->n_kv_heads);
+    if (c->head_dim <= 0 || c->head_dim % 2) return ds_errorf("%s: head_dim %d must be even", where, c->head_dim);
+    const char *act = ds_cfg_str(cfg, "hidden_act");
+    if (act && strcmp(act, "silu")) return ds_errorf("%s: hidden_act \"%s\" is not supported (silu)", where, act);
+    return ds_rope_default_inv_freq(cfg, where, c->head_dim, &c->inv_freq);
+}
+
+void ds_qwen3_config_free(ds_qwen3_config *c) {
+    free(c->inv_freq);
+    c->inv_freq = NULL;
+}
+
+ds_error *ds_load_weight(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                         ds_tensor *out) {
+    const ds_st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));
+    return be->ops->weight(be, t, rows, cols, out);
+}
+
+ds_error *ds_load_vector(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tensor *out) {
+    const ds_st_tensor *t;
+    DS_TRY(ds_checkpoint_tensor(ck, name, 1, &n, &t));
+    return be->ops->weight(be, t, 1, n, out);
+}
+
+ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
+                              ds_qwen3_layer *L) {
+    char n[256];
+    const int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    *L = (ds_qwen3_layer){0};
+#define W(field, suffix, r, cols) \
+    snprintf(n, sizeof n, "%s%s", prefix, suffix); \
+    DS_TRY(ds_load_weight(be, ck, n, r, cols, &L->field));
+#define V(field, suffix, len) \
+    snprintf(n, sizeof n, "%s%s", prefix, suffix); \
+    DS_TRY(ds_load_vector(be, ck, n, len, &L->field));
+    V(in_norm, "input_layernorm.weight", H);
+    V(post_norm, "post_attention_layernorm.weight", H);
+    V(q_norm, "self_attn.q_norm.weight", c->head_dim);
+    V(k_norm, "self_attn.k_norm.weight", c->head_dim);
+    W(q_proj, "self_attn.q_proj.weight", qd, H);
+    W(k_proj, "self_attn.k_proj.weight", kvd, H);
+    W(v_proj, "self_attn.v_proj.weight", kvd, H);
+    W(o_proj, "self_attn.o_proj.weight", H, qd);
+    if (c->attention_bias) {
+        V(q_bias, "self_attn.q_proj.bias", qd);
+        V(k_bias, "self_attn.k_proj.bias", kvd);
+        V(v_bias, "self_attn.v_proj.bias", kvd);
+        V(o_bias, "self_attn.o_proj.bias", H);
+    }
+    W(gate, "mlp.gate_proj.weight", c->inter, H);
+    W(up, "mlp.up_proj.weight", c->inter, H);
+    W(down, "mlp.down_proj.weight", H, c->inter);
+#undef W
+#undef V
+    return NULL;
+}
+
+void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L) {
+    ds_tensor *all[] = {&L->in_norm, &L->post_norm, &L->q_norm, &L->k_norm, &L->q_proj, &L->k_proj, &L->v_proj,
+                        &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias, &L->o_bias, &L->gate, &L->up, &L->down};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+}
+
+ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, ds_qwen3_scratch *s) {
+    *s = (ds_qwen3_scratch){0};
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->xn));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->n_heads * c->head_dim, &s->q));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->n_heads * c->head_dim, &s->attn));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->tmp));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->inter, &s->gate));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->inter, &s->up));
+    return NULL;
+}
+
+void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
+    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+}
+
+void ds_qwen3_query(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
+                    const int32_t *pos) {
+    be->ops->linear(be, q, xn, L->q_proj, L->q_bias);
+    be->ops->rmsnorm(be, q, q, L->q_norm, c->head_dim, c->eps);
+    be->ops->rope(be, q, c->head_dim, pos, c->inv_freq);
+}
+
+void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
+                        ds_tensor v, const int32_t *pos) {
+    be->ops->linear(be, k, x, L->k_proj, L->k_bias);
+    be->ops->rmsnorm(be, k, k, L->k_norm, c->head_dim, c->eps);
+    be->ops->rope(be, k, c->head_dim, pos, c->inv_freq);
+    be->ops->linear(be, v, x, L->v_proj, L->v_bias);
+}
+
+void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
+                             ds_qwen3_scratch *s, int rows) {
+    ds_tensor attn = ds_rows(s->attn, 0, rows), tmp = ds_rows(s->tmp, 0, rows), xn = ds_rows(s->xn, 0, rows);
+    ds_tensor gate = ds_rows(s->gate, 0, rows), up = ds_rows(s->up, 0, rows);
+    be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
+    be->ops->add(be, x, x, tmp);
+    be->ops->rmsnorm(be, xn, x, L->post_norm, c->hidden, c->eps);
+    be->ops->linear(be, gate, xn, L->gate, ds_no_tensor());
+    be->ops->linear(be, up, xn, L->up, ds_no_tensor());
+    be->ops->swiglu(be, gate, gate, up);
+    be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
+    be->ops->add(be, x, x, tmp);
+}

@@ -1,0 +1,54 @@
+/* A Qwen3 decoder layer: the target's layers and the DSpark drafter's layers
+ * share weights' names and the projection/MLP code here; they differ only in
+ * what the queries attend to (model/qwen3.c, draft/dspark.c). */
+#ifndef DS_QWEN3_LAYER_H
+#define DS_QWEN3_LAYER_H
+
+#include "backend/backend.h"
+#include "io/checkpoint.h"
+
+typedef struct {
+    int vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, inter, max_pos;
+    float eps;
+    bool attention_bias, tie_embeddings;
+    float *inv_freq; /* [head_dim/2], malloc'd */
+} ds_qwen3_config;
+
+typedef struct {
+    ds_tensor in_norm, post_norm, q_norm, k_norm;
+    ds_tensor q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias, o_bias;
+    ds_tensor gate, up, down;
+} ds_qwen3_layer;
+
+/* Per-call scratch for rows rows. */
+typedef struct {
+    ds_tensor xn, q, attn, tmp, gate, up;
+} ds_qwen3_scratch;
+
+ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_config *c);
+void ds_qwen3_config_free(ds_qwen3_config *c);
+/* RoPE inverse frequencies from rope_theta / rope_parameters (default type). */
+ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head_dim, float **out);
+
+ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
+                              ds_qwen3_layer *L);
+void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L);
+ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, ds_qwen3_scratch *s);
+void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
+
+/* q[M, heads*hd] = rope(q_norm(q_proj(xn))) at pos. */
+void ds_qwen3_query(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
+                    const int32_t *pos);
+/* k = rope(k_norm(k_proj(x))), v = v_proj(x), written into cache rows. */
+void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
+                        ds_tensor v, const int32_t *pos);
+/* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
+void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
+                             ds_qwen3_scratch *s, int rows);
+/* Loads a weight of the given shape into a backend tensor. */
+ds_error *ds_load_weight(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                         ds_tensor *out);
+/* 1-D weight [n] (norms, biases): rows = 1. */
+ds_error *ds_load_vector(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tensor *out);
+
+#endif

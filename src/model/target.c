@@ -1,0 +1,114 @@
+/* Architecture dispatch and the parts of a target every architecture shares:
+ * stop tokens, taps, cropping, argument checks on forward. */
+#include "model/target.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/config.h"
+
+static void add_stop(ds_target *t, int64_t id) {
+    if (id < 0 || id >= t->vocab || t->n_stop >= DS_MAX_STOP_IDS) return;
+    for (int i = 0; i < t->n_stop; i++)
+        if (t->stop_ids[i] == id) return;
+    t->stop_ids[t->n_stop++] = (int)id;
+}
+
+/* Stop tokens: generation_config.json's eos_token_id (int or list), else config.json's. */
+static ds_error *read_stop_ids(ds_target *t) {
+    const cJSON *src = t->ck->generation && cJSON_GetObjectItemCaseSensitive(t->ck->generation, "eos_token_id")
+                           ? t->ck->generation
+                           : t->ck->config;
+    int64_t *ids;
+    int n;
+    DS_TRY(ds_cfg_int_list(src, t->ck->dir, "eos_token_id", &ids, &n));
+    for (int i = 0; i < n; i++) add_stop(t, ids[i]);
+    free(ids);
+    return NULL;
+}
+
+void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts) {
+    t->be = be;
+    t->ck = ck;
+    t->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : 64;
+    t->max_logit_rows = opts && opts->max_logit_rows > 0 ? opts->max_logit_rows : 64;
+    if (t->max_logit_rows > t->max_rows) t->max_logit_rows = t->max_rows;
+}
+
+ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out) {
+    *out = NULL;
+    ds_checkpoint *ck;
+    DS_TRY(ds_checkpoint_open(dir, &ck));
+    const char *mt = ds_cfg_str(ck->config, "model_type");
+    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ck->config, "architectures"), 0);
+    const char *an = cJSON_IsString(arch) ? arch->valuestring : NULL;
+    ds_target *t = NULL;
+    ds_error *e;
+    if (mt && !strcmp(mt, "qwen3") && (!an || !strcmp(an, "Qwen3ForCausalLM"))) {
+        e = ds_qwen3_open(be, ck, opts, &t);
+    } else {
+        e = ds_errorf("%s: unsupported architecture (model_type \"%s\", architectures[0] \"%s\"); supported: "
+                      "Qwen3ForCausalLM",
+                      dir, mt ? mt : "(none)", an ? an : "(none)");
+    }
+    if (e) {
+        ds_checkpoint_close(ck);
+        return e;
+    }
+    e = read_stop_ids(t);
+    if (e) {
+        ds_target_free(t);
+        return e;
+    }
+    *out = t;
+    return NULL;
+}
+
+void ds_target_free(ds_target *t) {
+    if (!t) return;
+    ds_backend *be = t->be;
+    be->ops->release(be, &t->logits);
+    be->ops->release(be, &t->taps);
+    be->ops->release(be, &t->final_hidden);
+    ds_checkpoint *ck = t->ck;
+    if (t->ops) t->ops->destroy(t); /* frees t */
+    ds_checkpoint_close(ck);
+}
+
+ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n) {
+    if (n > DS_MAX_TAPS) return ds_errorf("%d tap layers (at most %d)", n, DS_MAX_TAPS);
+    for (int i = 0; i < n; i++)
+        if (layers[i] < -1 || layers[i] >= t->n_layers)
+            return ds_errorf("tap layer %d is outside the target's layers -1..%d", layers[i], t->n_layers - 1);
+    t->be->ops->release(t->be, &t->taps);
+    t->n_taps = n;
+    memcpy(t->tap_layers, layers, (size_t)n * sizeof *layers);
+    if (n) DS_TRY(t->be->ops->alloc(t->be, DS_F32, t->max_rows, (int64_t)n * t->hidden, &t->taps));
+    return NULL;
+}
+
+ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    if (n <= 0 || n > t->max_rows) return ds_errorf("forward of %d tokens (1..%d per call)", n, t->max_rows);
+    if (n_logits < 0 || n_logits > n || n_logits > t->max_logit_rows)
+        return ds_errorf("forward asks logits for %d rows (at most %d)", n_logits, t->max_logit_rows);
+    if (pos0 < 0 || pos0 > t->n_cached)
+        return ds_errorf("forward at position %d but the KV cache holds only %d positions", pos0, t->n_cached);
+    if (pos0 + n > t->max_ctx)
+        return ds_errorf("sequence of %d tokens exceeds the model's context of %d", pos0 + n, t->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= t->vocab) return ds_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], t->vocab - 1);
+    t->n_cached = pos0;
+    DS_TRY(t->ops->forward(t, ids, n, pos0, n_logits));
+    t->n_cached = pos0 + n;
+    return NULL;
+}
+
+void ds_target_crop(ds_target *t, int len) {
+    if (len < t->n_cached) t->n_cached = len < 0 ? 0 : len;
+}
+
+bool ds_target_is_stop(const ds_target *t, int32_t id) {
+    for (int i = 0; i < t->n_stop; i++)
+        if (t->stop_ids[i] == id) return true;
+    return false;
+}

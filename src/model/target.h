@@ -1,0 +1,60 @@
+/* The target model interface the speculative loop talks to. One forward
+ * scores n tokens at absolute positions pos0..pos0+n-1 against the KV cache
+ * (prefill, single-token decode and multi-token verify are the same call),
+ * leaving logits for the last n_logits rows and the tapped hidden states of
+ * every row on the backend. Architectures (qwen3.c, gemma4.c) implement it. */
+#ifndef DS_TARGET_H
+#define DS_TARGET_H
+
+#include "backend/backend.h"
+#include "io/checkpoint.h"
+
+#define DS_MAX_TAPS 16
+#define DS_MAX_STOP_IDS 8
+
+typedef struct ds_target ds_target;
+
+typedef struct {
+    ds_error *(*forward)(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits);
+    void (*destroy)(ds_target *t);
+} ds_target_ops;
+
+struct ds_target {
+    const ds_target_ops *ops;
+    ds_backend *be;
+    ds_checkpoint *ck;
+    const char *model_type; /* "qwen3", "gemma4_text" */
+    int vocab, hidden, n_layers, max_ctx;
+    int max_rows;       /* most tokens one forward takes (prefill is chunked by the caller) */
+    int max_logit_rows; /* most rows one forward returns logits for */
+    int n_cached;       /* KV cache holds positions 0..n_cached-1 */
+    int n_taps, tap_layers[DS_MAX_TAPS]; /* -1 = embedding output */
+    int n_stop, stop_ids[DS_MAX_STOP_IDS];
+    ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
+    ds_tensor taps;         /* [max_rows, n_taps*hidden] */
+    ds_tensor final_hidden; /* [max_rows, hidden]: final-normed states of the last forward */
+};
+
+typedef struct {
+    int max_rows;       /* 0 = default (64) */
+    int max_logit_rows; /* 0 = default (64) */
+} ds_target_opts;
+
+/* Opens a Hugging Face target directory (architecture from config.json). */
+ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out);
+void ds_target_free(ds_target *t);
+/* Which layers' outputs the next forwards tap (SPEC §3 convention). */
+ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n);
+/* Scores ids[0..n) at positions pos0.. (pos0 <= n_cached; the cache is cut
+ * to pos0 first). n <= max_rows, n_logits <= min(n, max_logit_rows). */
+ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits);
+/* Forgets cached positions >= len. */
+void ds_target_crop(ds_target *t, int len);
+bool ds_target_is_stop(const ds_target *t, int32_t id);
+
+/* Architecture constructors: allocate their own struct (ds_target first),
+ * call ds_target_init_common, take ownership of ck only on success. */
+void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
+ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
+
+#endif

@@ -1,0 +1,116 @@
+#include "testlib.h"
+
+#include "io/safetensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ds_test_failures = 0;
+
+void check_error_contains(ds_error *e, const char *needle, const char *what, const char *file, int line) {
+    if (!e) {
+        ds_test_failures++;
+        fprintf(stderr, "%s:%d: %s succeeded, expected an error containing \"%s\"\n", file, line, what, needle);
+        return;
+    }
+    if (!strstr(ds_error_message(e), needle)) {
+        ds_test_failures++;
+        fprintf(stderr, "%s:%d: %s: error \"%s\" does not contain \"%s\"\n", file, line, what,
+                ds_error_message(e), needle);
+    }
+    ds_error_free(e);
+}
+
+double rel_err_max(const float *a, const float *b, size_t n) {
+    double scale = 1e-30, err = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)b[i]));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= err)) err = d; /* NaN propagates as a failure */
+    }
+    return err / scale;
+}
+
+char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+int run_tests(const char *suite, const test_fn *fns, const char *const *names, int n) {
+    int total_failed = 0;
+    for (int i = 0; i < n; i++) {
+        int before = ds_test_failures;
+        fns[i]();
+        int failed = ds_test_failures - before;
+        printf("%s %s.%s\n", failed ? "FAIL" : "ok  ", suite, names[i]);
+        fflush(stdout);
+        total_failed += failed ? 1 : 0;
+    }
+    printf("%s: %d/%d passed\n", suite, n - total_failed, n);
+    return total_failed ? 1 : 0;
+}
+
+ds_safetensors *golden_open(const char *path) {
+    ds_safetensors *g = NULL;
+    ds_error *e = ds_safetensors_open(path, &g);
+    if (e) {
+        ds_test_failures++;
+        fprintf(stderr, "cannot open golden file: %s\n", ds_error_message(e));
+        ds_error_free(e);
+    }
+    return g;
+}
+
+static const ds_st_tensor *golden_find(ds_safetensors *g, const char *name, size_t *n) {
+    const ds_st_tensor *t = g ? ds_safetensors_find(g, name) : NULL;
+    if (!t) {
+        ds_test_failures++;
+        fprintf(stderr, "golden tensor %s missing\n", name);
+        return NULL;
+    }
+    size_t count = 1;
+    for (int i = 0; i < t->ndim; i++) count *= (size_t)t->shape[i];
+    if (n) *n = count;
+    return t;
+}
+
+float *golden_f32(ds_safetensors *g, const char *name, size_t *n) {
+    size_t count;
+    const ds_st_tensor *t = golden_find(g, name, &count);
+    if (!t) return NULL;
+    float *out = malloc((count ? count : 1) * sizeof *out);
+    /* The data may be unaligned inside the file: copy through bytes first. */
+    void *tmp = malloc(t->nbytes ? t->nbytes : 1);
+    memcpy(tmp, t->data, t->nbytes);
+    ds_to_f32(t->dtype, tmp, out, count);
+    free(tmp);
+    if (n) *n = count;
+    return out;
+}
+
+int32_t *golden_i32(ds_safetensors *g, const char *name, size_t *n) {
+    size_t count;
+    float *f = golden_f32(g, name, &count);
+    if (!f) return NULL;
+    int32_t *out = malloc((count ? count : 1) * sizeof *out);
+    for (size_t i = 0; i < count; i++) out[i] = (int32_t)f[i];
+    free(f);
+    if (n) *n = count;
+    return out;
+}
+
+void golden_close(ds_safetensors *g) { ds_safetensors_close(g); }

@@ -1,0 +1,85 @@
+/* A tiny test harness: CHECK records a failure and goes on, so one run
+ * reports every broken expectation; test_main's exit code is the verdict. */
+#ifndef DS_TESTLIB_H
+#define DS_TESTLIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dspark.h"
+
+extern int ds_test_failures;
+
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            ds_test_failures++;                                            \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+/* Fails the test (and returns from the caller) if e is an error. */
+#define CHECK_OK(expr)                                                     \
+    do {                                                                   \
+        ds_error *chk_e_ = (expr);                                         \
+        if (chk_e_) {                                                      \
+            ds_test_failures++;                                            \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
+                    ds_error_message(chk_e_));                             \
+            ds_error_free(chk_e_);                                         \
+            return;                                                        \
+        }                                                                  \
+    } while (0)
+
+/* Expects an error whose message contains `needle`; frees it. */
+void check_error_contains(ds_error *e, const char *needle, const char *what, const char *file, int line);
+#define CHECK_ERR(expr, needle) check_error_contains((expr), (needle), #expr, __FILE__, __LINE__)
+
+/* Max over i of |a-b| / max(|b|_inf, tiny): error relative to the tensor's scale. */
+double rel_err_max(const float *a, const float *b, size_t n);
+
+/* Reads a whole file (NUL-terminated); NULL if unreadable. */
+char *read_text_file(const char *path, size_t *len);
+
+/* Runs test functions and prints a summary; returns the process exit code. */
+typedef void (*test_fn)(void);
+int run_tests(const char *suite, const test_fn *fns, const char *const *names, int n);
+#define RUN_TESTS(suite, ...)                                              \
+    int main(void) {                                                       \
+        test_fn fns_[] = {__VA_ARGS__};                                    \
+        const char *names_[] = {DS_STRINGS_(__VA_ARGS__)};                 \
+        return run_tests(suite, fns_, names_, (int)(sizeof fns_ / sizeof fns_[0])); \
+    }
+/* Stringify each of up to 16 arguments. */
+#define DS_STRINGS_(...) DS_STR_N_(__VA_ARGS__, DS_S16, DS_S15, DS_S14, DS_S13, DS_S12, DS_S11, DS_S10, DS_S9, DS_S8, DS_S7, DS_S6, DS_S5, DS_S4, DS_S3, DS_S2, DS_S1)(__VA_ARGS__)
+#define DS_STR_N_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, N, ...) N
+#define DS_S1(a) #a
+#define DS_S2(a, ...) #a, DS_S1(__VA_ARGS__)
+#define DS_S3(a, ...) #a, DS_S2(__VA_ARGS__)
+#define DS_S4(a, ...) #a, DS_S3(__VA_ARGS__)
+#define DS_S5(a, ...) #a, DS_S4(__VA_ARGS__)
+#define DS_S6(a, ...) #a, DS_S5(__VA_ARGS__)
+#define DS_S7(a, ...) #a, DS_S6(__VA_ARGS__)
+#define DS_S8(a, ...) #a, DS_S7(__VA_ARGS__)
+#define DS_S9(a, ...) #a, DS_S8(__VA_ARGS__)
+#define DS_S10(a, ...) #a, DS_S9(__VA_ARGS__)
+#define DS_S11(a, ...) #a, DS_S10(__VA_ARGS__)
+#define DS_S12(a, ...) #a, DS_S11(__VA_ARGS__)
+#define DS_S13(a, ...) #a, DS_S12(__VA_ARGS__)
+#define DS_S14(a, ...) #a, DS_S13(__VA_ARGS__)
+#define DS_S15(a, ...) #a, DS_S14(__VA_ARGS__)
+#define DS_S16(a, ...) #a, DS_S15(__VA_ARGS__)
+
+/* Golden tensors: a safetensors file read whole into fp32 / int arrays. */
+typedef struct ds_safetensors ds_safetensors;
+ds_safetensors *golden_open(const char *path);
+/* Copies tensor `name` as fp32 (malloc'd); NULL + a failure if absent. */
+float *golden_f32(ds_safetensors *g, const char *name, size_t *n);
+int32_t *golden_i32(ds_safetensors *g, const char *name, size_t *n);
+void golden_close(ds_safetensors *g);
+
+#endif

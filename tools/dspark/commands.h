@@ -1,0 +1,8 @@
+/* One file per subcommand; each returns the process exit code. */
+#ifndef DS_COMMANDS_H
+#define DS_COMMANDS_H
+
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+#endif

@@ -1,0 +1,33 @@
+/* dspark: command-line front end. `dspark <subcommand> [options]`. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dspark <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  generate   generate text from a model (speculative with a DSpark drafter)\n"
+            "  tokenize   encode text to ids, or --decode ids to text\n"
+            "\n"
+            "`dspark <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "dspark: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
