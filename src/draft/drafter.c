@@ -1,0 +1,208 @@
+/* What every DeepSpec drafter shares: the config fields DeepSpec adds, the
+ * compatibility check against the target, the context projection
+ * hidden_norm(fc(taps)), the LM head and the proposal (Markov chain,
+ * confidence, static truncation). */
+#include "draft/drafter.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/config.h"
+#include "model/qwen3_layer.h"
+
+static ds_error *check_against_target(ds_drafter *d, const ds_target *t) {
+    const char *dir = d->ck->dir;
+    if (d->vocab != t->vocab)
+        return ds_errorf("%s: drafter vocab_size %d does not match the target's %d (a drafter for another target?)",
+                         dir, d->vocab, t->vocab);
+    if (d->hidden != t->hidden)
+        return ds_errorf("%s: drafter hidden_size %d does not match the target's %d (a drafter for another target?)",
+                         dir, d->hidden, t->hidden);
+    if (d->num_target_layers > 0 && d->num_target_layers != t->n_layers)
+        return ds_errorf("%s: drafter num_target_layers %d does not match the target's %d layers", dir,
+                         d->num_target_layers, t->n_layers);
+    for (int i = 0; i < d->n_taps; i++)
+        if (d->tap_layers[i] < -1 || d->tap_layers[i] >= t->n_layers - 1)
+            return ds_errorf("%s: target_layer_ids[%d] = %d is out of range: taps must be -1..%d (the target has %d "
+                             "layers and its last layer cannot be tapped)",
+                             dir, i, d->tap_layers[i], t->n_layers - 2, t->n_layers);
+    if (d->mask_id < 0 || d->mask_id >= d->vocab)
+        return ds_errorf("%s: mask_token_id %d is outside the vocabulary (0..%d)", dir, d->mask_id, d->vocab - 1);
+    return NULL;
+}
+
+static ds_error *read_config(ds_drafter *d) {
+    const cJSON *cfg = d->ck->config;
+    const char *dir = d->ck->dir;
+    int64_t v, *taps;
+    double eps;
+    DS_TRY(ds_cfg_int(cfg, dir, "vocab_size", &v));
+    d->vocab = (int)v;
+    DS_TRY(ds_cfg_int(cfg, dir, "hidden_size", &v));
+    d->hidden = (int)v;
+    DS_TRY(ds_cfg_int(cfg, dir, "block_size", &v));
+    if (v < 1 || v > DS_MAX_GAMMA) return ds_errorf("%s: block_size %lld is outside 1..%d", dir, (long long)v, DS_MAX_GAMMA);
+    d->gamma = (int)v;
+    DS_TRY(ds_cfg_int(cfg, dir, "mask_token_id", &v));
+    d->mask_id = (int)v;
+    DS_TRY(ds_cfg_int_or(cfg, dir, "num_target_layers", 0, &v));
+    d->num_target_layers = (int)v;
+    int n;
+    DS_TRY(ds_cfg_int_list(cfg, dir, "target_layer_ids", &taps, &n));
+    if (n < 1 || n > DS_MAX_TAPS) {
+        free(taps);
+        return ds_errorf("%s: target_layer_ids must list 1..%d layers", dir, DS_MAX_TAPS);
+    }
+    d->n_taps = n;
+    for (int i = 0; i < n; i++) d->tap_layers[i] = (int)taps[i];
+    free(taps);
+    DS_TRY(ds_cfg_float_or(cfg, dir, "rms_norm_eps", 1e-6, &eps));
+    d->eps = (float)eps;
+    DS_TRY(ds_cfg_int_or(cfg, dir, "markov_rank", 0, &v));
+    if (v < 0) return ds_errorf("%s: markov_rank %lld is negative", dir, (long long)v);
+    d->markov_rank = (int)v;
+    if (d->markov_rank > 0) {
+        const char *type = ds_cfg_str(cfg, "markov_head_type");
+        if (!type) return ds_errorf("%s: markov_rank %d but no markov_head_type", dir, d->markov_rank);
+        if (!strcmp(type, "vanilla")) d->markov = DS_MARKOV_VANILLA;
+        else if (!strcmp(type, "gated")) d->markov = DS_MARKOV_GATED;
+        else if (!strcmp(type, "rnn")) d->markov = DS_MARKOV_RNN;
+        else return ds_errorf("%s: markov_head_type \"%s\" is not one of vanilla, gated, rnn", dir, type);
+    }
+    DS_TRY(ds_cfg_bool_or(cfg, dir, "enable_confidence_head", false, &d->confidence));
+    DS_TRY(ds_cfg_bool_or(cfg, dir, "confidence_head_with_markov", false, &d->confidence_with_markov));
+    if (!d->confidence) d->confidence_with_markov = false;
+    if (d->confidence_with_markov && !d->markov_rank)
+        return ds_errorf("%s: confidence_head_with_markov needs a Markov head (markov_rank > 0)", dir);
+    return NULL;
+}
+
+ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
+    ds_backend *be = d->be;
+    const ds_checkpoint *ck = d->ck;
+    DS_TRY(read_config(d));
+    DS_TRY(check_against_target(d, t));
+    const int H = d->hidden, V = d->vocab, r = d->markov_rank;
+    d->max_ctx = t->max_ctx;
+    DS_TRY(ds_load_weight(be, ck, "embed_tokens.weight", V, H, &d->embed));
+    DS_TRY(ds_load_weight(be, ck, "fc.weight", H, (int64_t)d->n_taps * H, &d->fc));
+    DS_TRY(ds_load_vector(be, ck, "hidden_norm.weight", H, &d->hidden_norm));
+    DS_TRY(ds_load_weight(be, ck, "lm_head.weight", V, H, &d->lm_head));
+    if (r > 0) {
+        DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
+        DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
+    }
+    if (d->markov == DS_MARKOV_GATED) {
+        DS_TRY(ds_load_weight(be, ck, "markov_head.gate_proj.weight", r, H + r, &d->gate_w));
+        DS_TRY(ds_load_vector(be, ck, "markov_head.gate_proj.bias", r, &d->gate_b));
+    }
+    if (d->markov == DS_MARKOV_RNN) {
+        DS_TRY(ds_load_weight(be, ck, "markov_head.joint_proj.weight", 3 * r, 2 * r + H, &d->joint_w));
+        DS_TRY(ds_load_vector(be, ck, "markov_head.joint_proj.bias", 3 * r, &d->joint_b));
+    }
+    if (d->confidence) {
+        DS_TRY(ds_load_weight(be, ck, "confidence_head.proj.weight", 1, H + (d->confidence_with_markov ? r : 0),
+                              &d->conf_w));
+        DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
+    }
+    const int G = d->gamma, wide = 3 * r + H > V ? 3 * r + H : V;
+    DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
+    DS_TRY(be->ops->alloc(be, DS_F32, G, H, &d->block_hidden));
+    DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->logits));
+    DS_TRY(be->ops->alloc(be, DS_F32, G, 2 * r + H + 1, &d->step_in));
+    DS_TRY(be->ops->alloc(be, DS_F32, G, wide, &d->step_out));
+    d->host_logits = malloc((size_t)G * V * sizeof(float));
+    d->host_probs = malloc((size_t)G * V * sizeof(float));
+    d->host_hidden = malloc((size_t)G * H * sizeof(float));
+    d->host_bias = malloc((size_t)V * sizeof(float));
+    d->host_prev = malloc((size_t)(G * r + 1) * sizeof(float));
+    d->host_feat = malloc((size_t)(2 * r + H + 1) * sizeof(float));
+    d->host_proj = malloc((size_t)(3 * r + 1) * sizeof(float));
+    d->host_state = malloc((size_t)(r + 1) * sizeof(float));
+    if (!d->host_state || !d->host_logits || !d->host_probs || !d->host_hidden || !d->host_bias || !d->host_prev || !d->host_feat ||
+        !d->host_proj)
+        return ds_errorf("out of memory");
+    return NULL;
+}
+
+void ds_drafter_release_common(ds_drafter *d) {
+    ds_backend *be = d->be;
+    ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
+                        &d->gate_w, &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
+                        &d->ctx, &d->block_hidden, &d->logits, &d->step_in, &d->step_out};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+    free(d->host_logits);
+    free(d->host_probs);
+    free(d->host_hidden);
+    free(d->host_bias);
+    free(d->host_prev);
+    free(d->host_feat);
+    free(d->host_proj);
+    free(d->host_state);
+}
+
+ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
+                          ds_drafter **out) {
+    *out = NULL;
+    ds_checkpoint *ck;
+    DS_TRY(ds_checkpoint_open(dir, &ck));
+    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ck->config, "architectures"), 0);
+    const char *an = cJSON_IsString(arch) ? arch->valuestring : "(none)";
+    ds_error *e;
+    if (!strcmp(an, "Qwen3DSparkModel")) {
+        if (strcmp(target->model_type, "qwen3"))
+            e = ds_errorf("%s: a Qwen3DSparkModel drafter cannot serve a %s target", dir, target->model_type);
+        else e = ds_dspark_qwen3_open(be, ck, target, opts, out);
+    } else {
+        e = ds_errorf("%s: unsupported drafter architecture \"%s\" (supported: Qwen3DSparkModel)", dir, an);
+    }
+    if (e) ds_checkpoint_close(ck);
+    return e;
+}
+
+void ds_drafter_free(ds_drafter *d) {
+    if (!d) return;
+    ds_checkpoint *ck = d->ck;
+    d->ops->destroy(d);
+    ds_checkpoint_close(ck);
+}
+
+ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n) {
+    if (n <= 0) return NULL;
+    if (n > d->max_rows) return ds_errorf("drafter context append of %d rows (at most %d)", n, d->max_rows);
+    if (pos0 < 0 || pos0 > d->n_ctx)
+        return ds_errorf("drafter context append at position %d but it holds %d rows", pos0, d->n_ctx);
+    if (pos0 + n > d->max_ctx) return ds_errorf("drafter context of %d rows exceeds %d", pos0 + n, d->max_ctx);
+    ds_backend *be = d->be;
+    ds_tensor ctx = ds_rows(d->ctx, 0, n);
+    be->ops->linear(be, ctx, ds_rows(taps, 0, n), d->fc, ds_no_tensor());
+    be->ops->rmsnorm(be, ctx, ctx, d->hidden_norm, d->hidden, d->eps);
+    d->ops->context(d, ctx, pos0);
+    d->n_ctx = pos0 + n;
+    return NULL;
+}
+
+ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
+                             ds_rng *rng, ds_proposal *out) {
+    if (start != d->n_ctx)
+        return ds_errorf("drafting at position %d but the drafter context holds %d rows", start, d->n_ctx);
+    ds_backend *be = d->be;
+    int32_t ids[DS_MAX_GAMMA];
+    ids[0] = anchor;
+    for (int k = 1; k < d->gamma; k++) ids[k] = d->mask_id;
+    d->ops->block(d, ids, start);
+    be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
+    if (d->logit_softcap > 0) be->ops->softcap(be, d->logits, d->logit_softcap);
+    ds_markov_chain(d, anchor, s, rng, out);
+    out->n = d->gamma;
+    if (d->confidence && threshold > 0)
+        for (int k = 0; k < d->gamma; k++)
+            /* sigmoid(c) < t, decided in fp32 as the reference does */
+            if (1.0f / (1.0f + expf(-out->conf_logit[k])) < threshold) {
+                out->n = k;
+                break;
+            }
+    return NULL;
+}

@@ -1,0 +1,93 @@
+/* The drafter interface: a DSpark (or DFlash) drafter proposes up to gamma
+ * tokens per round from one block forward (SPEC §4). The architecture file
+ * (dspark_qwen3.c, later dspark_gemma4.c) supplies the backbone; the
+ * context projection, LM head, Markov chain, confidence and truncation are
+ * shared (drafter.c, markov.c). */
+#ifndef DS_DRAFTER_H
+#define DS_DRAFTER_H
+
+#include "backend/backend.h"
+#include "base/rng.h"
+#include "io/checkpoint.h"
+#include "model/target.h"
+#include "spec/sampler.h"
+
+#define DS_MAX_GAMMA 32
+
+typedef enum { DS_MARKOV_NONE = 0, DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV_RNN } ds_markov_type;
+
+typedef struct ds_drafter ds_drafter;
+
+typedef struct {
+    /* K/V of projected context rows ctx[n, hidden] at positions pos0.. into every layer's cache. */
+    void (*context)(ds_drafter *d, ds_tensor ctx, int pos0);
+    /* Backbone over ids[gamma] at positions start..: fills d->block_hidden (final-normed). */
+    void (*block)(ds_drafter *d, const int32_t *ids, int start);
+    void (*destroy)(ds_drafter *d);
+} ds_drafter_ops;
+
+struct ds_drafter {
+    const ds_drafter_ops *ops;
+    ds_backend *be;
+    ds_checkpoint *ck;
+    const char *arch; /* "Qwen3DSparkModel" */
+    int vocab, hidden, gamma, mask_id, max_ctx, max_rows;
+    int n_taps, tap_layers[DS_MAX_TAPS], num_target_layers;
+    int n_ctx;         /* context rows held: positions 0..n_ctx-1 */
+    float eps;         /* hidden_norm epsilon */
+    float logit_softcap; /* 0 = none (Gemma4 drafters soft-cap before the Markov bias) */
+    ds_markov_type markov;
+    int markov_rank;
+    bool confidence, confidence_with_markov;
+    ds_tensor embed, fc, hidden_norm, lm_head;
+    ds_tensor markov_w1, markov_w2, gate_w, gate_b, joint_w, joint_b;
+    ds_tensor conf_w, conf_b;
+    /* Work buffers. */
+    ds_tensor ctx;          /* [max_rows, hidden] projected context rows */
+    ds_tensor block_hidden; /* [gamma, hidden] */
+    ds_tensor logits;       /* [gamma, vocab] base logits */
+    ds_tensor step_in, step_out; /* small Markov/confidence vectors */
+    float *host_logits;     /* [gamma, vocab] Markov-corrected logits */
+    float *host_probs;      /* [gamma, vocab] processed draft distributions */
+    float *host_hidden;     /* [gamma, hidden] */
+    float *host_bias;       /* [vocab] */
+    float *host_prev;       /* [gamma, markov_rank] markov_w1[prev_k] */
+    float *host_feat;       /* [2*markov_rank + hidden + 1] head inputs */
+    float *host_proj;       /* [3*markov_rank + 1] head projections */
+    float *host_state;      /* [markov_rank + 1] RNN head state */
+};
+
+/* One round's proposal. */
+typedef struct {
+    int n;                          /* tokens kept after confidence truncation */
+    int32_t tokens[DS_MAX_GAMMA];   /* all gamma drawn tokens */
+    float conf_logit[DS_MAX_GAMMA]; /* confidence logits (when the head exists) */
+    const float *logits;            /* [gamma, vocab] Markov-corrected logits (drafter-owned) */
+    const float *probs;             /* [gamma, vocab] processed draft distributions (T > 0) */
+} ds_proposal;
+
+typedef struct {
+    int max_rows; /* most context rows per append (0: 64) */
+} ds_drafter_opts;
+
+/* Opens a DeepSpec drafter directory and checks it against the target. */
+ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
+                          ds_drafter **out);
+void ds_drafter_free(ds_drafter *d);
+/* Appends context rows from target taps [n, n_taps*hidden] at positions pos0..
+ * (pos0 <= n_ctx: later rows are forgotten first). n <= max_rows. */
+ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n);
+/* Drafts a block after anchor at position start (== n_ctx). threshold > 0
+ * cuts the proposal before the first confidence below it. */
+ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
+                             ds_rng *rng, ds_proposal *out);
+
+/* Shared pieces for architecture files. */
+ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *target);
+void ds_drafter_release_common(ds_drafter *d);
+ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target, const ds_drafter_opts *opts,
+                               ds_drafter **out);
+/* Markov chain + confidence over the block (markov.c). */
+void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);
+
+#endif

@@ -1,0 +1,121 @@
+/* Qwen3DSparkModel backbone (DeepSpec qwen3/modeling.py): Qwen3 decoder
+ * layers whose queries come from the block only and whose keys/values are
+ * the cached context rows followed by the block's own rows; attention is
+ * not causal. Context rows are projected from ctx = hidden_norm(fc(taps))
+ * without the layer's input_layernorm, block rows from the normed block. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "draft/drafter.h"
+#include "model/qwen3_layer.h"
+
+typedef struct {
+    ds_drafter base;
+    ds_qwen3_config c;
+    ds_tensor final_norm;
+    ds_qwen3_layer *layers;
+    ds_tensor *k_cache, *v_cache; /* [max_ctx + gamma, kv]: context rows, then the block's */
+    ds_tensor x;
+    ds_qwen3_scratch s;
+    int32_t *pos;
+} qwen3_drafter;
+
+static void set_positions(int32_t *pos, int p0, int n) {
+    for (int i = 0; i < n; i++) pos[i] = p0 + i;
+}
+
+static void qd_context(ds_drafter *d, ds_tensor ctx, int pos0) {
+    qwen3_drafter *q = (qwen3_drafter *)d;
+    const int n = (int)ctx.rows;
+    set_positions(q->pos, pos0, n);
+    for (int l = 0; l < q->c.n_layers; l++)
+        ds_qwen3_key_value(d->be, &q->c, &q->layers[l], ctx, ds_rows(q->k_cache[l], pos0, n),
+                           ds_rows(q->v_cache[l], pos0, n), q->pos);
+}
+
+static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
+    qwen3_drafter *q = (qwen3_drafter *)d;
+    ds_backend *be = d->be;
+    const ds_qwen3_config *c = &q->c;
+    const int G = d->gamma;
+    set_positions(q->pos, start, G);
+    ds_tensor x = ds_rows(q->x, 0, G), xn = ds_rows(q->s.xn, 0, G);
+    ds_tensor qt = ds_rows(q->s.q, 0, G), attn = ds_rows(q->s.attn, 0, G);
+    be->ops->embed(be, x, d->embed, ids, 1.0f);
+    ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                         .v_head_dim = c->head_dim, .n_keys = start + G, .causal = false,
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
+    for (int l = 0; l < c->n_layers; l++) {
+        const ds_qwen3_layer *L = &q->layers[l];
+        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
+        ds_qwen3_query(be, c, L, xn, qt, q->pos);
+        /* The block's K/V go right after the context rows and are overwritten next round. */
+        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->k_cache[l], start, G), ds_rows(q->v_cache[l], start, G), q->pos);
+        be->ops->attention(be, attn, qt, q->k_cache[l], q->v_cache[l], &ap);
+        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
+    }
+    be->ops->rmsnorm(be, d->block_hidden, x, q->final_norm, c->hidden, c->eps);
+}
+
+static void qd_destroy(ds_drafter *d) {
+    qwen3_drafter *q = (qwen3_drafter *)d;
+    ds_backend *be = d->be;
+    for (int l = 0; q->layers && l < q->c.n_layers; l++) {
+        ds_qwen3_layer_release(be, &q->layers[l]);
+        be->ops->release(be, &q->k_cache[l]);
+        be->ops->release(be, &q->v_cache[l]);
+    }
+    free(q->layers);
+    free(q->k_cache);
+    free(q->v_cache);
+    be->ops->release(be, &q->final_norm);
+    be->ops->release(be, &q->x);
+    ds_qwen3_scratch_release(be, &q->s);
+    ds_qwen3_config_free(&q->c);
+    ds_drafter_release_common(d);
+    free(q->pos);
+    free(q);
+}
+
+static const ds_drafter_ops qwen3_drafter_ops = {.context = qd_context, .block = qd_block, .destroy = qd_destroy};
+
+ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target, const ds_drafter_opts *opts,
+                               ds_drafter **out) {
+    qwen3_drafter *q = calloc(1, sizeof *q);
+    if (!q) return ds_errorf("out of memory");
+    ds_drafter *d = &q->base;
+    d->ops = &qwen3_drafter_ops;
+    d->be = be;
+    d->ck = ck;
+    d->arch = "Qwen3DSparkModel";
+    d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : 64;
+    ds_error *e = ds_qwen3_config_read(ck->config, ck->dir, &q->c);
+    if (!e) e = ds_drafter_load_common(d, target);
+    const ds_qwen3_config *c = &q->c;
+    if (!e) {
+        q->layers = calloc((size_t)c->n_layers, sizeof *q->layers);
+        q->k_cache = calloc((size_t)c->n_layers, sizeof *q->k_cache);
+        q->v_cache = calloc((size_t)c->n_layers, sizeof *q->v_cache);
+        int rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
+        q->pos = calloc((size_t)rows, sizeof *q->pos);
+        if (!q->layers || !q->k_cache || !q->v_cache || !q->pos) e = ds_errorf("out of memory");
+        if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
+        if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
+        if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, &q->s);
+    }
+    const int kvd = c->n_kv_heads * c->head_dim;
+    char prefix[64];
+    for (int l = 0; !e && l < c->n_layers; l++) {
+        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        e = ds_qwen3_layer_load(be, ck, prefix, c, &q->layers[l]);
+        if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->k_cache[l]);
+        if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->v_cache[l]);
+    }
+    if (e) {
+        qd_destroy(d);
+        return e;
+    }
+    *out = d;
+    return NULL;
+}

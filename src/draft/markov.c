@@ -1,0 +1,105 @@
+/* The sequential half of DSpark: walk the block left to right, add the
+ * Markov bias of the previous token to each position's base logits, draw
+ * the token, then score every position with the confidence head
+ * (DeepSpec markov_head.py and draft_ops.py). The r-dimensional head state
+ * is tiny and lives on the host; the V x r projections run on the backend. */
+#include <math.h>
+#include <string.h>
+
+#include "draft/drafter.h"
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* y[w.rows] = w @ x[k] (+ b), on the backend, through the step buffers. */
+static void small_linear(ds_drafter *d, ds_tensor w, ds_tensor b, const float *x, int k, float *y) {
+    ds_backend *be = d->be;
+    ds_tensor in = ds_cols(ds_rows(d->step_in, 0, 1), 0, k);
+    ds_tensor out = ds_cols(ds_rows(d->step_out, 0, 1), 0, w.rows);
+    be->ops->upload(be, in, x);
+    be->ops->linear(be, out, in, w, b);
+    be->ops->download(be, out, y);
+}
+
+/* e[r] = markov_w1[prev]. */
+static void prev_embedding(ds_drafter *d, int32_t prev, float *e) {
+    ds_backend *be = d->be;
+    ds_tensor row = ds_cols(ds_rows(d->step_in, 0, 1), 0, d->markov_rank);
+    be->ops->embed(be, row, d->markov_w1, &prev, 1.0f);
+    be->ops->download(be, row, e);
+}
+
+/* bias[V] for block position k whose previous token embedding is e. */
+static void markov_bias(ds_drafter *d, const float *e, const float *h, float *bias) {
+    const int r = d->markov_rank, H = d->hidden;
+    float *z = d->host_feat, *proj = d->host_proj, *state = d->host_state;
+    switch (d->markov) {
+    case DS_MARKOV_VANILLA: /* w2(e) */
+        small_linear(d, d->markov_w2, ds_no_tensor(), e, r, bias);
+        break;
+    case DS_MARKOV_GATED: /* w2(sigmoid(gate_proj([h; e])) * e) */
+        memcpy(z, h, (size_t)H * sizeof *z);
+        memcpy(z + H, e, (size_t)r * sizeof *z);
+        small_linear(d, d->gate_w, d->gate_b, z, H + r, proj);
+        for (int i = 0; i < r; i++) proj[i] = sigmoidf(proj[i]) * e[i];
+        small_linear(d, d->markov_w2, ds_no_tensor(), proj, r, bias);
+        break;
+    case DS_MARKOV_RNN: /* [g; c; o] = joint([s; e; h]); s = g*s + (1-g)*tanh(c); w2(tanh(o)) */
+        memcpy(z, state, (size_t)r * sizeof *z);
+        memcpy(z + r, e, (size_t)r * sizeof *z);
+        memcpy(z + 2 * r, h, (size_t)H * sizeof *z);
+        small_linear(d, d->joint_w, d->joint_b, z, 2 * r + H, proj);
+        for (int i = 0; i < r; i++) {
+            float g = sigmoidf(proj[i]);
+            state[i] = g * state[i] + (1.0f - g) * tanhf(proj[r + i]);
+            proj[2 * r + i] = tanhf(proj[2 * r + i]);
+        }
+        small_linear(d, d->markov_w2, ds_no_tensor(), proj + 2 * r, r, bias);
+        break;
+    case DS_MARKOV_NONE: break;
+    }
+}
+
+/* c_k = proj([h_k ; w1[prev_k]]) + b for every block position, one call. */
+static void confidence(ds_drafter *d, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
+    const int F = H + (d->confidence_with_markov ? r : 0);
+    float *feat = d->host_feat;
+    for (int k = 0; k < G; k++) {
+        memcpy(feat, d->host_hidden + (size_t)k * H, (size_t)H * sizeof *feat);
+        if (d->confidence_with_markov) memcpy(feat + H, d->host_prev + (size_t)k * r, (size_t)r * sizeof *feat);
+        be->ops->upload(be, ds_cols(ds_rows(d->step_in, k, 1), 0, F), feat);
+    }
+    ds_tensor col = ds_cols(d->step_out, 0, 1);
+    be->ops->linear(be, col, ds_cols(d->step_in, 0, F), d->conf_w, d->conf_b);
+    be->ops->download(be, col, out->conf_logit);
+}
+
+void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, V = d->vocab, H = d->hidden, r = d->markov_rank;
+    be->ops->download(be, d->logits, d->host_logits);
+    be->ops->download(be, d->block_hidden, d->host_hidden);
+    if (r > 0) memset(d->host_state, 0, (size_t)r * sizeof(float));
+    int32_t prev = anchor;
+    for (int k = 0; k < G; k++) {
+        float *logits = d->host_logits + (size_t)k * V;
+        if (d->markov != DS_MARKOV_NONE) {
+            float *e = d->host_prev + (size_t)k * r;
+            prev_embedding(d, prev, e);
+            markov_bias(d, e, d->host_hidden + (size_t)k * H, d->host_bias);
+            for (int i = 0; i < V; i++) logits[i] += d->host_bias[i];
+        }
+        if (ds_sampling_greedy(s)) {
+            prev = ds_argmax(logits, V);
+        } else {
+            float *probs = d->host_probs + (size_t)k * V;
+            ds_probs_from_logits(logits, V, s, probs);
+            prev = ds_sample_probs(probs, V, rng);
+        }
+        out->tokens[k] = prev;
+    }
+    out->logits = d->host_logits;
+    out->probs = ds_sampling_greedy(s) ? NULL : d->host_probs;
+    if (d->confidence) confidence(d, out);
+}

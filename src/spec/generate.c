@@ -1,0 +1,183 @@
+#include "spec/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "spec/verify.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    ds_target *t;
+    const ds_gen_params *p;
+    ds_token_fn on_token;
+    void *user;
+    ds_gen_result *r;
+    bool done; /* a stop token was emitted or the caller asked to stop */
+} emitter;
+
+/* Commits one token: records and streams it unless max_new tokens are out
+ * already (the reference's last round may overshoot; its output is trimmed),
+ * and ends the generation on a stop token or when the caller asks. */
+static void emit(emitter *em, int32_t tok) {
+    ds_gen_result *r = em->r;
+    if (em->done || r->n_tokens >= em->p->max_new) return;
+    r->tokens[r->n_tokens++] = tok;
+    if (em->on_token && !em->on_token(em->user, tok)) em->done = true;
+    if (!em->p->ignore_stop && ds_target_is_stop(em->t, tok)) {
+        r->stopped = true;
+        em->done = true;
+    }
+}
+
+static bool is_stop(const emitter *em, int32_t tok) { return !em->p->ignore_stop && ds_target_is_stop(em->t, tok); }
+
+static int32_t pick(const float *logits, int V, const ds_sampling *s, ds_rng *rng, float *probs) {
+    if (ds_sampling_greedy(s)) return ds_argmax(logits, V);
+    ds_probs_from_logits(logits, V, s, probs);
+    return ds_sample_probs(probs, V, rng);
+}
+
+static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int len) {
+    if ((r->rounds & (r->rounds - 1)) == 0) { /* grow at powers of two */
+        size_t cap = r->rounds ? (size_t)r->rounds * 2 : 16;
+        int *a = realloc(r->accepted, cap * sizeof *a);
+        if (a) r->accepted = a;
+        int *p = realloc(r->proposed, cap * sizeof *p);
+        if (p) r->proposed = p;
+        int *l = realloc(r->accept_len, cap * sizeof *l);
+        if (l) r->accept_len = l;
+        if (!a || !p || !l) return ds_errorf("out of memory");
+    }
+    r->accepted[r->rounds] = accepted;
+    r->proposed[r->rounds] = proposed;
+    r->accept_len[r->rounds] = len;
+    r->rounds++;
+    return NULL;
+}
+
+/* Prefill in chunks; the drafter context receives every prompt row's taps. */
+static ds_error *prefill(ds_target *t, ds_drafter *d, const int32_t *prompt, int n) {
+    int chunk = t->max_rows;
+    if (d && d->max_rows < chunk) chunk = d->max_rows;
+    for (int p0 = 0; p0 < n; p0 += chunk) {
+        int m = n - p0 < chunk ? n - p0 : chunk;
+        DS_TRY(ds_target_forward(t, prompt + p0, m, p0, p0 + m == n ? 1 : 0));
+        if (d) DS_TRY(ds_drafter_append(d, t->taps, p0, m));
+    }
+    return NULL;
+}
+
+static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t last, ds_rng *rng, float *logits,
+                           float *scratch) {
+    ds_target *t = em->t;
+    const ds_gen_params *p = em->p;
+    ds_gen_result *r = em->r;
+    const int V = t->vocab;
+    const int gamma = p->gamma > 0 && p->gamma < d->gamma ? p->gamma : d->gamma;
+    int start = n_prompt;
+    int32_t verify_ids[DS_MAX_GAMMA + 1];
+    while (start < n_prompt + p->max_new && !em->done && start < t->max_ctx) {
+        double t0 = now_s();
+        ds_proposal prop;
+        DS_TRY(ds_drafter_propose(d, last, start, &p->sampling, p->threshold, rng, &prop));
+        int n = prop.n < gamma ? prop.n : gamma;
+        if (n > t->max_ctx - start - 1) n = t->max_ctx - start - 1; /* verify rows must fit the context */
+        double t1 = now_s();
+        verify_ids[0] = last;
+        memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
+        DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
+        t->be->ops->download(t->be, ds_rows(t->logits, 0, n + 1), logits);
+        int32_t next;
+        int a = ds_verify(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch, &next);
+        double t2 = now_s();
+        r->draft_s += t1 - t0;
+        r->verify_s += t2 - t1;
+        int stop_at = -1;
+        for (int i = 0; i < a && stop_at < 0; i++)
+            if (is_stop(em, prop.tokens[i])) stop_at = i;
+        if (stop_at >= 0) { /* cut after the stop token: no bonus, the round counts `accepted` */
+            a = stop_at + 1;
+            DS_TRY(record_round(r, a, a, a));
+            for (int i = 0; i < a; i++) emit(em, prop.tokens[i]);
+            break;
+        }
+        DS_TRY(record_round(r, a, n, a + 1));
+        for (int i = 0; i < a; i++) emit(em, prop.tokens[i]);
+        emit(em, next);
+        ds_target_crop(t, start + a + 1);
+        /* The anchor's and the accepted drafts' taps become context rows. */
+        DS_TRY(ds_drafter_append(d, t->taps, start, a + 1));
+        start += a + 1;
+        last = next;
+        if (is_stop(em, next)) break;
+    }
+    return NULL;
+}
+
+static ds_error *autoregress(emitter *em, int n_prompt, int32_t last, ds_rng *rng, float *logits, float *probs) {
+    ds_target *t = em->t;
+    for (int pos = n_prompt; !em->done && em->r->n_tokens < em->p->max_new; pos++) {
+        if (pos >= t->max_ctx) break;
+        DS_TRY(ds_target_forward(t, &last, 1, pos, 1));
+        t->be->ops->download(t->be, ds_rows(t->logits, 0, 1), logits);
+        last = pick(logits, t->vocab, &em->p->sampling, rng, probs);
+        emit(em, last);
+    }
+    return NULL;
+}
+
+ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_prompt, const ds_gen_params *p,
+                      ds_token_fn on_token, void *user, ds_gen_result *out) {
+    memset(out, 0, sizeof *out);
+    if (n_prompt < 1) return ds_errorf("empty prompt");
+    if (n_prompt >= t->max_ctx)
+        return ds_errorf("prompt of %d tokens does not fit the model's context of %d tokens", n_prompt, t->max_ctx);
+    if (p->max_new < 0) return ds_errorf("max_new %d is negative", p->max_new);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= t->vocab)
+            return ds_errorf("prompt token %d at index %d is outside the vocabulary (0..%d)", prompt[i], i,
+                             t->vocab - 1);
+    if (d && (t->n_taps != d->n_taps || memcmp(t->tap_layers, d->tap_layers, (size_t)d->n_taps * sizeof(int))))
+        DS_TRY(ds_target_set_taps(t, d->tap_layers, d->n_taps));
+    const int V = t->vocab, G = d ? d->gamma : 0;
+    out->tokens = malloc((size_t)(p->max_new + 1) * sizeof *out->tokens);
+    float *logits = malloc((size_t)(G + 1) * V * sizeof *logits);
+    float *scratch = malloc((size_t)2 * V * sizeof *scratch);
+    ds_error *e = out->tokens && logits && scratch ? NULL : ds_errorf("out of memory");
+    ds_rng rng;
+    ds_rng_seed(&rng, p->seed);
+    emitter em = {.t = t, .p = p, .on_token = on_token, .user = user, .r = out, .done = p->max_new == 0};
+    double t0 = now_s();
+    ds_target_crop(t, 0);
+    if (d) d->n_ctx = 0;
+    if (!e) e = prefill(t, d, prompt, n_prompt);
+    out->prefill_s = now_s() - t0;
+    if (!e && !em.done) {
+        t->be->ops->download(t->be, ds_rows(t->logits, 0, 1), logits);
+        int32_t first = pick(logits, V, &p->sampling, &rng, scratch);
+        emit(&em, first);
+        if (!is_stop(&em, first)) {
+            if (d) e = speculate(&em, d, n_prompt, first, &rng, logits, scratch);
+            else e = autoregress(&em, n_prompt, first, &rng, logits, scratch);
+        }
+    }
+    out->total_s = now_s() - t0;
+    free(logits);
+    free(scratch);
+    if (e) ds_gen_result_free(out);
+    return e;
+}
+
+void ds_gen_result_free(ds_gen_result *r) {
+    free(r->tokens);
+    free(r->accepted);
+    free(r->proposed);
+    free(r->accept_len);
+    memset(r, 0, sizeof *r);
+}

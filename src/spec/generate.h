@@ -1,0 +1,39 @@
+/* One request, start to finish: prefill, then plain autoregressive decoding
+ * or DSpark rounds (draft -> verify in one target pass -> accept -> commit),
+ * exactly as SPEC §5 / DeepSpec's generate_decoding_sample. */
+#ifndef DS_GENERATE_H
+#define DS_GENERATE_H
+
+#include "draft/drafter.h"
+#include "model/target.h"
+#include "spec/sampler.h"
+
+typedef struct {
+    int max_new;          /* tokens to generate at most */
+    ds_sampling sampling;
+    uint64_t seed;
+    float threshold;      /* confidence threshold (<= 0: keep all gamma) */
+    int gamma;            /* proposal positions to use (0: the checkpoint's block size) */
+    bool ignore_stop;     /* run past stop tokens (the goldens are made this way) */
+} ds_gen_params;
+
+/* Called with every committed token as soon as it is final; return false to stop. */
+typedef bool (*ds_token_fn)(void *user, int32_t token);
+
+typedef struct {
+    int32_t *tokens;  /* generated ids (a final stop token included), malloc'd */
+    int n_tokens;
+    bool stopped;     /* ended on a stop token */
+    int rounds;
+    int *accepted;    /* per round: accepted draft tokens */
+    int *proposed;    /* per round: proposal length sent to verification */
+    int *accept_len;  /* per round: accepted + 1, or accepted in a stop round */
+    double prefill_s, draft_s, verify_s, total_s;
+} ds_gen_result;
+
+/* drafter NULL = autoregressive. */
+ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_prompt, const ds_gen_params *p,
+                      ds_token_fn on_token, void *user, ds_gen_result *out);
+void ds_gen_result_free(ds_gen_result *r);
+
+#endif
