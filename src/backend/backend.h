@@ -90,6 +90,9 @@ typedef struct {
     void (*swiglu)(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up); /* silu(g)*u */
     void (*geglu_tanh)(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
     void (*softcap)(ds_backend *be, ds_tensor x, float cap);                   /* tanh(x/c)*c */
+    /* Rounds fp32 values to the nearest bf16 (kept as fp32): for results the
+     * reference computes in the checkpoint's bf16 dtype, such as logits. */
+    void (*round_bf16)(ds_backend *be, ds_tensor x);
 } ds_backend_ops;
 
 struct ds_backend {

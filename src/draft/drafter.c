@@ -107,6 +107,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
                               &d->conf_w));
         DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
     }
+    d->logits_bf16 = d->lm_head.dtype == DS_BF16;
     const int G = d->gamma, wide = 3 * r + H > V ? 3 * r + H : V;
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
     DS_TRY(be->ops->alloc(be, DS_F32, G, H, &d->block_hidden));
@@ -195,6 +196,7 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
     d->ops->block(d, ids, start);
     be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
     if (d->logit_softcap > 0) be->ops->softcap(be, d->logits, d->logit_softcap);
+    if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
     ds_markov_chain(d, anchor, s, rng, out);
     out->n = d->gamma;
     if (d->confidence && threshold > 0)

@@ -36,6 +36,7 @@ struct ds_drafter {
     int n_ctx;         /* context rows held: positions 0..n_ctx-1 */
     float eps;         /* hidden_norm epsilon */
     float logit_softcap; /* 0 = none (Gemma4 drafters soft-cap before the Markov bias) */
+    bool logits_bf16;    /* bf16 checkpoint: logits, bias, their sum and the confidence rounded to bf16 */
     ds_markov_type markov;
     int markov_rank;
     bool confidence, confidence_with_markov;

@@ -9,6 +9,7 @@
 #include "draft/drafter.h"
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float round_bf16(float x) { return ds_bf16_to_f32(ds_f32_to_bf16(x)); }
 
 /* y[w.rows] = w @ x[k] (+ b), on the backend, through the step buffers. */
 static void small_linear(ds_drafter *d, ds_tensor w, ds_tensor b, const float *x, int k, float *y) {
@@ -73,6 +74,8 @@ static void confidence(ds_drafter *d, ds_proposal *out) {
     ds_tensor col = ds_cols(d->step_out, 0, 1);
     be->ops->linear(be, col, ds_cols(d->step_in, 0, F), d->conf_w, d->conf_b);
     be->ops->download(be, col, out->conf_logit);
+    if (d->logits_bf16) /* the linear runs in bf16, then is cast to fp32 */
+        for (int k = 0; k < G; k++) out->conf_logit[k] = round_bf16(out->conf_logit[k]);
 }
 
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
@@ -88,7 +91,10 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
             float *e = d->host_prev + (size_t)k * r;
             prev_embedding(d, prev, e);
             markov_bias(d, e, d->host_hidden + (size_t)k * H, d->host_bias);
-            for (int i = 0; i < V; i++) logits[i] += d->host_bias[i];
+            if (d->logits_bf16) /* bias and sum in bf16, as the reference */
+                for (int i = 0; i < V; i++) logits[i] = round_bf16(logits[i] + round_bf16(d->host_bias[i]));
+            else
+                for (int i = 0; i < V; i++) logits[i] += d->host_bias[i];
         }
         if (ds_sampling_greedy(s)) {
             prev = ds_argmax(logits, V);

@@ -68,9 +68,11 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
     }
     ds_tensor fh = ds_rows(t->final_hidden, 0, n);
     be->ops->rmsnorm(be, fh, x, q->final_norm, c->hidden, c->eps);
-    if (n_logits > 0)
-        be->ops->linear(be, ds_rows(t->logits, 0, n_logits), ds_rows(fh, n - n_logits, n_logits), q->lm_head,
-                        ds_no_tensor());
+    if (n_logits > 0) {
+        ds_tensor lg = ds_rows(t->logits, 0, n_logits);
+        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), q->lm_head, ds_no_tensor());
+        if (t->logits_bf16) be->ops->round_bf16(be, lg);
+    }
     return NULL;
 }
 
@@ -114,6 +116,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
         if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->k_cache[l]);
         if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->v_cache[l]);
     }
+    t->logits_bf16 = !e && q->lm_head.dtype == DS_BF16;
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &q->x);
     if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, &q->s);
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits);

@@ -46,9 +46,12 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
     ds_error *e;
     if (mt && !strcmp(mt, "qwen3") && (!an || !strcmp(an, "Qwen3ForCausalLM"))) {
         e = ds_qwen3_open(be, ck, opts, &t);
+    } else if (mt && (!strcmp(mt, "gemma4_text") || !strcmp(mt, "gemma4")) &&
+               (!an || !strcmp(an, "Gemma4ForCausalLM") || !strcmp(an, "Gemma4ForConditionalGeneration"))) {
+        e = ds_gemma4_open(be, ck, opts, &t);
     } else {
         e = ds_errorf("%s: unsupported architecture (model_type \"%s\", architectures[0] \"%s\"); supported: "
-                      "Qwen3ForCausalLM",
+                      "Qwen3ForCausalLM, Gemma4ForCausalLM",
                       dir, mt ? mt : "(none)", an ? an : "(none)");
     }
     if (e) {

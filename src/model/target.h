@@ -30,6 +30,10 @@ struct ds_target {
     int n_cached;       /* KV cache holds positions 0..n_cached-1 */
     int n_taps, tap_layers[DS_MAX_TAPS]; /* -1 = embedding output */
     int n_stop, stop_ids[DS_MAX_STOP_IDS];
+    /* The reference computes logits in the checkpoint's dtype: with bf16
+     * weights they are rounded to bf16 (argmax ties then go to the lowest id,
+     * as torch.argmax does). Greedy agreement and acceptance follow it. */
+    bool logits_bf16;
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
     ds_tensor taps;         /* [max_rows, n_taps*hidden] */
     ds_tensor final_hidden; /* [max_rows, hidden]: final-normed states of the last forward */
@@ -56,5 +60,6 @@ bool ds_target_is_stop(const ds_target *t, int32_t id);
  * call ds_target_init_common, take ownership of ck only on success. */
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
 ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
+ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
 
 #endif

@@ -1,3 +1,320 @@
+/* dspark generate: text (or ids) in, continuation out, streamed as it is
+ * committed; speculative with a DSpark drafter unless --no-draft. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "commands.h"
-int cmd_generate(int argc, char **argv) { fprintf(stderr, "todo\n"); return 1; }
+#include "draft/drafter.h"
+#include "io/checkpoint.h"
+#include "spec/generate.h"
+#include "spec/metrics.h"
+
+typedef struct {
+    const char *model, *drafter, *prompt, *prompt_file;
+    bool no_draft, json, ignore_eos;
+    int threads;
+    ds_gen_params gen;
+} options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
+            "                       [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+            "                       [--threshold C] [--gamma G] [--threads N] [--ignore-eos] [--json]\n"
+            "\n"
+            "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
+            "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
+            "                   the bundled pico-qwen3-dspark)\n"
+            "  --no-draft       plain autoregressive decoding\n"
+            "  -p TEXT          prompt text\n"
+            "  --prompt-file F  one JSON object per line: {\"prompt\": TEXT} or {\"input_ids\": [...]}\n"
+            "  -n N             new tokens at most (default 128)\n"
+            "  --temp T         temperature (default 0 = greedy)\n"
+            "  --top-k K, --top-p P   restrict sampling (applied to target and drafter alike)\n"
+            "  --seed S         random seed (default 0)\n"
+            "  --threshold C    cut each proposal before the first confidence below C (default 0: off)\n"
+            "  --gamma G        use at most G of the drafter's proposal positions\n"
+            "  --ignore-eos     do not stop at the model's stop tokens\n"
+            "  --json           one JSON object per prompt (ids, text, timings, acceptance)\n");
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
+           O_JSON, O_IGNORE_EOS };
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
+        {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
+        {"no-draft", no_argument, 0, O_NO_DRAFT}, {"prompt-file", required_argument, 0, O_PROMPT_FILE},
+        {"temp", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOP_K},
+        {"top-p", required_argument, 0, O_TOP_P}, {"seed", required_argument, 0, O_SEED},
+        {"threshold", required_argument, 0, O_THRESHOLD}, {"gamma", required_argument, 0, O_GAMMA},
+        {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    o->gen.max_new = 128;
+    o->gen.sampling.top_p = 1.0f;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    o->threads = cpus > 0 ? (int)cpus : 1;
+    optind = 1;
+    int c;
+    char *end;
+#define NUM(dst, conv, what)                                                       \
+    do {                                                                           \
+        dst = conv;                                                                \
+        if (*end || end == optarg) {                                               \
+            fprintf(stderr, "dspark generate: %s expects a number, got '%s'\n", what, optarg); \
+            return 2;                                                              \
+        }                                                                          \
+    } while (0)
+    while ((c = getopt_long(argc, argv, "m:d:p:n:h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'd': o->drafter = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': NUM(o->gen.max_new, (int)strtol(optarg, &end, 10), "-n"); break;
+        case O_NO_DRAFT: o->no_draft = true; break;
+        case O_PROMPT_FILE: o->prompt_file = optarg; break;
+        case O_TEMP: NUM(o->gen.sampling.temperature, strtof(optarg, &end), "--temp"); break;
+        case O_TOP_K: NUM(o->gen.sampling.top_k, (int)strtol(optarg, &end, 10), "--top-k"); break;
+        case O_TOP_P: NUM(o->gen.sampling.top_p, strtof(optarg, &end), "--top-p"); break;
+        case O_SEED: NUM(o->gen.seed, strtoull(optarg, &end, 10), "--seed"); break;
+        case O_THRESHOLD: NUM(o->gen.threshold, strtof(optarg, &end), "--threshold"); break;
+        case O_GAMMA: NUM(o->gen.gamma, (int)strtol(optarg, &end, 10), "--gamma"); break;
+        case O_THREADS: NUM(o->threads, (int)strtol(optarg, &end, 10), "--threads"); break;
+        case O_JSON: o->json = true; break;
+        case O_IGNORE_EOS: o->gen.ignore_stop = true; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return 2;
+        }
+    }
+#undef NUM
+    if (optind < argc) {
+        fprintf(stderr, "dspark generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!o->prompt == !o->prompt_file) {
+        fprintf(stderr, "dspark generate: give exactly one of -p TEXT or --prompt-file F\n");
+        usage(stderr);
+        return 2;
+    }
+    if (o->gen.max_new < 0 || o->gen.sampling.temperature < 0 || o->gen.sampling.top_k < 0 ||
+        o->gen.sampling.top_p <= 0 || o->gen.sampling.top_p > 1 || o->gen.gamma < 0 || o->threads < 1) {
+        fprintf(stderr, "dspark generate: -n, --temp, --top-k, --gamma must be >= 0, --top-p in (0, 1], "
+                        "--threads >= 1\n");
+        return 2;
+    }
+    return 0;
+}
+
+typedef struct {
+    ds_detok *detok;
+    bool stream;
+} stream_ctx;
+
+static bool on_token(void *user, int32_t tok) {
+    stream_ctx *s = user;
+    if (!s->stream) return true;
+    const char *text;
+    size_t len;
+    ds_error *e = ds_detok_push(s->detok, tok, &text, &len);
+    if (e) {
+        ds_error_free(e);
+        return true;
+    }
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return true;
+}
+
+/* One prompt: ids from the line's input_ids, or its text through the tokenizer. */
+static ds_error *prompt_ids(const ds_tokenizer *tok, const cJSON *line, const char *text, int32_t **ids, size_t *n) {
+    const cJSON *arr = line ? cJSON_GetObjectItemCaseSensitive(line, "input_ids") : NULL;
+    if (arr) {
+        if (!cJSON_IsArray(arr)) return ds_errorf("input_ids is not a list");
+        *n = (size_t)cJSON_GetArraySize(arr);
+        *ids = malloc((*n ? *n : 1) * sizeof **ids);
+        size_t i = 0;
+        for (const cJSON *v = arr->child; v; v = v->next, i++) {
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 2147483647.0) {
+                free(*ids);
+                return ds_errorf("input_ids[%zu] is not a token id", i);
+            }
+            (*ids)[i] = (int32_t)v->valuedouble;
+        }
+        return NULL;
+    }
+    if (line) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(line, "prompt");
+        if (!cJSON_IsString(p)) return ds_errorf("line has neither a \"prompt\" string nor \"input_ids\"");
+        text = p->valuestring;
+    }
+    return ds_tokenizer_encode(tok, text, strlen(text), false, ids, n);
+}
+
+static cJSON *int_array(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, const ds_gen_result *r, bool drafted) {
+    cJSON *o = cJSON_CreateObject();
+    if (id) cJSON_AddItemToObject(o, "id", cJSON_Duplicate(id, 1));
+    cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < r->n_tokens; i++) cJSON_AddItemToArray(toks, cJSON_CreateNumber(r->tokens[i]));
+    char *text = NULL;
+    size_t len;
+    ds_error *e = ds_tokenizer_decode(tok, r->tokens, (size_t)r->n_tokens, true, &text, &len);
+    cJSON_AddStringToObject(o, "text", e ? "" : text);
+    ds_error_free(e);
+    free(text);
+    cJSON_AddBoolToObject(o, "stopped", r->stopped);
+    cJSON_AddNumberToObject(o, "time_s", r->total_s);
+    cJSON_AddNumberToObject(o, "prefill_time_s", r->prefill_s);
+    double decode_s = r->total_s - r->prefill_s;
+    cJSON_AddNumberToObject(o, "tokens_per_s", r->total_s > 0 ? r->n_tokens / r->total_s : 0);
+    cJSON_AddNumberToObject(o, "decode_tokens_per_s", decode_s > 0 && r->n_tokens > 1 ? (r->n_tokens - 1) / decode_s : 0);
+    if (drafted) {
+        ds_metrics m = {0};
+        ds_metrics_add(&m, r);
+        cJSON_AddNumberToObject(o, "rounds", r->rounds);
+        cJSON_AddItemToObject(o, "accepted", int_array(r->accepted, r->rounds));
+        cJSON_AddItemToObject(o, "proposed", int_array(r->proposed, r->rounds));
+        cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(&m));
+        cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
+        for (int k = 0; k < DS_MAX_GAMMA && m.proposals_at[k]; k++)
+            cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(&m, k)));
+        cJSON_AddNumberToObject(o, "draft_time_s", r->draft_s);
+        cJSON_AddNumberToObject(o, "verify_time_s", r->verify_s);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+static void print_summary(const ds_metrics *m, bool drafted) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "summary", drafted ? "speculative" : "autoregressive");
+    cJSON_AddNumberToObject(o, "prompts", m->samples);
+    cJSON_AddNumberToObject(o, "tokens", (double)m->tokens);
+    cJSON_AddNumberToObject(o, "time_s", m->total_s);
+    cJSON_AddNumberToObject(o, "tokens_per_s", m->total_s > 0 ? m->tokens / m->total_s : 0);
+    if (drafted) {
+        cJSON_AddNumberToObject(o, "rounds", m->rounds);
+        cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(m));
+        cJSON_AddNumberToObject(o, "verify_rate", ds_metrics_verify_rate(m));
+        cJSON_AddNumberToObject(o, "draft_tokens_per_proposal", m->rounds ? (double)m->proposal_sum / m->rounds : 0);
+        cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
+        for (int k = 0; k < DS_MAX_GAMMA && m->proposals_at[k]; k++)
+            cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(m, k)));
+        cJSON_AddNumberToObject(o, "draft_time_s", m->draft_s);
+        cJSON_AddNumberToObject(o, "verify_time_s", m->verify_s);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+typedef struct {
+    ds_backend *be;
+    ds_target *target;
+    ds_drafter *drafter;
+    ds_tokenizer *tok;
+} session;
+
+static ds_error *open_session(const options *o, session *s) {
+    char path[4096];
+    const char *model = o->model ? o->model : DS_DEFAULT_MODEL_DIR "/pico-qwen3";
+    const char *drafter = o->drafter;
+    if (!drafter && !o->model) drafter = DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark";
+    if (o->no_draft) drafter = NULL;
+    DS_TRY(ds_backend_cpu_new(o->threads, &s->be));
+    ds_target_opts topts = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    DS_TRY(ds_target_open(s->be, model, &topts, &s->target));
+    if (drafter) DS_TRY(ds_drafter_open(s->be, drafter, s->target, NULL, &s->drafter));
+    snprintf(path, sizeof path, "%s/tokenizer.json", model);
+    return ds_tokenizer_load(path, &s->tok);
+}
+
+static void close_session(session *s) {
+    ds_tokenizer_free(s->tok);
+    ds_drafter_free(s->drafter);
+    ds_target_free(s->target);
+    if (s->be) s->be->ops->destroy(s->be);
+}
+
+static ds_error *run_one(const options *o, session *s, const cJSON *line, const char *text, ds_metrics *m) {
+    int32_t *ids;
+    size_t n;
+    DS_TRY(prompt_ids(s->tok, line, text, &ids, &n));
+    stream_ctx sc = {.detok = ds_detok_new(s->tok, true), .stream = !o->json};
+    ds_gen_result r;
+    ds_error *e = ds_generate(s->target, s->drafter, ids, (int)n, &o->gen, on_token, &sc, &r);
+    if (!e) {
+        if (o->json) {
+            print_json(s->tok, line ? cJSON_GetObjectItemCaseSensitive(line, "id") : NULL, (int)n, &r, s->drafter != NULL);
+        } else {
+            const char *tail;
+            size_t len;
+            ds_error_free(ds_detok_finish(sc.detok, &tail, &len));
+            fwrite(tail, 1, len, stdout);
+            putchar('\n');
+            fprintf(stderr, "[%d tokens, %.1f tok/s", r.n_tokens, r.total_s > 0 ? r.n_tokens / r.total_s : 0.0);
+            if (s->drafter) {
+                ds_metrics one = {0};
+                ds_metrics_add(&one, &r);
+                fprintf(stderr, ", tau %.2f over %d rounds", ds_metrics_tau(&one), r.rounds);
+            }
+            fprintf(stderr, "]\n");
+        }
+        ds_metrics_add(m, &r);
+        ds_gen_result_free(&r);
+    }
+    ds_detok_free(sc.detok);
+    free(ids);
+    return e;
+}
+
+static ds_error *run_file(const options *o, session *s, ds_metrics *m) {
+    char *buf;
+    DS_TRY(ds_read_file(o->prompt_file, &buf, NULL));
+    ds_error *e = NULL;
+    int lineno = 0;
+    for (char *line = buf, *next; line && *line && !e; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        lineno++;
+        if (!line[strspn(line, " \t\r")]) continue;
+        cJSON *obj = cJSON_Parse(line);
+        if (!cJSON_IsObject(obj)) e = ds_errorf("not a JSON object");
+        else e = run_one(o, s, obj, NULL, m);
+        cJSON_Delete(obj);
+        if (e) e = ds_error_wrap(e, "%s:%d", o->prompt_file, lineno);
+    }
+    free(buf);
+    return e;
+}
+
+int cmd_generate(int argc, char **argv) {
+    options o = {0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    session s = {0};
+    ds_metrics m = {0};
+    ds_error *e = open_session(&o, &s);
+    if (!e) e = o.prompt_file ? run_file(&o, &s, &m) : run_one(&o, &s, NULL, o.prompt, &m);
+    if (!e && o.json && o.prompt_file) print_summary(&m, s.drafter != NULL);
+    close_session(&s);
+    if (e) {
+        fprintf(stderr, "dspark generate: %s\n", ds_error_message(e));
+        ds_error_free(e);
+        return 1;
+    }
+    return 0;
+}

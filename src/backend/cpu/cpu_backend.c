@@ -1,6 +1,7 @@
 /* CPU backend: fp32 activations, weights used in place from the mmap'd
  * checkpoint (bf16 stays bf16 in memory and is widened on the fly), OpenMP
  * across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,7 +142,17 @@ static void cpu_softcap(ds_backend *be, ds_tensor x, float cap) {
     }
 }
 
-static void cpu_destroy(ds_backend *be) { free(be); }
+static void cpu_round_bf16(ds_backend *be, ds_tensor x) {
+    for (int64_t r = 0; r < x.rows; r++) {
+        float *o = (float *)x.data + r * x.stride;
+        for (int64_t c = 0; c < x.cols; c++) o[c] = ds_bf16_to_f32(ds_f32_to_bf16(o[c]));
+    }
+}
+
+static void cpu_destroy(ds_backend *be) {
+    ds_pool_free(ds_cpu_pool(be));
+    free(be);
+}
 
 static const ds_backend_ops cpu_ops = {
     .name = "cpu",
@@ -162,13 +173,21 @@ static const ds_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .geglu_tanh = cpu_geglu_tanh,
     .softcap = cpu_softcap,
+    .round_bf16 = cpu_round_bf16,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {
-    ds_backend *be = calloc(1, sizeof *be);
-    if (!be) return ds_errorf("out of memory");
-    be->ops = &cpu_ops;
-    be->n_threads = n_threads > 0 ? n_threads : 1;
-    *out = be;
+    ds_cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) return ds_errorf("out of memory");
+    cb->base.ops = &cpu_ops;
+    cb->base.n_threads = n_threads > 0 ? n_threads : 1;
+    cb->pool = ds_pool_new(cb->base.n_threads);
+    if (!cb->pool) {
+        free(cb);
+        return ds_errorf("cpu backend: cannot start %d threads", n_threads);
+    }
+    cb->base.n_threads = ds_pool_threads(cb->pool);
+    openblas_set_num_threads(1); /* we split the work across threads ourselves */
+    *out = &cb->base;
     return NULL;
 }

@@ -3,6 +3,15 @@
 #define DS_CPU_KERNELS_H
 
 #include "backend/backend.h"
+#include "base/threadpool.h"
+
+/* The CPU backend: the generic part plus its thread pool. */
+typedef struct {
+    ds_backend base;
+    ds_pool *pool;
+} ds_cpu_backend;
+
+static inline ds_pool *ds_cpu_pool(ds_backend *be) { return ((ds_cpu_backend *)be)->pool; }
 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,

@@ -13,7 +13,7 @@
 #include "backend/cpu/cpu_kernels.h"
 
 #define DS_CPU_NARROW_M 32
-#define WIDE_TILE_ROWS 512
+#define WIDE_TILE_ROWS 128
 #define LANES 16
 
 /* Fixed-order dot product: LANES independent partial sums (vectorised by
@@ -43,46 +43,49 @@ static float dot_any(ds_dtype t, const float *x, const void *w, int64_t k) {
     }
 }
 
-static void linear_narrow(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, const float *bias) {
-    const int64_t M = x.rows, K = x.cols, N = w.rows;
-    const size_t es = ds_dtype_size(w.dtype);
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const void *wr = (const char *)w.data + (size_t)(n * w.stride) * es;
+typedef struct {
+    ds_tensor out, x, w;
+    const float *bias;
+    float **tiles; /* per thread, wide path only */
+} linear_job;
+
+static void narrow_chunk(void *ctx, int64_t n0, int64_t n1, int tid) {
+    const linear_job *j = ctx;
+    const int64_t M = j->x.rows, K = j->x.cols;
+    const size_t es = ds_dtype_size(j->w.dtype);
+    for (int64_t n = n0; n < n1; n++) {
+        const void *wr = (const char *)j->w.data + (size_t)(n * j->w.stride) * es;
         for (int64_t m = 0; m < M; m++) {
-            float v = dot_any(w.dtype, (const float *)x.data + m * x.stride, wr, K);
-            ((float *)out.data)[m * out.stride + n] = bias ? v + bias[n] : v;
+            float v = dot_any(j->w.dtype, (const float *)j->x.data + m * j->x.stride, wr, K);
+            ((float *)j->out.data)[m * j->out.stride + n] = j->bias ? v + j->bias[n] : v;
         }
     }
 }
 
-static void linear_wide(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, const float *bias) {
-    const int64_t M = x.rows, K = x.cols, N = w.rows;
-    float *tile = NULL;
-    if (w.dtype != DS_F32) tile = malloc((size_t)(WIDE_TILE_ROWS * K) * sizeof(float));
-    for (int64_t n0 = 0; n0 < N; n0 += WIDE_TILE_ROWS) {
-        int64_t tn = N - n0 < WIDE_TILE_ROWS ? N - n0 : WIDE_TILE_ROWS;
-        const float *wt;
-        int64_t ldw;
-        if (tile) {
-            size_t es = ds_dtype_size(w.dtype);
-#pragma omp parallel for num_threads(be->n_threads) schedule(static)
+/* Each thread widens its own tiles of weight rows and runs a
+ * single-threaded sgemm on them. */
+static void wide_chunk(void *ctx, int64_t t0, int64_t t1, int tid) {
+    const linear_job *j = ctx;
+    const int64_t M = j->x.rows, K = j->x.cols, N = j->w.rows;
+    const size_t es = ds_dtype_size(j->w.dtype);
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t n0 = t * WIDE_TILE_ROWS, tn = N - n0 < WIDE_TILE_ROWS ? N - n0 : WIDE_TILE_ROWS;
+        const float *wt = (const float *)j->w.data + n0 * j->w.stride;
+        int64_t ldw = j->w.stride;
+        if (j->w.dtype != DS_F32) {
+            float *tile = j->tiles[tid];
             for (int64_t r = 0; r < tn; r++)
-                ds_to_f32(w.dtype, (const char *)w.data + (size_t)((n0 + r) * w.stride) * es, tile + r * K,
+                ds_to_f32(j->w.dtype, (const char *)j->w.data + (size_t)((n0 + r) * j->w.stride) * es, tile + r * K,
                           (size_t)K);
             wt = tile;
             ldw = K;
-        } else {
-            wt = (const float *)w.data + n0 * w.stride;
-            ldw = w.stride;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)tn, (int)K, 1.0f, x.data,
-                    (int)x.stride, wt, (int)ldw, 0.0f, (float *)out.data + n0, (int)out.stride);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)tn, (int)K, 1.0f, j->x.data,
+                    (int)j->x.stride, wt, (int)ldw, 0.0f, (float *)j->out.data + n0, (int)j->out.stride);
+        if (j->bias)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = n0; n < n0 + tn; n++) ((float *)j->out.data)[m * j->out.stride + n] += j->bias[n];
     }
-    free(tile);
-    if (bias)
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t n = 0; n < N; n++) ((float *)out.data)[m * out.stride + n] += bias[n];
 }
 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
@@ -91,7 +94,20 @@ void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_t
         b = malloc((size_t)w.rows * sizeof *b);
         ds_to_f32(bias.dtype, bias.data, b, (size_t)w.rows);
     }
-    if (x.rows <= DS_CPU_NARROW_M) linear_narrow(be, out, x, w, b);
-    else linear_wide(be, out, x, w, b);
+    linear_job j = {.out = out, .x = x, .w = w, .bias = b};
+    ds_pool *pool = ds_cpu_pool(be);
+    if (x.rows <= DS_CPU_NARROW_M) {
+        /* ~32 KB of weights per chunk: enough work to amortise a claim. */
+        int64_t grain = (32768 / (int64_t)(w.cols * ds_dtype_size(w.dtype) + 1)) + 1;
+        ds_pool_run(pool, w.rows, grain, narrow_chunk, &j);
+    } else {
+        int nt = ds_pool_threads(pool);
+        float *tiles[64] = {0};
+        if (w.dtype != DS_F32)
+            for (int t = 0; t < nt && t < 64; t++) tiles[t] = malloc((size_t)(WIDE_TILE_ROWS * x.cols) * sizeof(float));
+        j.tiles = tiles;
+        ds_pool_run(pool, (w.rows + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS, 1, wide_chunk, &j);
+        for (int t = 0; t < nt && t < 64; t++) free(tiles[t]);
+    }
     free(b);
 }

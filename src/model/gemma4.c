@@ -1,0 +1,282 @@
+/* Gemma 4 text target (Gemma4ForCausalLM, or the text half of a top-level
+ * gemma4 checkpoint): sliding/full attention layers, sandwich norms ×
+ * layer_scalar, soft-capped tied LM head, and the E-series extras
+ * (per-layer inputs, KV sharing, double-wide MLP).
+ *
+ * Sliding layers keep only a ring of window + max_rows K/V rows: a forward
+ * writes at most max_rows new rows, so the oldest key its earliest query
+ * still needs (window − 1 back) survives, and after a crop back into the
+ * last forward the keys before the crop point are still there. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/gemma4_layer.h"
+#include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
+#include "model/target.h"
+
+typedef struct {
+    ds_target base;
+    ds_gemma4_config c;
+    ds_tensor embed, final_norm, lm_head;
+    ds_tensor ple_embed, ple_model_proj, ple_proj_norm; /* per-layer inputs (c.ple_dim > 0) */
+    float embed_scale, ple_embed_scale;
+    ds_gemma4_layer *layers;
+    ds_tensor *k_cache, *v_cache; /* per layer with its own K/V; row = position, or position % ring for sliding */
+    int *ring;                    /* per layer: ring size (0 = indexed by position) */
+    int ring_size;                /* sliding layers' ring (0 = none: the context fits) */
+    int32_t *ring_pos;            /* [ring_size]: the position each ring row holds (-1 = none) */
+    ds_tensor x;                  /* residual stream [max_rows, hidden] */
+    ds_tensor ple;                /* per-layer inputs [max_rows, n_layers*ple_dim] */
+    ds_tensor ple_tok;            /* their token-embedding half, same shape */
+    ds_tensor kbuf, vbuf;         /* K/V of one call before they go into a ring [max_rows, widest kv] */
+    ds_gemma4_scratch s;
+    int32_t *pos;
+} gemma4_target;
+
+static void gemma4_destroy(ds_target *t) {
+    gemma4_target *g = (gemma4_target *)t;
+    ds_backend *be = t->be;
+    for (int l = 0; g->layers && g->k_cache && g->v_cache && l < g->c.n_layers; l++) {
+        ds_gemma4_layer_release(be, &g->layers[l]);
+        be->ops->release(be, &g->k_cache[l]);
+        be->ops->release(be, &g->v_cache[l]);
+    }
+    free(g->layers);
+    free(g->k_cache);
+    free(g->v_cache);
+    free(g->ring);
+    free(g->ring_pos);
+    ds_tensor *all[] = {&g->embed,          &g->final_norm,    &g->lm_head, &g->ple_embed,
+                        &g->ple_model_proj, &g->ple_proj_norm, &g->x,       &g->ple,
+                        &g->ple_tok,        &g->kbuf,          &g->vbuf};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+    ds_gemma4_scratch_release(be, &g->s);
+    ds_gemma4_config_free(&g->c);
+    free(g->pos);
+    free(g);
+}
+
+static void tap(ds_target *t, int layer, ds_tensor x, int n) {
+    for (int i = 0; i < t->n_taps; i++)
+        if (t->tap_layers[i] == layer)
+            t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
+}
+
+/* Per-layer inputs of every layer at once, [n, n_layers*ple_dim]:
+ * (norm(proj(embeds) / sqrt(H)) + ple_embed[ids] * sqrt(P)) / sqrt(2). */
+static void per_layer_inputs(gemma4_target *g, const int32_t *ids, ds_tensor x, int n) {
+    ds_backend *be = g->base.be;
+    const ds_gemma4_config *c = &g->c;
+    ds_tensor ple = ds_rows(g->ple, 0, n), tok = ds_rows(g->ple_tok, 0, n);
+    be->ops->embed(be, tok, g->ple_embed, ids, g->ple_embed_scale);
+    be->ops->linear(be, ple, x, g->ple_model_proj, ds_no_tensor());
+    be->ops->scale(be, ple, (float)pow((double)c->hidden, -0.5));
+    be->ops->rmsnorm(be, ple, ple, g->ple_proj_norm, c->ple_dim, c->eps);
+    be->ops->add(be, ple, ple, tok);
+    be->ops->scale(be, ple, 0.70710678118654752f);
+}
+
+/* Every sliding-window key the call's first query needs must still be in
+ * the ring (it is unless the cache was rewound further than one forward). */
+static ds_error *check_ring(const gemma4_target *g, int pos0) {
+    int lo = pos0 - g->c.window + 1;
+    for (int p = lo > 0 ? lo : 0; p < pos0; p++)
+        if (g->ring_pos[p % g->ring_size] != p)
+            return ds_errorf("gemma4 sliding-window cache no longer holds position %d (rewound to %d, more than %d "
+                             "rows back from the furthest position written)",
+                             p, pos0, g->base.max_rows);
+    return NULL;
+}
+
+/* Computes layer l's K/V for rows at pos0.. into its cache. */
+static void write_kv(gemma4_target *g, int l, ds_tensor xn, int pos0, int n) {
+    ds_backend *be = g->base.be;
+    const ds_gemma4_layer *L = &g->layers[l];
+    const int R = g->ring[l];
+    if (!R) {
+        ds_gemma4_key_value(be, &g->c, L, xn, ds_rows(g->k_cache[l], pos0, n), ds_rows(g->v_cache[l], pos0, n), g->pos);
+        return;
+    }
+    const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
+    ds_tensor kb = ds_rows(ds_cols(g->kbuf, 0, kvd), 0, n), vb = ds_rows(ds_cols(g->vbuf, 0, kvd), 0, n);
+    ds_gemma4_key_value(be, &g->c, L, xn, kb, vb, g->pos);
+    const int r0 = pos0 % R, first = n < R - r0 ? n : R - r0;
+    be->ops->copy(be, ds_rows(g->k_cache[l], r0, first), ds_rows(kb, 0, first));
+    be->ops->copy(be, ds_rows(g->v_cache[l], r0, first), ds_rows(vb, 0, first));
+    if (n > first) {
+        be->ops->copy(be, ds_rows(g->k_cache[l], 0, n - first), ds_rows(kb, first, n - first));
+        be->ops->copy(be, ds_rows(g->v_cache[l], 0, n - first), ds_rows(vb, first, n - first));
+    }
+}
+
+static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    gemma4_target *g = (gemma4_target *)t;
+    ds_backend *be = t->be;
+    const ds_gemma4_config *c = &g->c;
+    if (c->ple_dim)
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= c->ple_vocab)
+                return ds_errorf("token id %d is outside the per-layer input vocabulary (0..%d)", ids[i],
+                                 c->ple_vocab - 1);
+    if (g->ring_size) DS_TRY(check_ring(g, pos0));
+    for (int i = 0; i < n; i++) g->pos[i] = pos0 + i;
+    ds_tensor x = ds_rows(g->x, 0, n), xn = ds_rows(g->s.xn, 0, n);
+    be->ops->embed(be, x, g->embed, ids, g->embed_scale);
+    tap(t, -1, x, n);
+    if (c->ple_dim) per_layer_inputs(g, ids, x, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const ds_gemma4_layer *L = &g->layers[l];
+        const int src = c->kv_source[l];
+        const int64_t qd = (int64_t)c->n_heads * L->head_dim;
+        ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, n), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, n);
+        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
+        ds_gemma4_query(be, c, L, xn, q, g->pos);
+        if (L->has_kv) write_kv(g, l, xn, pos0, n);
+        const bool sliding = L->type == DS_G4_SLIDING;
+        ds_attn_params ap = {.n_heads = c->n_heads,
+                             .n_kv_heads = L->n_kv_heads,
+                             .head_dim = L->head_dim,
+                             .v_head_dim = L->head_dim,
+                             .n_keys = pos0 + n,
+                             .causal = true,
+                             .window = sliding ? c->window : 0,
+                             .ring_size = g->ring[src],
+                             .scale = 1.0f,
+                             .q_pos = g->pos};
+        be->ops->attention(be, attn, q, g->k_cache[src], g->v_cache[src], &ap);
+        ds_tensor ple =
+            c->ple_dim ? ds_rows(ds_cols(g->ple, (int64_t)l * c->ple_dim, c->ple_dim), 0, n) : ds_no_tensor();
+        ds_gemma4_output_and_mlp(be, c, L, x, &g->s, n, ple);
+        tap(t, l, x, n);
+    }
+    if (g->ring_size)
+        for (int i = 0; i < n; i++) g->ring_pos[(pos0 + i) % g->ring_size] = pos0 + i;
+    ds_tensor fh = ds_rows(t->final_hidden, 0, n);
+    be->ops->rmsnorm(be, fh, x, g->final_norm, c->hidden, c->eps);
+    if (n_logits > 0) {
+        ds_tensor lg = ds_rows(t->logits, 0, n_logits);
+        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), g->lm_head, ds_no_tensor());
+        /* bf16 checkpoints: the reference's logits and its soft-cap are bf16 results. */
+        if (t->logits_bf16) be->ops->round_bf16(be, lg);
+        if (c->softcap > 0) be->ops->softcap(be, lg, c->softcap);
+        if (t->logits_bf16 && c->softcap > 0) be->ops->round_bf16(be, lg);
+    }
+    return NULL;
+}
+
+static const ds_target_ops gemma4_ops = {.forward = gemma4_forward, .destroy = gemma4_destroy};
+
+static ds_error *load_embeddings(gemma4_target *g, ds_checkpoint *ck) {
+    ds_backend *be = g->base.be;
+    const ds_gemma4_config *c = &g->c;
+    const int H = c->hidden;
+    DS_TRY(ds_load_weight(be, ck, "embed_tokens.weight", c->vocab, H, &g->embed));
+    g->embed_scale = ds_gemma4_embed_scale(g->embed.dtype, H);
+    DS_TRY(ds_load_vector(be, ck, "norm.weight", H, &g->final_norm));
+    if (c->tie_embeddings) {
+        g->lm_head = g->embed;
+        g->lm_head.owned = false;
+    } else {
+        /* lm_head sits outside the text model's prefix. */
+        const char *prefix = ck->name_prefix;
+        ck->name_prefix = "";
+        ds_error *e = ds_load_weight(be, ck, "lm_head.weight", c->vocab, H, &g->lm_head);
+        ck->name_prefix = prefix;
+        DS_TRY(e);
+    }
+    if (c->ple_dim) {
+        const int64_t all = (int64_t)c->n_layers * c->ple_dim;
+        DS_TRY(ds_load_weight(be, ck, "embed_tokens_per_layer.weight", c->ple_vocab, all, &g->ple_embed));
+        g->ple_embed_scale = ds_gemma4_embed_scale(g->ple_embed.dtype, c->ple_dim);
+        DS_TRY(ds_load_weight(be, ck, "per_layer_model_projection.weight", all, H, &g->ple_model_proj));
+        DS_TRY(ds_load_vector(be, ck, "per_layer_projection_norm.weight", c->ple_dim, &g->ple_proj_norm));
+    }
+    return NULL;
+}
+
+static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
+    ds_backend *be = g->base.be;
+    const ds_gemma4_config *c = &g->c;
+    const int max_rows = g->base.max_rows;
+    /* A ring only pays off when the context is longer than it. */
+    if (c->window + max_rows < g->base.max_ctx) g->ring_size = c->window + max_rows;
+    int64_t widest = 0;
+    char prefix[64];
+    for (int l = 0; l < c->n_layers; l++) {
+        snprintf(prefix, sizeof prefix, "layers.%d.", l);
+        ds_gemma4_layer *L = &g->layers[l];
+        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
+        if (!L->has_kv) continue;
+        const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
+        g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
+        const int64_t rows = g->ring[l] ? g->ring[l] : g->base.max_ctx;
+        DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &g->k_cache[l]));
+        DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &g->v_cache[l]));
+        if (g->ring[l] && kvd > widest) widest = kvd;
+    }
+    if (g->ring_size) {
+        g->ring_pos = malloc((size_t)g->ring_size * sizeof *g->ring_pos);
+        if (!g->ring_pos) return ds_errorf("out of memory");
+        for (int i = 0; i < g->ring_size; i++) g->ring_pos[i] = -1;
+    }
+    if (widest) {
+        DS_TRY(be->ops->alloc(be, DS_F32, max_rows, widest, &g->kbuf));
+        DS_TRY(be->ops->alloc(be, DS_F32, max_rows, widest, &g->vbuf));
+    }
+    return NULL;
+}
+
+static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
+    ds_target *t = &g->base;
+    ds_backend *be = t->be;
+    const cJSON *text;
+    const char *prefix;
+    DS_TRY(ds_gemma4_text_config(ck->config, ck->dir, &text, &prefix));
+    ds_gemma4_config *c = &g->c;
+    DS_TRY(ds_gemma4_config_read(text, ck->dir, true, c));
+    ck->name_prefix = prefix;
+    t->ops = &gemma4_ops;
+    t->model_type = "gemma4_text";
+    t->vocab = c->vocab;
+    t->hidden = c->hidden;
+    t->n_layers = c->n_layers;
+    t->max_ctx = c->max_pos;
+    g->layers = calloc((size_t)c->n_layers, sizeof *g->layers);
+    g->k_cache = calloc((size_t)c->n_layers, sizeof *g->k_cache);
+    g->v_cache = calloc((size_t)c->n_layers, sizeof *g->v_cache);
+    g->ring = calloc((size_t)c->n_layers, sizeof *g->ring);
+    g->pos = calloc((size_t)t->max_rows, sizeof *g->pos);
+    if (!g->layers || !g->k_cache || !g->v_cache || !g->ring || !g->pos) return ds_errorf("out of memory");
+    DS_TRY(load_embeddings(g, ck));
+    t->logits_bf16 = g->lm_head.dtype == DS_BF16;
+    DS_TRY(load_layers(g, ck));
+    const int H = c->hidden;
+    DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, H, &g->x));
+    if (c->ple_dim) {
+        DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, (int64_t)c->n_layers * c->ple_dim, &g->ple));
+        DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, (int64_t)c->n_layers * c->ple_dim, &g->ple_tok));
+    }
+    DS_TRY(ds_gemma4_scratch_alloc(be, c, t->max_rows, &g->s));
+    DS_TRY(be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits));
+    return be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden);
+}
+
+ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out) {
+    gemma4_target *g = calloc(1, sizeof *g);
+    if (!g) return ds_errorf("out of memory");
+    ds_target *t = &g->base;
+    ds_target_init_common(t, be, ck, opts);
+    const char *prefix = ck->name_prefix;
+    ds_error *e = gemma4_init(g, ck);
+    if (e) {
+        ck->name_prefix = prefix; /* the caller still owns ck */
+        be->ops->release(be, &t->logits);
+        be->ops->release(be, &t->final_hidden);
+        gemma4_destroy(t);
+        return e;
+    }
+    *out = t;
+    return NULL;
+}

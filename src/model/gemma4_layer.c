@@ -1,0 +1,153 @@
+/* Gemma 4 decoder layer weights and compute (see gemma4_layer.h). */
+#include "model/gemma4_layer.h"
+
+#include <stdio.h>
+
+#include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
+
+/* layer_scalar is a [1] buffer; the reference starts it at 1 when a
+ * checkpoint lacks it. Read once on the host: it is a constant, not data
+ * the backend computes with. */
+static ds_error *read_layer_scalar(const ds_checkpoint *ck, const char *prefix, float *out) {
+    char n[256];
+    snprintf(n, sizeof n, "%slayer_scalar", prefix);
+    *out = 1.0f;
+    if (!ds_checkpoint_find(ck, n)) return NULL;
+    const ds_st_tensor *t;
+    int64_t one = 1;
+    DS_TRY(ds_checkpoint_tensor(ck, n, 1, &one, &t));
+    ds_to_f32(t->dtype, t->data, out, 1);
+    return NULL;
+}
+
+ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_gemma4_config *c,
+                               int index, ds_gemma4_layer *L) {
+    char n[256];
+    *L = (ds_gemma4_layer){0};
+    L->type = c->layer_type[index];
+    const ds_gemma4_attn_geom *g = &c->geom[L->type];
+    L->head_dim = g->head_dim;
+    L->n_kv_heads = g->n_kv_heads;
+    L->inv_freq = g->inv_freq;
+    L->has_kv = c->kv_source[index] == index;
+    L->has_v_proj = !(c->k_eq_v && L->type == DS_G4_FULL);
+    /* The reference doubles the MLP only on KV-shared layers. */
+    L->inter = c->inter * (c->double_wide && !L->has_kv ? 2 : 1);
+    const int H = c->hidden, qd = c->n_heads * L->head_dim, kvd = L->n_kv_heads * L->head_dim;
+#define W(field, suffix, r, cols)                                                                                      \
+    do {                                                                                                               \
+        snprintf(n, sizeof n, "%s%s", prefix, suffix);                                                                 \
+        DS_TRY(ds_load_weight(be, ck, n, r, cols, &L->field));                                                         \
+    } while (0)
+#define V(field, suffix, len)                                                                                          \
+    do {                                                                                                               \
+        snprintf(n, sizeof n, "%s%s", prefix, suffix);                                                                 \
+        DS_TRY(ds_load_vector(be, ck, n, len, &L->field));                                                             \
+    } while (0)
+    V(in_norm, "input_layernorm.weight", H);
+    V(post_attn_norm, "post_attention_layernorm.weight", H);
+    V(pre_ff_norm, "pre_feedforward_layernorm.weight", H);
+    V(post_ff_norm, "post_feedforward_layernorm.weight", H);
+    V(q_norm, "self_attn.q_norm.weight", L->head_dim);
+    W(q_proj, "self_attn.q_proj.weight", qd, H);
+    W(o_proj, "self_attn.o_proj.weight", H, qd);
+    if (c->attention_bias) {
+        V(q_bias, "self_attn.q_proj.bias", qd);
+        V(o_bias, "self_attn.o_proj.bias", H);
+    }
+    if (L->has_kv) {
+        V(k_norm, "self_attn.k_norm.weight", L->head_dim);
+        W(k_proj, "self_attn.k_proj.weight", kvd, H);
+        if (c->attention_bias) V(k_bias, "self_attn.k_proj.bias", kvd);
+        if (L->has_v_proj) {
+            W(v_proj, "self_attn.v_proj.weight", kvd, H);
+            if (c->attention_bias) V(v_bias, "self_attn.v_proj.bias", kvd);
+        }
+    }
+    W(gate, "mlp.gate_proj.weight", L->inter, H);
+    W(up, "mlp.up_proj.weight", L->inter, H);
+    W(down, "mlp.down_proj.weight", H, L->inter);
+    if (c->ple_dim) {
+        W(ple_gate, "per_layer_input_gate.weight", c->ple_dim, H);
+        W(ple_proj, "per_layer_projection.weight", H, c->ple_dim);
+        V(ple_post_norm, "post_per_layer_input_norm.weight", H);
+    }
+#undef W
+#undef V
+    return read_layer_scalar(ck, prefix, &L->layer_scalar);
+}
+
+void ds_gemma4_layer_release(ds_backend *be, ds_gemma4_layer *L) {
+    ds_tensor *all[] = {&L->in_norm, &L->post_attn_norm, &L->pre_ff_norm, &L->post_ff_norm, &L->q_norm,
+                        &L->k_norm,  &L->q_proj,         &L->k_proj,      &L->v_proj,       &L->o_proj,
+                        &L->q_bias,  &L->k_bias,         &L->v_bias,      &L->o_bias,       &L->gate,
+                        &L->up,      &L->down,           &L->ple_gate,    &L->ple_proj,     &L->ple_post_norm};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+}
+
+ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, ds_gemma4_scratch *s) {
+    *s = (ds_gemma4_scratch){0};
+    int hd = 0;
+    for (int t = 0; t < DS_G4_N_TYPES; t++)
+        if (c->geom[t].used && c->geom[t].head_dim > hd) hd = c->geom[t].head_dim;
+    const int inter = c->inter * (c->double_wide ? 2 : 1);
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->xn));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, (int64_t)c->n_heads * hd, &s->q));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, (int64_t)c->n_heads * hd, &s->attn));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->tmp));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, inter, &s->gate));
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, inter, &s->up));
+    if (c->ple_dim) DS_TRY(be->ops->alloc(be, DS_F32, rows, c->ple_dim, &s->ple));
+    return NULL;
+}
+
+void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s) {
+    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up, &s->ple};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+}
+
+void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor xn, ds_tensor q,
+                     const int32_t *pos) {
+    be->ops->linear(be, q, xn, L->q_proj, L->q_bias);
+    be->ops->rmsnorm(be, q, q, L->q_norm, L->head_dim, c->eps);
+    be->ops->rope(be, q, L->head_dim, pos, L->inv_freq);
+}
+
+void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x, ds_tensor k,
+                         ds_tensor v, const int32_t *pos) {
+    be->ops->linear(be, k, x, L->k_proj, L->k_bias);
+    /* V is normalized without a scale and never rotated; with K = V it is
+     * taken from the raw projection before k_norm touches it. */
+    if (L->has_v_proj) be->ops->linear(be, v, x, L->v_proj, L->v_bias);
+    be->ops->rmsnorm(be, v, L->has_v_proj ? v : k, ds_no_tensor(), L->head_dim, c->eps);
+    be->ops->rmsnorm(be, k, k, L->k_norm, L->head_dim, c->eps);
+    be->ops->rope(be, k, L->head_dim, pos, L->inv_freq);
+}
+
+void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                              ds_gemma4_scratch *s, int rows, ds_tensor ple) {
+    const int64_t qd = (int64_t)c->n_heads * L->head_dim;
+    ds_tensor attn = ds_rows(ds_cols(s->attn, 0, qd), 0, rows), tmp = ds_rows(s->tmp, 0, rows);
+    ds_tensor xn = ds_rows(s->xn, 0, rows);
+    ds_tensor gate = ds_rows(ds_cols(s->gate, 0, L->inter), 0, rows),
+              up = ds_rows(ds_cols(s->up, 0, L->inter), 0, rows);
+    be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
+    be->ops->rmsnorm(be, tmp, tmp, L->post_attn_norm, c->hidden, c->eps);
+    be->ops->add(be, x, x, tmp);
+    be->ops->rmsnorm(be, xn, x, L->pre_ff_norm, c->hidden, c->eps);
+    be->ops->linear(be, gate, xn, L->gate, ds_no_tensor());
+    be->ops->linear(be, up, xn, L->up, ds_no_tensor());
+    be->ops->geglu_tanh(be, gate, gate, up);
+    be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
+    be->ops->rmsnorm(be, tmp, tmp, L->post_ff_norm, c->hidden, c->eps);
+    be->ops->add(be, x, x, tmp);
+    if (ple.data && L->ple_gate.data) {
+        ds_tensor t = ds_rows(s->ple, 0, rows);
+        be->ops->linear(be, t, x, L->ple_gate, ds_no_tensor());
+        be->ops->geglu_tanh(be, t, t, ple);
+        be->ops->linear(be, tmp, t, L->ple_proj, ds_no_tensor());
+        be->ops->rmsnorm(be, tmp, tmp, L->ple_post_norm, c->hidden, c->eps);
+        be->ops->add(be, x, x, tmp);
+    }
+    if (L->layer_scalar != 1.0f) be->ops->scale(be, x, L->layer_scalar);
+}

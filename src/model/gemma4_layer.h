@@ -1,0 +1,92 @@
+/* A Gemma 4 (text) decoder layer: config, weights, and the projection /
+ * sandwich-norm code shared by the target (model/gemma4.c) and the Gemma4
+ * DSpark drafter. They differ only in what the queries attend to.
+ *
+ * Layers come in two attention types with their own geometry: sliding
+ * (head_dim, num_key_value_heads, default RoPE, windowed) and full
+ * (global_head_dim, proportional RoPE, optionally K = V). */
+#ifndef DS_GEMMA4_LAYER_H
+#define DS_GEMMA4_LAYER_H
+
+#include "backend/backend.h"
+#include "io/checkpoint.h"
+
+typedef enum { DS_G4_SLIDING = 0, DS_G4_FULL = 1, DS_G4_N_TYPES } ds_gemma4_type;
+
+/* Geometry every layer of one attention type shares. */
+typedef struct {
+    bool used; /* some layer has this type */
+    int head_dim, n_kv_heads;
+    float *inv_freq; /* [head_dim/2], malloc'd when used */
+} ds_gemma4_attn_geom;
+
+typedef struct {
+    int vocab, hidden, n_layers, n_heads, inter, max_pos;
+    int window; /* sliding_window */
+    float eps;
+    float softcap; /* final_logit_softcapping; 0 = none */
+    bool k_eq_v;   /* attention_k_eq_v: full layers have V = v_norm(k_proj(x)) */
+    bool attention_bias, tie_embeddings, double_wide;
+    int ple_dim, ple_vocab; /* per-layer inputs: hidden_size_per_layer_input (0 = none), its vocabulary */
+    int n_kv_shared;        /* num_kv_shared_layers */
+    ds_gemma4_attn_geom geom[DS_G4_N_TYPES];
+    ds_gemma4_type *layer_type; /* [n_layers] */
+    int *kv_source;             /* [n_layers]: the layer whose K/V layer l attends to (l unless KV-shared) */
+} ds_gemma4_config;
+
+typedef struct {
+    ds_gemma4_type type;
+    int head_dim, n_kv_heads, inter;
+    const float *inv_freq; /* the config's table for this type */
+    bool has_kv;           /* false for KV-shared layers: no k/v projections */
+    bool has_v_proj;       /* false when V comes from k_proj (k_eq_v full layers) */
+    float layer_scalar;
+    ds_tensor in_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm;
+    ds_tensor q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias, o_bias;
+    ds_tensor gate, up, down;
+    ds_tensor ple_gate, ple_proj, ple_post_norm; /* per-layer input block (ple_dim > 0) */
+} ds_gemma4_layer;
+
+/* Per-call scratch for up to `rows` rows, sized for the widest layer. */
+typedef struct {
+    ds_tensor xn, q, attn, tmp, gate, up, ple;
+} ds_gemma4_scratch;
+
+/* The text config inside a checkpoint's config.json: the object itself for
+ * gemma4_text (and drafters), text_config for a top-level gemma4. Sets
+ * *tensor_prefix to where the text model's tensors live ("model." or
+ * "model.language_model."). */
+ds_error *ds_gemma4_text_config(const cJSON *root, const char *where, const cJSON **text, const char **tensor_prefix);
+/* share_kv: honour num_kv_shared_layers (the target). A DSpark drafter
+ * config inherits the target's value but its layers all own their K/V. */
+ds_error *ds_gemma4_config_read(const cJSON *cfg, const char *where, bool share_kv, ds_gemma4_config *c);
+void ds_gemma4_config_free(ds_gemma4_config *c);
+/* RoPE inverse frequencies of one layer type (rope_parameters.<type>, with
+ * rope_type default or proportional) for a head of dimension head_dim. */
+ds_error *ds_gemma4_inv_freq(const cJSON *cfg, const char *where, ds_gemma4_type type, int head_dim, float **out);
+/* sqrt(n) rounded to the embedding weight's dtype, as the reference scales
+ * embeddings (62.0 for n = 3840 in bf16). */
+float ds_gemma4_embed_scale(ds_dtype weight_dtype, int n);
+
+/* Loads layer `index` (prefix e.g. "layers.3.", relative to ck's name prefix). */
+ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_gemma4_config *c,
+                               int index, ds_gemma4_layer *L);
+void ds_gemma4_layer_release(ds_backend *be, ds_gemma4_layer *L);
+ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, ds_gemma4_scratch *s);
+void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s);
+
+/* q[M, heads*hd] = rope(q_norm(q_proj(xn))) at pos. */
+void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor xn, ds_tensor q,
+                     const int32_t *pos);
+/* k = rope(k_norm(k_proj(x))); v = v_norm(v_proj(x)), or v_norm(k_proj(x))
+ * before k_norm when the layer has no v_proj. Only for layers with has_kv. */
+void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x, ds_tensor k,
+                         ds_tensor v, const int32_t *pos);
+/* The rest of the layer, given attn = attention output (rows of s->attn):
+ * x += post_attn_norm(o_proj(attn)); x += post_ff_norm(mlp(pre_ff_norm(x)));
+ * with per-layer inputs (ple: [rows, ple_dim] view, or no tensor)
+ * x += post_ple_norm(ple_proj(gelu(ple_gate(x)) * ple)); then x *= layer_scalar. */
+void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                              ds_gemma4_scratch *s, int rows, ds_tensor ple);
+
+#endif
