@@ -94,7 +94,8 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
         DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
         t->be->ops->download(t->be, ds_rows(t->logits, 0, n + 1), logits);
         int32_t next;
-        int a = ds_verify(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch, &next);
+        int a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
+                                                    &next);
         double t2 = now_s();
         r->draft_s += t1 - t0;
         r->verify_s += t2 - t1;

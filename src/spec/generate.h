@@ -7,6 +7,7 @@
 #include "draft/drafter.h"
 #include "model/target.h"
 #include "spec/sampler.h"
+#include "spec/verify.h"
 
 typedef struct {
     int max_new;          /* tokens to generate at most */
@@ -15,6 +16,7 @@ typedef struct {
     float threshold;      /* confidence threshold (<= 0: keep all gamma) */
     int gamma;            /* proposal positions to use (0: the checkpoint's block size) */
     bool ignore_stop;     /* run past stop tokens (the goldens are made this way) */
+    ds_verify_fn verify;  /* NULL: ds_verify (tests substitute broken verifiers here) */
 } ds_gen_params;
 
 /* Called with every committed token as soon as it is final; return false to stop. */

@@ -9,6 +9,8 @@
  * draft: tokens x[n]; draft_probs: [n, V] processed draft distributions
  * (unused when greedy). Returns the accepted count; *next = the bonus /
  * correction token. probs_scratch: 2*V floats. */
+typedef int (*ds_verify_fn)(const float *target_logits, int V, const int32_t *draft, int n, const float *draft_probs,
+                            const ds_sampling *s, ds_rng *rng, float *probs_scratch, int32_t *next);
 int ds_verify(const float *target_logits, int V, const int32_t *draft, int n, const float *draft_probs,
               const ds_sampling *s, ds_rng *rng, float *probs_scratch, int32_t *next);
 
