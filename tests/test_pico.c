@@ -28,6 +28,8 @@ static void setup(void) {
     CHECK_OK(ds_target_open(be, DS_MODELS "/pico-qwen3", &o, &target));
     n_prompts = pico_load_prompts(prompts, PICO_MAX_PROMPTS);
     CHECK(n_prompts == 32, "%d dev prompts", n_prompts);
+    /* The sanitizer build runs a subset: the full set is the Release run's job. */
+    if (getenv("DS_TEST_QUICK") && n_prompts > 4) n_prompts = 4;
 }
 
 /* Our fp32 logits (before the bf16 rounding the reference applies) after
@@ -109,7 +111,7 @@ static void test_ar_matches_reference_up_to_near_ties(void) {
     }
     printf("  %d of %d prompts agree fully with the reference's bf16 greedy output\n", agree, n_prompts);
     /* Measured 17/32 (an fp32 engine is expected to reach about 16, models/PROVENANCE-shared-README.md). */
-    CHECK(agree >= 16, "only %d prompts agree fully", agree);
+    if (n_prompts == 32) CHECK(agree >= 16, "only %d prompts agree fully", agree);
 }
 
 static void check_lossless(const char *drafter_dir, float threshold) {

@@ -93,6 +93,11 @@ typedef struct {
     /* Rounds fp32 values to the nearest bf16 (kept as fp32): for results the
      * reference computes in the checkpoint's bf16 dtype, such as logits. */
     void (*round_bf16)(ds_backend *be, ds_tensor x);
+    /* Ops queue work and have no error return: a backend that can fail (a
+     * GPU) records the first failure, naming the op. check() waits for the
+     * queued work and returns that error (NULL when none), clearing it.
+     * NULL for backends whose ops cannot fail (the CPU). */
+    ds_error *(*check)(ds_backend *be);
 } ds_backend_ops;
 
 struct ds_backend {
@@ -101,6 +106,14 @@ struct ds_backend {
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out);
+/* The CUDA backend on GPU `device` (bf16/f16/fp32 weights in device memory,
+ * fp32 activations). Fails with a message saying why when the build has no
+ * CUDA support ("CUDA support is not compiled in") or there is no such
+ * device ("no CUDA device"). */
+ds_error *ds_backend_cuda_new(int device, ds_backend **out);
+
+/* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
+static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 
 static inline ds_tensor ds_no_tensor(void) { return (ds_tensor){0}; }
 

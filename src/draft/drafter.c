@@ -33,22 +33,30 @@ static ds_error *check_against_target(ds_drafter *d, const ds_target *t) {
     return NULL;
 }
 
+/* A config integer narrows to int only when it fits: 2^32 + 5 must not pass as 5. */
+static ds_error *narrow(const char *dir, const char *field, int64_t v, int *out) {
+    if (v < -(1 << 30) || v > (1 << 30))
+        return ds_errorf("%s: config field %s = %lld is out of range", dir, field, (long long)v);
+    *out = (int)v;
+    return NULL;
+}
+
 static ds_error *read_config(ds_drafter *d) {
     const cJSON *cfg = d->ck->config;
     const char *dir = d->ck->dir;
     int64_t v, *taps;
     double eps;
     DS_TRY(ds_cfg_int(cfg, dir, "vocab_size", &v));
-    d->vocab = (int)v;
+    DS_TRY(narrow(dir, "vocab_size", v, &d->vocab));
     DS_TRY(ds_cfg_int(cfg, dir, "hidden_size", &v));
-    d->hidden = (int)v;
+    DS_TRY(narrow(dir, "hidden_size", v, &d->hidden));
     DS_TRY(ds_cfg_int(cfg, dir, "block_size", &v));
     if (v < 1 || v > DS_MAX_GAMMA) return ds_errorf("%s: block_size %lld is outside 1..%d", dir, (long long)v, DS_MAX_GAMMA);
     d->gamma = (int)v;
     DS_TRY(ds_cfg_int(cfg, dir, "mask_token_id", &v));
-    d->mask_id = (int)v;
+    DS_TRY(narrow(dir, "mask_token_id", v, &d->mask_id));
     DS_TRY(ds_cfg_int_or(cfg, dir, "num_target_layers", 0, &v));
-    d->num_target_layers = (int)v;
+    DS_TRY(narrow(dir, "num_target_layers", v, &d->num_target_layers));
     int n;
     DS_TRY(ds_cfg_int_list(cfg, dir, "target_layer_ids", &taps, &n));
     if (n < 1 || n > DS_MAX_TAPS) {
@@ -56,13 +64,15 @@ static ds_error *read_config(ds_drafter *d) {
         return ds_errorf("%s: target_layer_ids must list 1..%d layers", dir, DS_MAX_TAPS);
     }
     d->n_taps = n;
-    for (int i = 0; i < n; i++) d->tap_layers[i] = (int)taps[i];
+    ds_error *e = NULL;
+    for (int i = 0; i < n && !e; i++) e = narrow(dir, "target_layer_ids", taps[i], &d->tap_layers[i]);
     free(taps);
+    if (e) return e;
     DS_TRY(ds_cfg_float_or(cfg, dir, "rms_norm_eps", 1e-6, &eps));
     d->eps = (float)eps;
     DS_TRY(ds_cfg_int_or(cfg, dir, "markov_rank", 0, &v));
     if (v < 0) return ds_errorf("%s: markov_rank %lld is negative", dir, (long long)v);
-    d->markov_rank = (int)v;
+    DS_TRY(narrow(dir, "markov_rank", v, &d->markov_rank));
     if (d->markov_rank > 0) {
         const char *type = ds_cfg_str(cfg, "markov_head_type");
         if (!type) return ds_errorf("%s: markov_rank %d but no markov_head_type", dir, d->markov_rank);
@@ -152,12 +162,21 @@ ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *targ
     const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ck->config, "architectures"), 0);
     const char *an = cJSON_IsString(arch) ? arch->valuestring : "(none)";
     ds_error *e;
+    /* A drafter reads the target's taps and copies its embeddings and head:
+     * it only serves the family it was trained on. */
     if (!strcmp(an, "Qwen3DSparkModel")) {
         if (strcmp(target->model_type, "qwen3"))
-            e = ds_errorf("%s: a Qwen3DSparkModel drafter cannot serve a %s target", dir, target->model_type);
+            e = ds_errorf("%s: a Qwen3DSparkModel drafter cannot serve a %s target (it needs a qwen3 target)", dir,
+                          target->model_type);
         else e = ds_dspark_qwen3_open(be, ck, target, opts, out);
+    } else if (!strcmp(an, "Gemma4DSparkModel")) {
+        if (strcmp(target->model_type, "gemma4_text"))
+            e = ds_errorf("%s: a Gemma4DSparkModel drafter cannot serve a %s target (it needs a Gemma 4 target)", dir,
+                          target->model_type);
+        else e = ds_dspark_gemma4_open(be, ck, target, opts, out);
     } else {
-        e = ds_errorf("%s: unsupported drafter architecture \"%s\" (supported: Qwen3DSparkModel)", dir, an);
+        e = ds_errorf("%s: unsupported drafter architecture \"%s\" (supported: Qwen3DSparkModel, Gemma4DSparkModel)",
+                      dir, an);
     }
     if (e) ds_checkpoint_close(ck);
     return e;
@@ -195,8 +214,13 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
     for (int k = 1; k < d->gamma; k++) ids[k] = d->mask_id;
     d->ops->block(d, ids, start);
     be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
-    if (d->logit_softcap > 0) be->ops->softcap(be, d->logits, d->logit_softcap);
+    /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
+     * both bf16 results (as the target's logits). */
     if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+    if (d->logit_softcap > 0) {
+        be->ops->softcap(be, d->logits, d->logit_softcap);
+        if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+    }
     ds_markov_chain(d, anchor, s, rng, out);
     out->n = d->gamma;
     if (d->confidence && threshold > 0)

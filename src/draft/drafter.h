@@ -1,6 +1,6 @@
 /* The drafter interface: a DSpark (or DFlash) drafter proposes up to gamma
  * tokens per round from one block forward (SPEC §4). The architecture file
- * (dspark_qwen3.c, later dspark_gemma4.c) supplies the backbone; the
+ * (dspark_qwen3.c, dspark_gemma4.c) supplies the backbone; the
  * context projection, LM head, Markov chain, confidence and truncation are
  * shared (drafter.c, markov.c). */
 #ifndef DS_DRAFTER_H
@@ -30,7 +30,7 @@ struct ds_drafter {
     const ds_drafter_ops *ops;
     ds_backend *be;
     ds_checkpoint *ck;
-    const char *arch; /* "Qwen3DSparkModel" */
+    const char *arch; /* "Qwen3DSparkModel", "Gemma4DSparkModel" */
     int vocab, hidden, gamma, mask_id, max_ctx, max_rows;
     int n_taps, tap_layers[DS_MAX_TAPS], num_target_layers;
     int n_ctx;         /* context rows held: positions 0..n_ctx-1 */
@@ -88,6 +88,8 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *target);
 void ds_drafter_release_common(ds_drafter *d);
 ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target, const ds_drafter_opts *opts,
                                ds_drafter **out);
+ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target,
+                                const ds_drafter_opts *opts, ds_drafter **out);
 /* Markov chain + confidence over the block (markov.c). */
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);
 

@@ -267,7 +267,9 @@ static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv,
     c->ple_dim = (int)v;
     if (c->ple_dim) DS_TRY(positive(cfg, where, "vocab_size_per_layer_input", 262144, false, &c->ple_vocab));
     DS_TRY(ds_cfg_int_or(cfg, where, "num_kv_shared_layers", 0, &v));
-    if (v < 0 || v > c->n_layers)
+    /* A drafter config inherits the target's value, which may exceed the
+     * drafter's own depth; it is only a layer count for the target. */
+    if (v < 0 || (share_kv && v > c->n_layers))
         return ds_errorf("%s: config field num_kv_shared_layers = %lld is out of range", where, (long long)v);
     c->n_kv_shared = share_kv ? (int)v : 0;
     c->layer_type = calloc((size_t)c->n_layers, sizeof *c->layer_type);

@@ -17,6 +17,7 @@ ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head
     } else {
         DS_TRY(ds_cfg_float_or(cfg, where, "rope_theta", 10000.0, &theta));
     }
+    if (!(theta > 0)) return ds_errorf("%s: rope_theta %g is not positive", where, theta);
     float *f = malloc((size_t)(head_dim / 2) * sizeof *f);
     if (!f) return ds_errorf("out of memory");
     /* As transformers: 1 / theta^(arange(0, D, 2) / D), computed in fp32 from int64 steps. */
@@ -29,23 +30,28 @@ ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_con
     int64_t v;
     double d;
     *c = (ds_qwen3_config){0};
-#define INT_FIELD(name, dst)                          \
-    DS_TRY(ds_cfg_int(cfg, where, name, &v));         \
+    /* Sizes are checked before they narrow to int: 2^32 + 16 is not 16. */
+#define IN_RANGE(name, dst)                           \
     if (v <= 0 || v > (1 << 30))                      \
         return ds_errorf("%s: config field %s = %lld is out of range", where, name, (long long)v); \
     dst = (int)v;
+#define INT_FIELD(name, dst)                          \
+    DS_TRY(ds_cfg_int(cfg, where, name, &v));         \
+    IN_RANGE(name, dst)
+#define OPT_INT_FIELD(name, def, dst)                 \
+    DS_TRY(ds_cfg_int_or(cfg, where, name, def, &v)); \
+    IN_RANGE(name, dst)
     INT_FIELD("vocab_size", c->vocab);
     INT_FIELD("hidden_size", c->hidden);
     INT_FIELD("num_hidden_layers", c->n_layers);
     INT_FIELD("num_attention_heads", c->n_heads);
     INT_FIELD("intermediate_size", c->inter);
+    OPT_INT_FIELD("num_key_value_heads", c->n_heads, c->n_kv_heads);
+    OPT_INT_FIELD("head_dim", c->hidden / c->n_heads, c->head_dim);
+    OPT_INT_FIELD("max_position_embeddings", 32768, c->max_pos);
+#undef OPT_INT_FIELD
 #undef INT_FIELD
-    DS_TRY(ds_cfg_int_or(cfg, where, "num_key_value_heads", c->n_heads, &v));
-    c->n_kv_heads = (int)v;
-    DS_TRY(ds_cfg_int_or(cfg, where, "head_dim", c->hidden / c->n_heads, &v));
-    c->head_dim = (int)v;
-    DS_TRY(ds_cfg_int_or(cfg, where, "max_position_embeddings", 32768, &v));
-    c->max_pos = (int)v;
+#undef IN_RANGE
     DS_TRY(ds_cfg_float_or(cfg, where, "rms_norm_eps", 1e-6, &d));
     c->eps = (float)d;
     DS_TRY(ds_cfg_bool_or(cfg, where, "attention_bias", false, &c->attention_bias));

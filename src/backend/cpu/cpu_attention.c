@@ -7,10 +7,29 @@
 
 #include "backend/cpu/cpu_kernels.h"
 
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+
+/* q . k over d elements: 8-lane partial sums (fixed order), then a fixed reduction. */
+static inline float dot(const float *a, const float *b, int d) {
+    v8f acc = {0};
+    int i = 0;
+    for (; i + 8 <= d; i += 8) acc += *(const v8f *)(a + i) * *(const v8f *)(b + i);
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* o += w * v over d elements. */
+static inline void axpy(float *o, float w, const float *v, int d) {
+    int i = 0;
+    for (; i + 8 <= d; i += 8) *(v8f *)(o + i) += w * *(const v8f *)(v + i);
+    for (; i < d; i++) o[i] += w * v[i];
+}
+
 typedef struct {
     ds_tensor out, q, k, v;
     const ds_attn_params *p;
-    float **scores; /* per thread */
+    ds_backend *be;
 } attn_job;
 
 /* Items are (query row, head) pairs. */
@@ -18,7 +37,7 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
     const attn_job *j = ctx;
     const ds_attn_params *p = j->p;
     const int H = p->n_heads, group = p->n_heads / p->n_kv_heads, D = p->head_dim, Dv = p->v_head_dim;
-    float *scores = j->scores[tid];
+    float *scores = ds_cpu_scratch(j->be, tid, DS_SCRATCH_SCORES, (size_t)(p->n_keys > 0 ? p->n_keys : 1));
     for (int64_t it = i0; it < i1; it++) {
         const int64_t m = it / H;
         const int h = (int)(it % H);
@@ -36,9 +55,7 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
         for (int64_t jj = lo; jj < hi; jj++) {
             int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
             const float *kv = (const float *)j->k.data + row * j->k.stride + (int64_t)kvh * D;
-            float s = 0;
-            for (int d = 0; d < D; d++) s += qv[d] * kv[d];
-            s *= p->scale;
+            float s = dot(qv, kv, D) * p->scale;
             scores[jj - lo] = s;
             if (s > mx) mx = s;
         }
@@ -52,19 +69,13 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
         for (int64_t jj = lo; jj < hi; jj++) {
             int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
             const float *vv = (const float *)j->v.data + row * j->v.stride + (int64_t)kvh * Dv;
-            float w = scores[jj - lo] * inv;
-            for (int d = 0; d < Dv; d++) o[d] += w * vv[d];
+            axpy(o, scores[jj - lo] * inv, vv, Dv);
         }
     }
 }
 
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p) {
-    ds_pool *pool = ds_cpu_pool(be);
-    int nt = ds_pool_threads(pool);
-    float *scores[64] = {0};
-    for (int t = 0; t < nt && t < 64; t++) scores[t] = malloc((size_t)(p->n_keys > 0 ? p->n_keys : 1) * sizeof(float));
-    attn_job j = {.out = out, .q = q, .k = k, .v = v, .p = p, .scores = scores};
-    ds_pool_run(pool, q.rows * p->n_heads, 1, attn_chunk, &j);
-    for (int t = 0; t < nt && t < 64; t++) free(scores[t]);
+    attn_job j = {.out = out, .q = q, .k = k, .v = v, .p = p, .be = be};
+    ds_pool_run(ds_cpu_pool(be), q.rows * p->n_heads, 1, attn_chunk, &j);
 }

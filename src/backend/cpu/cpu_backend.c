@@ -149,9 +149,23 @@ static void cpu_round_bf16(ds_backend *be, ds_tensor x) {
     }
 }
 
+float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n) {
+    ds_cpu_backend *cb = (ds_cpu_backend *)be;
+    if (cb->scratch_cap[tid][slot] < n) {
+        free(cb->scratch[tid][slot]);
+        void *p = NULL;
+        cb->scratch[tid][slot] = posix_memalign(&p, 64, n * sizeof(float)) == 0 ? p : NULL;
+        cb->scratch_cap[tid][slot] = cb->scratch[tid][slot] ? n : 0;
+    }
+    return cb->scratch[tid][slot];
+}
+
 static void cpu_destroy(ds_backend *be) {
-    ds_pool_free(ds_cpu_pool(be));
-    free(be);
+    ds_cpu_backend *cb = (ds_cpu_backend *)be;
+    ds_pool_free(cb->pool);
+    for (int t = 0; t < DS_CPU_MAX_THREADS; t++)
+        for (int s = 0; s < DS_SCRATCH_SLOTS; s++) free(cb->scratch[t][s]);
+    free(cb);
 }
 
 static const ds_backend_ops cpu_ops = {
@@ -181,6 +195,7 @@ ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {
     if (!cb) return ds_errorf("out of memory");
     cb->base.ops = &cpu_ops;
     cb->base.n_threads = n_threads > 0 ? n_threads : 1;
+    if (cb->base.n_threads > DS_CPU_MAX_THREADS) cb->base.n_threads = DS_CPU_MAX_THREADS;
     cb->pool = ds_pool_new(cb->base.n_threads);
     if (!cb->pool) {
         free(cb);

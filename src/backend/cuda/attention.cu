@@ -1,0 +1,246 @@
+/* Attention over a KV cache on the GPU (decode, verify, prefill chunks and
+ * the drafter's non-causal block), fp32 scores and online softmax.
+ *
+ * Keys are cut into fixed chunks of absolute positions [c*CHUNK, (c+1)*CHUNK).
+ * One block handles one (query row, head, chunk): its groups of lanes take
+ * the chunk's keys in a fixed interleave, each keeping a running max, sum
+ * and output, merged in group order at the end. A row whose keys fall in
+ * one chunk is finished there; otherwise the chunk partials are merged in
+ * chunk order by a second kernel. Every step depends only on the row's own
+ * key range [lo, hi) and the head size, never on the other rows of the call
+ * or on n_keys beyond that range, so a row's result is bit-identical
+ * whether it is decoded alone or verified with others. */
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 256
+/* Largest partial buffer one launch may use; rows per launch shrink to fit. */
+#define ATT_PART_BYTES ((size_t)256 << 20)
+
+typedef struct {
+    int32_t v[DS_CU_ROWS];
+} pos_arg;
+
+typedef struct {
+    const float *q, *k, *v;
+    float *out, *part;
+    int64_t qs, ks, vs, os;
+    int H, group, D, Dv, n_keys, causal, window, ring;
+    float scale;
+    int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
+} att_geo;
+
+__device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, int *hi) {
+    int a = 0, b = g.n_keys;
+    if (g.causal) {
+        if (pos + 1 < b) b = pos + 1;
+        if (g.window > 0 && pos - g.window + 1 > a) a = pos - g.window + 1;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+/* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
+template <int L, int NPL>
+__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa) {
+    constexpr int G = ATT_THREADS / L; /* key groups per block */
+    __shared__ float s_m[G], s_l[G];
+    __shared__ float s_o[G][L * NPL];
+    const int m = blockIdx.x / g.H, h = blockIdx.x % g.H, c = g.c0 + (int)blockIdx.y;
+    float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+    int lo, hi;
+    key_range(g, pa.v[m], &lo, &hi);
+    if (hi <= lo) { /* no keys: zeros, as the CPU */
+        if (blockIdx.y == 0)
+            for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) orow[d] = 0;
+        return;
+    }
+    const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
+    if (c < cfirst || c > clast) return;
+    const int j0 = max(lo, c * ATT_CHUNK), j1 = min(hi, (c + 1) * ATT_CHUNK);
+    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h / g.group;
+
+    const float *qrow = g.q + m * g.qs + (int64_t)h * g.D;
+    float qv[NPL], o[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int d = li + L * i;
+        qv[i] = d < g.D ? qrow[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+    float mx = -INFINITY, l = 0.0f;
+    /* Every lane runs the same trip count (the shuffles need the whole warp). */
+    for (int jb = j0; jb < j1; jb += G) {
+        const int j = jb + grp;
+        const bool valid = j < j1;
+        const int64_t row = g.ring > 0 ? j % g.ring : j;
+        const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
+        float s = 0.0f;
+        if (valid) {
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                const int d = li + L * i;
+                if (d < g.D) s = fmaf(qv[i], kr[d], s);
+            }
+        }
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (valid) {
+            s *= g.scale;
+            const float mn = fmaxf(mx, s);
+            const float corr = expf(mx - mn), p = expf(s - mn);
+            l = l * corr + p;
+            const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                const int d = li + L * i;
+                if (d < g.Dv) o[i] = o[i] * corr + p * vr[d];
+            }
+            mx = mn;
+        }
+    }
+    if (li == 0) {
+        s_m[grp] = mx;
+        s_l[grp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < NPL; i++) s_o[grp][li + L * i] = o[i];
+    __syncthreads();
+    /* Merge the groups in order (a group that saw no key has l = 0). */
+    float M = -INFINITY;
+    for (int k = 0; k < G; k++)
+        if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
+    float fac[G], lsum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        fac[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
+        if (s_l[k] > 0) lsum += s_l[k] * fac[k];
+    }
+    const bool single = cfirst == clast;
+    float *pp = g.part + (((int64_t)m * g.H + h) * g.ny + blockIdx.y) * (g.Dv + 2);
+    for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; k++)
+            if (s_l[k] > 0) acc += s_o[k][d] * fac[k];
+        if (single) orow[d] = acc / lsum;
+        else pp[2 + d] = acc;
+    }
+    if (!single && threadIdx.x == 0) {
+        pp[0] = M;
+        pp[1] = lsum;
+    }
+}
+
+/* Merges the chunk partials of rows whose keys span several chunks, in
+ * chunk order. One block per (row, head). */
+__global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
+    const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
+    int lo, hi;
+    key_range(g, pa.v[m], &lo, &hi);
+    if (hi <= lo) return;
+    const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
+    if (cfirst == clast) return;
+    const int64_t w = g.Dv + 2;
+    const float *pp = g.part + ((int64_t)m * g.H + h) * g.ny * w;
+    float M = -INFINITY, lsum = 0.0f;
+    for (int c = cfirst; c <= clast; c++) M = fmaxf(M, pp[(c - g.c0) * w]);
+    for (int c = cfirst; c <= clast; c++) lsum += pp[(c - g.c0) * w + 1] * expf(pp[(c - g.c0) * w] - M);
+    float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+    for (int d = threadIdx.x; d < g.Dv; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int c = cfirst; c <= clast; c++) acc += pp[(c - g.c0) * w + 2 + d] * expf(pp[(c - g.c0) * w] - M);
+        orow[d] = acc / lsum;
+    }
+}
+
+static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
+    int a = 0, b = p->n_keys;
+    if (p->causal) {
+        if (pos + 1 < b) b = pos + 1;
+        if (p->window > 0 && pos - p->window + 1 > a) a = pos - p->window + 1;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const int64_t M = q.rows;
+    if (M <= 0 || p->n_heads <= 0) return;
+    if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads) {
+        ds_cu_fail(cb, "attention", "%d heads are not a multiple of %d KV heads", p->n_heads, p->n_kv_heads);
+        return;
+    }
+    const int dmax = p->head_dim > p->v_head_dim ? p->head_dim : p->v_head_dim;
+    if (p->head_dim <= 0 || p->v_head_dim <= 0 || dmax > 512) {
+        ds_cu_fail(cb, "attention", "head sizes %d / %d (1..512 supported)", p->head_dim, p->v_head_dim);
+        return;
+    }
+    att_geo g = {};
+    g.q = (const float *)q.data;
+    g.k = (const float *)k.data;
+    g.v = (const float *)v.data;
+    g.qs = q.stride;
+    g.ks = k.stride;
+    g.vs = v.stride;
+    g.os = out.stride;
+    g.H = p->n_heads;
+    g.group = p->n_heads / p->n_kv_heads;
+    g.D = p->head_dim;
+    g.Dv = p->v_head_dim;
+    g.n_keys = p->n_keys;
+    g.causal = p->causal;
+    g.window = p->window;
+    g.ring = p->ring_size;
+    g.scale = p->scale;
+    for (int64_t r0 = 0; r0 < M;) {
+        /* Chunks this launch's rows need; rows per launch bounded by the partial buffer. */
+        int n = (int)(M - r0 < DS_CU_ROWS ? M - r0 : DS_CU_ROWS);
+        int cmin = 0, cmax = 0;
+        bool multi = false;
+        for (;;) {
+            cmin = 1 << 30;
+            cmax = 0;
+            multi = false;
+            for (int i = 0; i < n; i++) {
+                int lo, hi;
+                key_range_host(p, p->q_pos[r0 + i], &lo, &hi);
+                if (hi <= lo) lo = hi = 0; /* its zeros are written by chunk cmin's block */
+                const int cf = lo / ATT_CHUNK, cl = hi > lo ? (hi - 1) / ATT_CHUNK : cf;
+                if (cf < cmin) cmin = cf;
+                if (cl > cmax) cmax = cl;
+                multi |= cl > cf;
+            }
+            size_t need = (size_t)n * g.H * (size_t)(cmax - cmin + 1) * (size_t)(g.Dv + 2) * sizeof(float);
+            if (!multi || need <= ATT_PART_BYTES || n == 1) break;
+            n = n / 2;
+        }
+        g.c0 = cmin;
+        g.ny = cmax - cmin + 1;
+        g.out = (float *)out.data + r0 * out.stride;
+        g.q = (const float *)q.data + r0 * q.stride;
+        g.part = NULL;
+        if (multi) {
+            size_t need = (size_t)n * g.H * (size_t)g.ny * (size_t)(g.Dv + 2) * sizeof(float);
+            g.part = (float *)ds_cu_scratch(cb, "attention", need);
+            if (!g.part) return;
+        }
+        pos_arg pa;
+        for (int i = 0; i < n; i++) pa.v[i] = p->q_pos[r0 + i];
+        dim3 grid((unsigned)(n * g.H), (unsigned)g.ny);
+        if (dmax <= 32) attn_chunk_kernel<8, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 64) attn_chunk_kernel<16, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 128) attn_chunk_kernel<32, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 256) attn_chunk_kernel<32, 8><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else attn_chunk_kernel<32, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        if (!ds_cu_launched(cb, "attention")) return;
+        if (multi) {
+            attn_combine_kernel<<<(unsigned)(n * g.H), ATT_THREADS, 0, cb->stream>>>(g, pa);
+            if (!ds_cu_launched(cb, "attention")) return;
+        }
+        r0 += n;
+    }
+}

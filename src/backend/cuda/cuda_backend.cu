@@ -1,0 +1,191 @@
+/* CUDA backend: device memory, transfers, error recording and the ops
+ * table. Weights are copied to device memory in their checkpoint dtype
+ * (bf16 stays bf16); activations and KV caches are fp32. All work goes to
+ * one stream in call order; download() and check() wait for it. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) {
+    if (cb->err) return; /* keep the first: later ones are usually its consequences */
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cb->err = ds_errorf("cuda %s: %s", op, msg);
+    /* Model code calls ops without checking each one; say it at once too. */
+    fprintf(stderr, "dspark: %s\n", ds_error_message(cb->err));
+}
+
+bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e) {
+    if (e == cudaSuccess) return true;
+    ds_cu_fail(cb, op, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    return false;
+}
+
+void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes) {
+    if (bytes <= cb->scratch_bytes) return cb->scratch;
+    size_t want = bytes + bytes / 4;
+    if (cb->scratch) {
+        /* cudaFree waits for the work that may still read the old buffer. */
+        if (!ds_cu_ok(cb, op, cudaFree(cb->scratch))) return NULL;
+        cb->scratch = NULL;
+        cb->scratch_bytes = 0;
+    }
+    if (!ds_cu_ok(cb, op, cudaMalloc(&cb->scratch, want))) {
+        cb->scratch = NULL;
+        return NULL;
+    }
+    cb->scratch_bytes = want;
+    return cb->scratch;
+}
+
+bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t) {
+    if (t == DS_F32 || t == DS_BF16 || t == DS_F16) return true;
+    ds_cu_fail(cb, op, "tensor dtype %s is not supported (F32, BF16, F16)", ds_dtype_name(t));
+    return false;
+}
+
+static ds_error *cu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out) {
+    ds_cuda_backend *cb = ds_cu(be);
+    size_t bytes = (size_t)(rows * cols) * ds_dtype_size(dtype);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
+    if (e != cudaSuccess)
+        return ds_errorf("cuda backend: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    e = cudaMemsetAsync(p, 0, bytes, cb->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return ds_errorf("cuda backend: cannot clear %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    *out = (ds_tensor){.dtype = dtype, .data = p, .rows = rows, .cols = cols, .stride = cols, .owned = true};
+    return NULL;
+}
+
+static ds_error *cu_weight(ds_backend *be, const ds_st_tensor *src, int64_t rows, int64_t cols, ds_tensor *out) {
+    ds_cuda_backend *cb = ds_cu(be);
+    size_t es = ds_dtype_size(src->dtype);
+    if ((size_t)(rows * cols) * es != src->nbytes)
+        return ds_errorf("tensor %s: %zu bytes, expected %lld x %lld", src->name, src->nbytes, (long long)rows,
+                         (long long)cols);
+    DS_TRY(cu_alloc(be, src->dtype, rows, cols, out));
+    /* On the stream, so that every later op sees the whole copy. */
+    cudaError_t e = cudaMemcpyAsync(out->data, src->data, src->nbytes, cudaMemcpyHostToDevice, cb->stream);
+    if (e != cudaSuccess) {
+        cudaFree(out->data);
+        *out = ds_no_tensor();
+        return ds_errorf("cuda backend: cannot copy tensor %s (%zu bytes) to the device: %s", src->name, src->nbytes,
+                         cudaGetErrorString(e));
+    }
+    return NULL;
+}
+
+static void cu_release(ds_backend *be, ds_tensor *t) {
+    if (t->owned && t->data) ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
+    *t = ds_no_tensor();
+}
+
+static void cu_upload(ds_backend *be, ds_tensor dst, const float *src) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (dst.rows <= 0 || dst.cols <= 0) return;
+    /* From pageable memory the call returns once src has been staged: the
+     * caller may reuse it at once. */
+    ds_cu_ok(cb, "upload",
+             cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src, (size_t)dst.cols * 4, (size_t)dst.cols * 4,
+                               (size_t)dst.rows, cudaMemcpyHostToDevice, cb->stream));
+}
+
+static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (src.rows <= 0 || src.cols <= 0) return;
+    if (ds_cu_ok(cb, "download",
+                 cudaMemcpy2DAsync(dst, (size_t)src.cols * 4, src.data, (size_t)src.stride * 4, (size_t)src.cols * 4,
+                                   (size_t)src.rows, cudaMemcpyDeviceToHost, cb->stream)))
+        ds_cu_ok(cb, "download", cudaStreamSynchronize(cb->stream));
+}
+
+static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (dst.rows <= 0 || dst.cols <= 0 || dst.data == src.data) return;
+    ds_cu_ok(cb, "copy",
+             cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src.data, (size_t)src.stride * 4,
+                               (size_t)dst.cols * 4, (size_t)dst.rows, cudaMemcpyDeviceToDevice, cb->stream));
+}
+
+static ds_error *cu_check(ds_backend *be) {
+    ds_cuda_backend *cb = ds_cu(be);
+    ds_cu_ok(cb, "check", cudaStreamSynchronize(cb->stream));
+    ds_error *e = cb->err;
+    cb->err = NULL;
+    return e;
+}
+
+static void cu_destroy(ds_backend *be) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    if (cb->scratch) cudaFree(cb->scratch);
+    if (cb->blas) cublasDestroy(cb->blas);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    if (cb->err) ds_error_free(cb->err);
+    free(cb);
+}
+
+static const ds_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cu_destroy,
+    .alloc = cu_alloc,
+    .weight = cu_weight,
+    .release = cu_release,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .embed = ds_cu_embed,
+    .linear = ds_cu_linear,
+    .rmsnorm = ds_cu_rmsnorm,
+    .rope = ds_cu_rope,
+    .attention = ds_cu_attention,
+    .add = ds_cu_add,
+    .scale = ds_cu_scale,
+    .swiglu = ds_cu_swiglu,
+    .geglu_tanh = ds_cu_geglu_tanh,
+    .softcap = ds_cu_softcap,
+    .round_bf16 = ds_cu_round_bf16,
+    .check = cu_check,
+};
+
+extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return ds_errorf("no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    if (device < 0 || device >= n) return ds_errorf("no CUDA device %d (%d present)", device, n);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return ds_errorf("cuda backend: cannot use device %d: %s", device, cudaGetErrorString(e));
+    ds_cuda_backend *cb = (ds_cuda_backend *)calloc(1, sizeof *cb);
+    if (!cb) return ds_errorf("out of memory");
+    cb->base.ops = &cuda_ops;
+    cb->base.n_threads = 1;
+    cb->device = device;
+    if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        cu_destroy(&cb->base);
+        return ds_errorf("cuda backend: cannot create a stream on device %d: %s", device, cudaGetErrorString(e));
+    }
+    cublasStatus_t s = cublasCreate(&cb->blas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cb->blas = NULL;
+        cu_destroy(&cb->base);
+        return ds_errorf("cuda backend: cannot start cuBLAS (status %d)", (int)s);
+    }
+    /* Plain fp32 products (no TF32): prefill rows then match the CPU's sgemm to rounding. */
+    if (cublasSetStream(cb->blas, cb->stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+        cu_destroy(&cb->base);
+        return ds_errorf("cuda backend: cannot configure cuBLAS");
+    }
+    *out = &cb->base;
+    return NULL;
+}

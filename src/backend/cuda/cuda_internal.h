@@ -1,0 +1,74 @@
+/* The CUDA backend's shared state and helpers (CUDA C, included by the .cu
+ * files only; one kernel family per file).
+ *
+ * Everything runs on one stream in call order. Ops have no error return
+ * (backend.h): the first failure is recorded with the op's name and
+ * returned by check(). Small host arrays an op takes (token ids, positions,
+ * RoPE frequencies) travel as kernel parameters by value, at most
+ * DS_CU_ROWS rows per launch: row-wise ops are split into launches of that
+ * many rows, which changes nothing in any row's result. */
+#ifndef DS_CUDA_INTERNAL_H
+#define DS_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+/* Rows per launch for ops that take per-row host arrays. */
+#define DS_CU_ROWS 64
+/* Largest head_dim / 2 whose inv_freq table rides in a RoPE launch. */
+#define DS_CU_MAX_HALF 256
+/* Matmuls of at most this many rows use the row-invariant narrow kernel;
+ * wider ones (prefill) go through cuBLAS. The CPU backend's threshold. */
+#define DS_CU_NARROW_M 32
+
+typedef struct {
+    ds_backend base;
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    ds_error *err;   /* first failure since the last check() */
+    void *scratch;   /* grows on demand: attention partials, widened weight tiles */
+    size_t scratch_bytes;
+} ds_cuda_backend;
+
+static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
+
+/* Records the first failure: "cuda <op>: <message>". */
+void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Records e (if not cudaSuccess); returns true on success. */
+bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e);
+/* Checks the last launch. */
+static inline bool ds_cu_launched(ds_cuda_backend *cb, const char *op) { return ds_cu_ok(cb, op, cudaGetLastError()); }
+/* Device scratch of at least `bytes`; NULL (and a recorded failure) if it cannot grow. */
+void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes);
+/* Weight-like tensors (weights, norm vectors, embedding tables) may be fp32,
+ * bf16 or f16; anything else is refused with a recorded failure. */
+bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t);
+
+/* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
+__device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i) {
+    if (dtype == DS_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
+    if (dtype == DS_F16) return __half2float(__ushort_as_half(((const unsigned short *)p)[i]));
+    return ((const float *)p)[i];
+}
+
+/* Op entry points (backend.h signatures). */
+void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p);
+void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps);
+void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq);
+void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale);
+void ds_cu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
+void ds_cu_scale(ds_backend *be, ds_tensor x, float s);
+void ds_cu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
+void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
+void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap);
+void ds_cu_round_bf16(ds_backend *be, ds_tensor x);
+
+#endif

@@ -1,0 +1,99 @@
+/* Element-wise ops and the embedding gather on the GPU. Each element is
+ * computed on its own with the CPU backend's formula (same operation order;
+ * libm-accurate expf/tanhf, no fast-math), so rows never interact. */
+#include "backend/cuda/cuda_internal.h"
+
+enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16 };
+
+/* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
+__device__ __forceinline__ float round_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float((u >> 16) << 16);
+}
+
+/* out = f(a, b) over a rows x cols view; b may be absent. blockIdx.y walks
+ * rows (strided by gridDim.y), x blocks walk columns. */
+__global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float *a, int64_t as, const float *b,
+                          int64_t bs, int64_t rows, int64_t cols, float s) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        float x = a[r * as + c], y;
+        switch (op) {
+        case EW_ADD: y = x + b[r * bs + c]; break;
+        case EW_SCALE: y = x * s; break;
+        case EW_SWIGLU: y = x / (1.0f + expf(-x)) * b[r * bs + c]; break;
+        case EW_GEGLU_TANH: {
+            const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+            y = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * b[r * bs + c];
+            break;
+        }
+        case EW_SOFTCAP: y = tanhf(x / s) * s; break;
+        default: y = round_bf16(x); break;
+        }
+        o[r * os + c] = y;
+    }
+}
+
+static void ew(ds_backend *be, const char *name, int op, ds_tensor out, ds_tensor a, ds_tensor b, float s) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (out.rows <= 0 || out.cols <= 0) return;
+    const int threads = 256;
+    dim3 grid((unsigned)((out.cols + threads - 1) / threads), (unsigned)(out.rows < 65535 ? out.rows : 65535));
+    ew_kernel<<<grid, threads, 0, cb->stream>>>(op, (float *)out.data, out.stride, (const float *)a.data, a.stride,
+                                               (const float *)b.data, b.stride, out.rows, out.cols, s);
+    ds_cu_launched(cb, name);
+}
+
+void ds_cu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) { ew(be, "add", EW_ADD, out, a, b, 0); }
+void ds_cu_scale(ds_backend *be, ds_tensor x, float s) { ew(be, "scale", EW_SCALE, x, x, ds_no_tensor(), s); }
+void ds_cu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
+    ew(be, "swiglu", EW_SWIGLU, out, gate, up, 0);
+}
+void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
+    ew(be, "geglu_tanh", EW_GEGLU_TANH, out, gate, up, 0);
+}
+void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap) { ew(be, "softcap", EW_SOFTCAP, x, x, ds_no_tensor(), cap); }
+void ds_cu_round_bf16(ds_backend *be, ds_tensor x) {
+    ew(be, "round_bf16", EW_ROUND_BF16, x, x, ds_no_tensor(), 0);
+}
+
+/* Token ids of one launch, by value. */
+typedef struct {
+    int32_t v[DS_CU_ROWS];
+} ids_arg;
+
+/* out[i] = table[ids[i]] * scale; blockIdx.y = row of the launch. */
+__global__ void embed_kernel(float *__restrict__ out, int64_t os, const void *table, int dtype, int64_t ts,
+                             int64_t cols, ids_arg ids, float scale) {
+    const int i = blockIdx.y;
+    const int64_t base = (int64_t)ids.v[i] * ts;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
+        float v = ds_cu_load(table, dtype, base + c);
+        out[i * os + c] = scale != 1.0f ? v * scale : v;
+    }
+}
+
+void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (out.rows <= 0 || out.cols <= 0 || !ds_cu_float_dtype(cb, "embed", table.dtype)) return;
+    for (int64_t i = 0; i < out.rows; i++)
+        if (ids[i] < 0 || ids[i] >= table.rows) {
+            ds_cu_fail(cb, "embed", "token id %d is outside the table's %lld rows", ids[i], (long long)table.rows);
+            return;
+        }
+    const int threads = 256;
+    unsigned gx = (unsigned)((out.cols + threads - 1) / threads);
+    if (gx > 64) gx = 64;
+    for (int64_t r0 = 0; r0 < out.rows; r0 += DS_CU_ROWS) {
+        int n = (int)(out.rows - r0 < DS_CU_ROWS ? out.rows - r0 : DS_CU_ROWS);
+        ids_arg a;
+        for (int i = 0; i < n; i++) a.v[i] = ids[r0 + i];
+        embed_kernel<<<dim3(gx, (unsigned)n), threads, 0, cb->stream>>>((float *)out.data + r0 * out.stride, out.stride,
+                                                                       table.data, table.dtype, table.stride, out.cols,
+                                                                       a, scale);
+        if (!ds_cu_launched(cb, "embed")) return;
+    }
+}

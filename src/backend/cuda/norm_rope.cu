@@ -1,0 +1,90 @@
+/* RMSNorm and rotate-half RoPE on the GPU, fp32 throughout. One block
+ * normalizes one (row, group) with a reduction order fixed by `dim` alone,
+ * so a row's result never depends on the rows beside it. */
+#include "backend/cuda/cuda_internal.h"
+
+#define NORM_THREADS 128
+
+/* Block b normalizes group b % groups of row b / groups. */
+__global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int64_t groups,
+                   int dim, float eps) {
+    __shared__ float part[NORM_THREADS / 32];
+    const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
+    const float *xr = x + r * xs + g * dim;
+    float *orow = out + r * os + g * dim;
+    float ss = 0;
+    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) ss = fmaf(xr[i], xr[i], ss);
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = part[0];
+    for (int i = 1; i < NORM_THREADS / 32; i++) total += part[i];
+    const float rs = 1.0f / sqrtf(total / (float)dim + eps);
+    if (w)
+        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = xr[i] * rs * ds_cu_load(w, wdtype, i);
+    else
+        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = xr[i] * rs;
+}
+
+void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    if (dim <= 0 || x.cols % dim) {
+        ds_cu_fail(cb, "rmsnorm", "%lld columns are not a whole number of %d-wide groups", (long long)x.cols, dim);
+        return;
+    }
+    if (w.data && !ds_cu_float_dtype(cb, "rmsnorm", w.dtype)) return;
+    const int64_t groups = x.cols / dim;
+    rmsnorm_kernel<<<(unsigned)(x.rows * groups), NORM_THREADS, 0, cb->stream>>>(
+        (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+    ds_cu_launched(cb, "rmsnorm");
+}
+
+/* Positions and frequencies of one launch, by value. */
+typedef struct {
+    int32_t pos[DS_CU_ROWS];
+    float inv_freq[DS_CU_MAX_HALF];
+} rope_arg;
+
+/* blockIdx.x = row of the launch; thread i < half rotates pair (i, i+half)
+ * of every head: angle = pos * inv_freq[i] in fp32, then cos/sin (as the
+ * reference). */
+__global__ void rope_kernel(float *x, int64_t xs, int64_t heads, int head_dim, rope_arg a) {
+    const int half = head_dim / 2, r = blockIdx.x;
+    float *row = x + (int64_t)r * xs;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float ang = (float)a.pos[r] * a.inv_freq[i];
+        const float c = cosf(ang), s = sinf(ang);
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = row + h * head_dim;
+            const float p = v[i], q = v[i + half];
+            v[i] = p * c - q * s;
+            v[i + half] = q * c + p * s;
+        }
+    }
+}
+
+void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    const int half = head_dim / 2;
+    if (head_dim <= 0 || head_dim % 2 || x.cols % head_dim) {
+        ds_cu_fail(cb, "rope", "%lld columns are not whole heads of even size %d", (long long)x.cols, head_dim);
+        return;
+    }
+    if (half > DS_CU_MAX_HALF) {
+        ds_cu_fail(cb, "rope", "head_dim %d is over the supported %d", head_dim, 2 * DS_CU_MAX_HALF);
+        return;
+    }
+    rope_arg a;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
+    const int threads = half < 32 ? 32 : (half + 31) / 32 * 32;
+    for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
+        int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
+        for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
+        rope_kernel<<<(unsigned)n, threads, 0, cb->stream>>>((float *)x.data + r0 * x.stride, x.stride,
+                                                             x.cols / head_dim, head_dim, a);
+        if (!ds_cu_launched(cb, "rope")) return;
+    }
+}
