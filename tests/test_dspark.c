@@ -115,7 +115,7 @@ static void test_trained_drafter_round0(void) { check_round0(FIX "/drafter-train
 static void test_random_drafter_spec_run(void) { check_spec_run(FIX "/drafter", FIX "/golden.safetensors"); }
 static void test_trained_drafter_spec_run(void) { check_spec_run(FIX "/drafter-trained", FIX "/golden-trained.safetensors"); }
 
-static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &be)); }
+static void setup(void) { CHECK_OK(test_backend_new(&be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
 RUN_TESTS("dspark", setup, test_random_drafter_round0, test_trained_drafter_round0, test_random_drafter_spec_run,

@@ -491,7 +491,7 @@ static void test_multimodal_layout(void) {
     remove_dir(dir);
 }
 
-static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &be)); }
+static void setup(void) { CHECK_OK(test_backend_new(&be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
 RUN_TESTS("gemma4", setup, test_inv_freq, test_tiny_prompt, test_tiny_greedy, test_tiny_verify_and_crop,

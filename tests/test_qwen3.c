@@ -133,7 +133,7 @@ static void test_row_invariance(void) {
     ds_target_free(t);
 }
 
-static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &be)); }
+static void setup(void) { CHECK_OK(test_backend_new(&be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
 RUN_TESTS("qwen3", setup, test_prompt_logits_and_hidden_states, test_greedy_decode, test_row_invariance, teardown)

@@ -1,5 +1,6 @@
 #include "testlib.h"
 
+#include "backend/backend.h"
 #include "io/safetensors.h"
 
 #include <math.h>
@@ -114,3 +115,19 @@ int32_t *golden_i32(ds_safetensors *g, const char *name, size_t *n) {
 }
 
 void golden_close(ds_safetensors *g) { ds_safetensors_close(g); }
+
+ds_error *test_backend_new(ds_backend **out) {
+    const char *name = getenv("DS_BACKEND");
+    if (!name || !*name || !strcmp(name, "cpu")) return ds_backend_cpu_new(2, out);
+    if (strcmp(name, "cuda")) return ds_errorf("DS_BACKEND=%s: expected cpu or cuda", name);
+    const char *dev = getenv("DS_CUDA_DEVICE");
+    ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, out);
+    if (e) {
+        printf("SKIP: no CUDA device (%s)\n", ds_error_message(e));
+        fflush(stdout);
+        ds_error_free(e);
+        exit(77);
+    }
+    printf("  backend: cuda\n");
+    return NULL;
+}

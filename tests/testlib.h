@@ -74,6 +74,13 @@ int run_tests(const char *suite, const test_fn *fns, const char *const *names, i
 #define DS_S15(a, ...) #a, DS_S14(__VA_ARGS__)
 #define DS_S16(a, ...) #a, DS_S15(__VA_ARGS__)
 
+/* The backend a test runs its models on: the CPU (2 threads) unless
+ * DS_BACKEND=cuda asks for the GPU (device DS_CUDA_DEVICE, default 0). A
+ * CUDA run where no device can be used prints "SKIP: no CUDA device ..."
+ * and exits 77, which ctest counts as skipped. */
+typedef struct ds_backend ds_backend;
+ds_error *test_backend_new(ds_backend **out);
+
 /* Golden tensors: a safetensors file read whole into fp32 / int arrays. */
 typedef struct ds_safetensors ds_safetensors;
 ds_safetensors *golden_open(const char *path);

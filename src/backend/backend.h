@@ -115,6 +115,9 @@ ds_error *ds_backend_cuda_new(int device, ds_backend **out);
 /* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
 static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 
-static inline ds_tensor ds_no_tensor(void) { return (ds_tensor){0}; }
+static inline ds_tensor ds_no_tensor(void) {
+    ds_tensor t = {DS_F32, NULL, 0, 0, 0, false}; /* (no compound literal: CUDA C++ includes this too) */
+    return t;
+}
 
 #endif

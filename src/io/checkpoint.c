@@ -86,7 +86,8 @@ static ds_error *open_index(ds_checkpoint *ck, const char *index_path) {
     DS_TRY(ds_read_json(index_path, &idx));
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
     ds_error *e = NULL;
-    if (!cJSON_IsObject(map)) e = ds_errorf("%s: missing weight_map", index_path);
+    if (!map) e = ds_errorf("%s: missing weight_map", index_path);
+    else if (!cJSON_IsObject(map)) e = ds_errorf("%s: weight_map is not an object of tensor: file name", index_path);
     for (const cJSON *it = map ? map->child : NULL; it && !e; it = it->next) {
         if (!cJSON_IsString(it)) e = ds_errorf("%s: weight_map[%s] is not a file name", index_path, it->string);
         else e = add_shard(ck, it->valuestring);

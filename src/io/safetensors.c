@@ -12,6 +12,10 @@
 /* A header larger than this is certainly corrupt (real ones are < 10 MB). */
 #define MAX_HEADER_BYTES ((uint64_t)100 << 20)
 
+static int cmp_by_name(const void *a, const void *b) {
+    return strcmp(((const ds_st_tensor *)a)->name, ((const ds_st_tensor *)b)->name);
+}
+
 static int cmp_by_offset(const void *a, const void *b) {
     const ds_st_tensor *x = a, *y = b;
     uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
@@ -38,7 +42,8 @@ static ds_error *parse_tensor(const ds_safetensors *st, const cJSON *item, const
     int dtype = ds_dtype_parse(dt->valuestring);
     if (dtype < 0) return ds_errorf("tensor %s: unknown dtype \"%s\"", nm, dt->valuestring);
     if (!cJSON_IsArray(shape)) return ds_errorf("tensor %s: missing shape", nm);
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !cJSON_IsNumber(cJSON_GetArrayItem(offs, 0)) ||
+        !cJSON_IsNumber(cJSON_GetArrayItem(offs, 1)))
         return ds_errorf("tensor %s: data_offsets must be [begin, end]", nm);
     int nd = cJSON_GetArraySize(shape);
     if (nd > DS_MAX_DIMS) return ds_errorf("tensor %s: %d dimensions (max %d)", nm, nd, DS_MAX_DIMS);
@@ -55,6 +60,7 @@ static ds_error *parse_tensor(const ds_safetensors *st, const cJSON *item, const
             return ds_errorf("tensor %s: shape overflows", nm);
         count *= (uint64_t)t->shape[i];
     }
+    if (count > UINT64_MAX / ds_dtype_size(t->dtype)) return ds_errorf("tensor %s: shape overflows", nm);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
     if (!(b >= 0 && e >= b && e <= (double)data_size))
         return ds_errorf("tensor %s: data_offsets [%.0f, %.0f] outside the %llu-byte data section of %s", nm, b,
@@ -97,10 +103,16 @@ static ds_error *parse_header(ds_safetensors *st) {
     }
     cJSON_Delete(root);
     if (err) return ds_error_wrap(err, "%s", st->path);
-    /* Two tensors must never share bytes: sort by start, compare neighbours. */
+    /* Names must be unique (JSON lets a key repeat; lookups would see only
+     * the first) and two tensors must never share bytes: sort by name, then
+     * by start, and compare neighbours. */
     ds_st_tensor *sorted = malloc((n ? n : 1) * sizeof *sorted);
     if (!sorted) return ds_errorf("out of memory");
     memcpy(sorted, st->tensors, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_by_name);
+    for (size_t i = 1; i < n && !err; i++)
+        if (!strcmp(sorted[i].name, sorted[i - 1].name))
+            err = ds_errorf("%s: tensor %s is listed twice in the header", st->path, sorted[i].name);
     qsort(sorted, n, sizeof *sorted, cmp_by_offset);
     for (size_t i = 1; i < n && !err; i++) {
         const uint8_t *prev_end = (const uint8_t *)sorted[i - 1].data + sorted[i - 1].nbytes;

@@ -18,7 +18,8 @@ typedef struct {
     ds_token_fn on_token;
     void *user;
     ds_gen_result *r;
-    bool done; /* a stop token was emitted or the caller asked to stop */
+    int max_tokens; /* max_new, or fewer when the context ends first */
+    bool done;      /* a stop token was emitted or the caller asked to stop */
 } emitter;
 
 /* Commits one token: records and streams it unless max_new tokens are out
@@ -26,7 +27,7 @@ typedef struct {
  * and ends the generation on a stop token or when the caller asks. */
 static void emit(emitter *em, int32_t tok) {
     ds_gen_result *r = em->r;
-    if (em->done || r->n_tokens >= em->p->max_new) return;
+    if (em->done || r->n_tokens >= em->max_tokens) return;
     r->tokens[r->n_tokens++] = tok;
     if (em->on_token && !em->on_token(em->user, tok)) em->done = true;
     if (!em->p->ignore_stop && ds_target_is_stop(em->t, tok)) {
@@ -82,7 +83,8 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
     const int gamma = p->gamma > 0 && p->gamma < d->gamma ? p->gamma : d->gamma;
     int start = n_prompt;
     int32_t verify_ids[DS_MAX_GAMMA + 1];
-    while (start < n_prompt + p->max_new && !em->done && start < t->max_ctx) {
+    /* start - n_prompt, not n_prompt + max_new: max_new may be INT_MAX. */
+    while (start - n_prompt < p->max_new && !em->done && start < t->max_ctx) {
         double t0 = now_s();
         ds_proposal prop;
         DS_TRY(ds_drafter_propose(d, last, start, &p->sampling, p->threshold, rng, &prop));
@@ -147,13 +149,17 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
     if (d && (t->n_taps != d->n_taps || memcmp(t->tap_layers, d->tap_layers, (size_t)d->n_taps * sizeof(int))))
         DS_TRY(ds_target_set_taps(t, d->tap_layers, d->n_taps));
     const int V = t->vocab, G = d ? d->gamma : 0;
-    out->tokens = malloc((size_t)(p->max_new + 1) * sizeof *out->tokens);
+    /* Every generated token but the first needs a context position: size the
+     * output by that, not by max_new (which may be INT_MAX). */
+    const int room = t->max_ctx - n_prompt + 1, max_tokens = p->max_new < room ? p->max_new : room;
+    out->tokens = malloc((size_t)(max_tokens + 1) * sizeof *out->tokens);
     float *logits = malloc((size_t)(G + 1) * V * sizeof *logits);
     float *scratch = malloc((size_t)2 * V * sizeof *scratch);
     ds_error *e = out->tokens && logits && scratch ? NULL : ds_errorf("out of memory");
     ds_rng rng;
     ds_rng_seed(&rng, p->seed);
-    emitter em = {.t = t, .p = p, .on_token = on_token, .user = user, .r = out, .done = p->max_new == 0};
+    emitter em = {.t = t, .p = p, .on_token = on_token, .user = user, .r = out, .max_tokens = max_tokens,
+                  .done = p->max_new == 0};
     double t0 = now_s();
     ds_target_crop(t, 0);
     if (d) d->n_ctx = 0;
