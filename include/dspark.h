@@ -49,6 +49,50 @@ ds_error *ds_detok_push(ds_detok *d, int32_t id, const char **out, size_t *out_l
 ds_error *ds_detok_finish(ds_detok *d, const char **out, size_t *out_len);
 void ds_detok_free(ds_detok *d);
 
+/* ---- engine: a target (+ drafter) ready to generate -------------------- */
+typedef struct ds_engine ds_engine;
+
+typedef struct {
+    const char *model_dir;   /* Hugging Face target directory (required) */
+    const char *drafter_dir; /* DeepSpec drafter directory, or NULL for plain decoding */
+    const char *backend;     /* "cpu" (default) or "cuda" */
+    int threads;             /* CPU threads (0: all online CPUs) */
+} ds_engine_opts;
+
+ds_error *ds_engine_open(const ds_engine_opts *opts, ds_engine **out);
+void ds_engine_free(ds_engine *e);
+/* The target's tokenizer (owned by the engine). */
+const ds_tokenizer *ds_engine_tokenizer(const ds_engine *e);
+
+typedef struct {
+    int max_new;       /* tokens to generate at most */
+    float temperature; /* 0: greedy */
+    int top_k;         /* 0: off */
+    float top_p;       /* 0 or >= 1: off */
+    uint64_t seed;
+    float threshold;   /* confidence threshold (0: keep the whole block) */
+    int gamma;         /* proposal positions to use (0: the drafter's block size) */
+    bool no_draft;     /* decode autoregressively even with a drafter */
+    bool ignore_eos;   /* do not stop at the model's stop tokens */
+} ds_generate_opts;
+
+typedef struct {
+    int32_t *tokens; /* generated ids (a final stop token included) */
+    int n_tokens;
+    bool stopped;    /* ended on a stop token */
+    int rounds;      /* verify passes (drafted decoding) */
+    double acceptance_length; /* tau: mean tokens committed per round */
+    double prefill_s, draft_s, verify_s, total_s;
+} ds_output;
+
+/* Called with every committed token as soon as it is final; return false to stop. */
+typedef bool (*ds_on_token)(void *user, int32_t token);
+
+/* Generates from prompt ids. The engine serves one generation at a time. */
+ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *opts,
+                             ds_on_token on_token, void *user, ds_output *out);
+void ds_output_free(ds_output *o);
+
 #ifdef __cplusplus
 }
 #endif
