@@ -12,11 +12,13 @@
 #include "io/checkpoint.h"
 #include "spec/generate.h"
 #include "spec/metrics.h"
+#include "tokenizer/chat_template.h"
 
 typedef struct {
     const char *model, *drafter, *prompt, *prompt_file;
-    bool no_draft, json, ignore_eos;
+    bool no_draft, json, ignore_eos, chat;
     int threads;
+    bool cuda; /* --backend cuda */
     ds_gen_params gen;
 } options;
 
@@ -24,7 +26,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
             "                       [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                       [--threshold C] [--gamma G] [--threads N] [--ignore-eos] [--json]\n"
+            "                       [--threshold C] [--gamma G] [--threads N] [--backend cpu|cuda] [--ignore-eos] [--json]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
             "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
@@ -38,13 +40,16 @@ static void usage(FILE *f) {
             "  --seed S         random seed (default 0)\n"
             "  --threshold C    cut each proposal before the first confidence below C (default 0: off)\n"
             "  --gamma G        use at most G of the drafter's proposal positions\n"
+            "  --backend B      cpu (default) or cuda (GPU 0)\n"
+            "  --chat           render -p TEXT as a user turn with the model's chat template\n"
+            "                   (prompt files may give {\"messages\": [{\"role\", \"content\"}...]})\n"
             "  --ignore-eos     do not stop at the model's stop tokens\n"
             "  --json           one JSON object per prompt (ids, text, timings, acceptance)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
-           O_JSON, O_IGNORE_EOS };
+           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -53,7 +58,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {"top-p", required_argument, 0, O_TOP_P}, {"seed", required_argument, 0, O_SEED},
         {"threshold", required_argument, 0, O_THRESHOLD}, {"gamma", required_argument, 0, O_GAMMA},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
-        {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"backend", required_argument, 0, O_BACKEND},
+        {"chat", no_argument, 0, O_CHAT},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.sampling.top_p = 1.0f;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -86,6 +93,14 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_THREADS: NUM(o->threads, (int)strtol(optarg, &end, 10), "--threads"); break;
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->gen.ignore_stop = true; break;
+        case O_CHAT: o->chat = true; break;
+        case O_BACKEND:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "dspark generate: --backend expects cpu or cuda, got '%s'\n", optarg);
+                return 2;
+            }
+            o->cuda = !strcmp(optarg, "cuda");
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
@@ -127,31 +142,6 @@ static bool on_token(void *user, int32_t tok) {
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return true;
-}
-
-/* One prompt: ids from the line's input_ids, or its text through the tokenizer. */
-static ds_error *prompt_ids(const ds_tokenizer *tok, const cJSON *line, const char *text, int32_t **ids, size_t *n) {
-    const cJSON *arr = line ? cJSON_GetObjectItemCaseSensitive(line, "input_ids") : NULL;
-    if (arr) {
-        if (!cJSON_IsArray(arr)) return ds_errorf("input_ids is not a list");
-        *n = (size_t)cJSON_GetArraySize(arr);
-        *ids = malloc((*n ? *n : 1) * sizeof **ids);
-        size_t i = 0;
-        for (const cJSON *v = arr->child; v; v = v->next, i++) {
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 2147483647.0) {
-                free(*ids);
-                return ds_errorf("input_ids[%zu] is not a token id", i);
-            }
-            (*ids)[i] = (int32_t)v->valuedouble;
-        }
-        return NULL;
-    }
-    if (line) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(line, "prompt");
-        if (!cJSON_IsString(p)) return ds_errorf("line has neither a \"prompt\" string nor \"input_ids\"");
-        text = p->valuestring;
-    }
-    return ds_tokenizer_encode(tok, text, strlen(text), false, ids, n);
 }
 
 static cJSON *int_array(const int *v, int n) {
@@ -226,6 +216,8 @@ typedef struct {
     ds_target *target;
     ds_drafter *drafter;
     ds_tokenizer *tok;
+    const char *model_dir;
+    ds_chat_family chat; /* detected on first use */
 } session;
 
 static ds_error *open_session(const options *o, session *s) {
@@ -234,7 +226,8 @@ static ds_error *open_session(const options *o, session *s) {
     const char *drafter = o->drafter;
     if (!drafter && !o->model) drafter = DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark";
     if (o->no_draft) drafter = NULL;
-    DS_TRY(ds_backend_cpu_new(o->threads, &s->be));
+    s->model_dir = model;
+    DS_TRY(o->cuda ? ds_backend_cuda_new(0, &s->be) : ds_backend_cpu_new(o->threads, &s->be));
     ds_target_opts topts = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
     DS_TRY(ds_target_open(s->be, model, &topts, &s->target));
     if (drafter) DS_TRY(ds_drafter_open(s->be, drafter, s->target, NULL, &s->drafter));
@@ -249,10 +242,72 @@ static void close_session(session *s) {
     if (s->be) s->be->ops->destroy(s->be);
 }
 
+/* Renders a conversation with the model's chat template and encodes it
+ * (the templates write any BOS themselves, so no special tokens are added). */
+static ds_error *chat_ids(session *s, const ds_chat_message *msgs, size_t n, int32_t **ids, size_t *n_ids) {
+    if (s->chat == DS_CHAT_UNKNOWN) DS_TRY(ds_chat_detect(s->model_dir, &s->chat));
+    char *text;
+    DS_TRY(ds_chat_render(s->chat, msgs, n, true, &text));
+    ds_error *e = ds_tokenizer_encode(s->tok, text, strlen(text), false, ids, n_ids);
+    free(text);
+    return e;
+}
+
+static ds_error *messages_ids(session *s, const cJSON *arr, int32_t **ids, size_t *n_ids) {
+    if (!cJSON_IsArray(arr)) return ds_errorf("messages is not a list");
+    size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
+    ds_chat_message *msgs = calloc(n ? n : 1, sizeof *msgs);
+    if (!msgs) return ds_errorf("out of memory");
+    ds_error *e = NULL;
+    for (const cJSON *m = arr->child; m && !e; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(role) || !cJSON_IsString(content))
+            e = ds_errorf("messages[%zu] needs \"role\" and \"content\" strings", i);
+        else msgs[i] = (ds_chat_message){role->valuestring, content->valuestring};
+    }
+    if (!e) e = chat_ids(s, msgs, n, ids, n_ids);
+    free(msgs);
+    return e;
+}
+
+/* One prompt: the line's input_ids, its messages through the chat template,
+ * or its text (a user turn with --chat) through the tokenizer. */
+static ds_error *prompt_ids(const options *o, session *s, const cJSON *line, const char *text, int32_t **ids,
+                            size_t *n) {
+    const cJSON *arr = line ? cJSON_GetObjectItemCaseSensitive(line, "input_ids") : NULL;
+    if (arr) {
+        if (!cJSON_IsArray(arr)) return ds_errorf("input_ids is not a list");
+        *n = (size_t)cJSON_GetArraySize(arr);
+        *ids = malloc((*n ? *n : 1) * sizeof **ids);
+        size_t i = 0;
+        for (const cJSON *v = arr->child; v; v = v->next, i++) {
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 2147483647.0) {
+                free(*ids);
+                return ds_errorf("input_ids[%zu] is not a token id", i);
+            }
+            (*ids)[i] = (int32_t)v->valuedouble;
+        }
+        return NULL;
+    }
+    const cJSON *msgs = line ? cJSON_GetObjectItemCaseSensitive(line, "messages") : NULL;
+    if (msgs) return messages_ids(s, msgs, ids, n);
+    if (line) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(line, "prompt");
+        if (!cJSON_IsString(p)) return ds_errorf("line has no \"prompt\" string, \"messages\" or \"input_ids\"");
+        text = p->valuestring;
+    }
+    if (o->chat) {
+        ds_chat_message user = {"user", text};
+        return chat_ids(s, &user, 1, ids, n);
+    }
+    return ds_tokenizer_encode(s->tok, text, strlen(text), false, ids, n);
+}
+
 static ds_error *run_one(const options *o, session *s, const cJSON *line, const char *text, ds_metrics *m) {
     int32_t *ids;
     size_t n;
-    DS_TRY(prompt_ids(s->tok, line, text, &ids, &n));
+    DS_TRY(prompt_ids(o, s, line, text, &ids, &n));
     stream_ctx sc = {.detok = ds_detok_new(s->tok, true), .stream = !o->json};
     ds_gen_result r;
     ds_error *e = ds_generate(s->target, s->drafter, ids, (int)n, &o->gen, on_token, &sc, &r);
