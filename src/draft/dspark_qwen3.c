@@ -101,8 +101,6 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
         q->pos = calloc((size_t)rows, sizeof *q->pos);
         if (!q->layers || !q->k_cache || !q->v_cache || !q->pos) e = ds_errorf("out of memory");
         if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
-        if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
-        if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, &q->s);
     }
     const int kvd = c->n_kv_heads * c->head_dim;
     char prefix[64];
@@ -112,6 +110,10 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
         if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->k_cache[l]);
         if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->v_cache[l]);
     }
+    /* Buffers sized by the config come after the weights have confirmed it
+     * (a bogus intermediate_size must not allocate gigabytes first). */
+    if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, &q->s);
     if (e) {
         qd_destroy(d);
         return e;

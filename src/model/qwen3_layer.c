@@ -60,6 +60,8 @@ ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_con
         return ds_errorf("%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", where, c->n_heads,
                          c->n_kv_heads);
     if (c->head_dim <= 0 || c->head_dim % 2) return ds_errorf("%s: head_dim %d must be even", where, c->head_dim);
+    if ((int64_t)c->n_heads * c->head_dim > (1 << 30)) /* the projections' widths, as int */
+        return ds_errorf("%s: num_attention_heads %d x head_dim %d is out of range", where, c->n_heads, c->head_dim);
     const char *act = ds_cfg_str(cfg, "hidden_act");
     if (act && strcmp(act, "silu")) return ds_errorf("%s: hidden_act \"%s\" is not supported (silu)", where, act);
     return ds_rope_default_inv_freq(cfg, where, c->head_dim, &c->inv_freq);
