@@ -47,6 +47,13 @@ static void usage(FILE *f) {
             "  --json           one JSON object per prompt (ids, text, timings, acceptance)\n");
 }
 
+/* An int option; out of int range leaves *end on the text so it is refused. */
+static int int_arg(const char *s, char **end) {
+    long v = strtol(s, end, 10);
+    if (v < -2147483647L || v > 2147483647L) *end = (char *)s;
+    return (int)v;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
            O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT };
@@ -81,16 +88,16 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'm': o->model = optarg; break;
         case 'd': o->drafter = optarg; break;
         case 'p': o->prompt = optarg; break;
-        case 'n': NUM(o->gen.max_new, (int)strtol(optarg, &end, 10), "-n"); break;
+        case 'n': NUM(o->gen.max_new, int_arg(optarg, &end), "-n"); break;
         case O_NO_DRAFT: o->no_draft = true; break;
         case O_PROMPT_FILE: o->prompt_file = optarg; break;
         case O_TEMP: NUM(o->gen.sampling.temperature, strtof(optarg, &end), "--temp"); break;
-        case O_TOP_K: NUM(o->gen.sampling.top_k, (int)strtol(optarg, &end, 10), "--top-k"); break;
+        case O_TOP_K: NUM(o->gen.sampling.top_k, int_arg(optarg, &end), "--top-k"); break;
         case O_TOP_P: NUM(o->gen.sampling.top_p, strtof(optarg, &end), "--top-p"); break;
         case O_SEED: NUM(o->gen.seed, strtoull(optarg, &end, 10), "--seed"); break;
         case O_THRESHOLD: NUM(o->gen.threshold, strtof(optarg, &end), "--threshold"); break;
-        case O_GAMMA: NUM(o->gen.gamma, (int)strtol(optarg, &end, 10), "--gamma"); break;
-        case O_THREADS: NUM(o->threads, (int)strtol(optarg, &end, 10), "--threads"); break;
+        case O_GAMMA: NUM(o->gen.gamma, int_arg(optarg, &end), "--gamma"); break;
+        case O_THREADS: NUM(o->threads, int_arg(optarg, &end), "--threads"); break;
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->gen.ignore_stop = true; break;
         case O_CHAT: o->chat = true; break;
