@@ -123,7 +123,7 @@ ds_error *test_backend_new(ds_backend **out) {
     const char *dev = getenv("DS_CUDA_DEVICE");
     ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, out);
     if (e) {
-        printf("SKIP: no CUDA device (%s)\n", ds_error_message(e));
+        printf("SKIP: no CUDA device [%s]\n", ds_error_message(e));
         fflush(stdout);
         ds_error_free(e);
         exit(77);

@@ -1,0 +1,476 @@
+/* Every op of the CUDA backend against the CPU backend (the oracle) on
+ * random inputs, with a normalized error bound per op: max |gpu - cpu| /
+ * max |cpu| over the output. Bounds: fp32 reductions in another order
+ * (linear, attention, rmsnorm) 2e-5; transcendental element-wise ops and
+ * RoPE 2e-6; data movement, add, scale, bf16 rounding exact.
+ * Row invariance, bit for bit on the GPU: a row of linear / attention
+ * computed in an M-row call equals the same row computed alone (decode vs
+ * verify), across the kernel's row tiers, aligned and unaligned inputs, and
+ * attention rows whose keys span several chunks, windows and rings.
+ * Skips (exit 77) where no CUDA device can be used. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "testlib.h"
+
+static ds_backend *gpu, *cpu;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static float *rand_vec(size_t n, float scale) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+    return v;
+}
+
+/* One tensor on each backend holding the same values. */
+typedef struct {
+    ds_tensor g, c;
+    void *host; /* weight bytes the CPU tensor may point into */
+} pair;
+
+static pair act(int64_t rows, int64_t cols, const float *v) {
+    pair p = {0};
+    ds_error *e = gpu->ops->alloc(gpu, DS_F32, rows, cols, &p.g);
+    if (!e) e = cpu->ops->alloc(cpu, DS_F32, rows, cols, &p.c);
+    if (e) {
+        CHECK(0, "alloc: %s", ds_error_message(e));
+        ds_error_free(e);
+        return p;
+    }
+    if (v) {
+        gpu->ops->upload(gpu, p.g, v);
+        cpu->ops->upload(cpu, p.c, v);
+    }
+    return p;
+}
+
+static pair act_rand(int64_t rows, int64_t cols, float scale) {
+    float *v = rand_vec((size_t)(rows * cols), scale);
+    pair p = act(rows, cols, v);
+    free(v);
+    return p;
+}
+
+/* f16 bits of a value exactly representable as a normal f16 (or zero). */
+static uint16_t f16_exact(float f) {
+    if (f == 0) return 0;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, exp = (u >> 23) & 0xff, man = u & 0x7fffff;
+    return (uint16_t)(sign | ((exp - 112) << 10) | (man >> 13));
+}
+
+/* A [rows, cols] weight of dtype dt. Values are multiples of 2^-10 in
+ * (-1, 1): exact in fp32, bf16 (up to its 8 bits) and f16. */
+static pair weight(ds_dtype dt, int64_t rows, int64_t cols) {
+    pair p = {0};
+    size_t n = (size_t)(rows * cols), es = ds_dtype_size(dt);
+    p.host = malloc(n * es + 16);
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)((int)(frand() * 1023.0f)) / 1024.0f;
+        if (dt == DS_BF16) {
+            uint16_t b = ds_f32_to_bf16(f);
+            memcpy((char *)p.host + i * 2, &b, 2);
+        } else if (dt == DS_F16) {
+            uint16_t h = f16_exact(f);
+            memcpy((char *)p.host + i * 2, &h, 2);
+        } else {
+            memcpy((char *)p.host + i * 4, &f, 4);
+        }
+    }
+    ds_st_tensor st = {.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = p.host, .nbytes = n * es};
+    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &p.g);
+    if (!e) e = cpu->ops->weight(cpu, &st, rows, cols, &p.c);
+    if (e) {
+        CHECK(0, "weight: %s", ds_error_message(e));
+        ds_error_free(e);
+    }
+    return p;
+}
+
+static void release(pair *p) {
+    gpu->ops->release(gpu, &p->g);
+    cpu->ops->release(cpu, &p->c);
+    free(p->host);
+    p->host = NULL;
+}
+
+static float *fetch(ds_backend *be, ds_tensor t) {
+    size_t n = (size_t)(t.rows * t.cols);
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    be->ops->download(be, t, v);
+    return v;
+}
+
+static void check_gpu_ok(const char *what) {
+    ds_error *e = ds_backend_check(gpu);
+    if (e) {
+        CHECK(0, "%s: %s", what, ds_error_message(e));
+        ds_error_free(e);
+    }
+}
+
+/* Normalized error of the GPU result against the CPU's; fails above tol. */
+static double compare(ds_tensor g, ds_tensor c, double tol, const char *what) {
+    check_gpu_ok(what);
+    float *a = fetch(gpu, g), *b = fetch(cpu, c);
+    double err = rel_err_max(a, b, (size_t)(g.rows * g.cols));
+    printf("  %-44s err %.2e (bound %.0e)\n", what, err, tol);
+    CHECK(err <= tol, "%s: normalized error %.3g over %.3g", what, err, tol);
+    free(a);
+    free(b);
+    return err;
+}
+
+/* ---- data movement ------------------------------------------------------ */
+
+static void test_memory(void) {
+    const int64_t R = 37, C = 129;
+    float *v = rand_vec((size_t)(R * C), 3.0f);
+    pair a = act(R, C, v);
+    float *back = fetch(gpu, a.g);
+    CHECK(!memcmp(back, v, (size_t)(R * C) * 4), "upload/download round trip differs");
+    /* Strided views: copy a column window between two row ranges. */
+    pair b = act(R, 2 * C, NULL);
+    ds_tensor src = ds_cols(ds_rows(a.g, 3, 20), 5, 100), dst = ds_cols(ds_rows(b.g, 10, 20), 77, 100);
+    gpu->ops->copy(gpu, dst, src);
+    cpu->ops->copy(cpu, ds_cols(ds_rows(b.c, 10, 20), 77, 100), ds_cols(ds_rows(a.c, 3, 20), 5, 100));
+    compare(b.g, b.c, 0, "copy (strided views)");
+    /* alloc zero-fills. */
+    float *z = fetch(gpu, b.g);
+    CHECK(z[0] == 0 && z[2 * C * R - 1] == 0, "alloc did not zero-fill");
+    free(z);
+    free(back);
+    free(v);
+    release(&a);
+    release(&b);
+}
+
+static void test_embed(void) {
+    const ds_dtype dts[] = {DS_F32, DS_BF16, DS_F16};
+    for (int t = 0; t < 3; t++) {
+        pair table = weight(dts[t], 1000, 200);
+        int32_t ids[70];
+        for (int i = 0; i < 70; i++) ids[i] = (int32_t)((frand() + 1.0f) * 499.0f);
+        pair out = act(70, 200, NULL);
+        const float scale = t == 1 ? 7.5f : 1.0f;
+        gpu->ops->embed(gpu, out.g, table.g, ids, scale);
+        cpu->ops->embed(cpu, out.c, table.c, ids, scale);
+        char what[64];
+        snprintf(what, sizeof what, "embed %s x%.1f (70 rows)", ds_dtype_name(dts[t]), scale);
+        compare(out.g, out.c, 0, what);
+        release(&table);
+        release(&out);
+    }
+}
+
+/* ---- linear ------------------------------------------------------------- */
+
+static void linear_case(ds_dtype dt, int64_t M, int64_t N, int64_t K, bool bias, bool odd_stride) {
+    pair w = weight(dt, N, K), b = {0};
+    if (bias) b = weight(DS_F32, 1, N);
+    /* odd_stride: x is a column window of a wider buffer (no 16-byte loads). */
+    pair xb = act_rand(M, K + (odd_stride ? 3 : 0), 1.0f);
+    ds_tensor xg = ds_cols(xb.g, odd_stride ? 1 : 0, K), xc = ds_cols(xb.c, odd_stride ? 1 : 0, K);
+    pair out = act(M, N, NULL);
+    gpu->ops->linear(gpu, out.g, xg, w.g, bias ? b.g : ds_no_tensor());
+    cpu->ops->linear(cpu, out.c, xc, w.c, bias ? b.c : ds_no_tensor());
+    char what[96];
+    snprintf(what, sizeof what, "linear %s M=%lld N=%lld K=%lld%s%s", ds_dtype_name(dt), (long long)M, (long long)N,
+             (long long)K, bias ? " +bias" : "", odd_stride ? " unaligned" : "");
+    compare(out.g, out.c, 2e-5, what);
+    release(&w);
+    if (bias) release(&b);
+    release(&xb);
+    release(&out);
+}
+
+static void test_linear_vs_cpu(void) {
+    const ds_dtype dts[] = {DS_BF16, DS_F32, DS_F16};
+    const int64_t Ms[] = {1, 2, 3, 5, 8, 13, 32, 33, 100};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) linear_case(dts[t], Ms[i], 300, 1024, i % 2, false);
+    linear_case(DS_BF16, 4, 257, 300, true, false);   /* K not a multiple of 8 */
+    linear_case(DS_BF16, 5, 130, 1000, false, true);  /* unaligned x */
+    linear_case(DS_F32, 7, 64, 4096, true, true);
+    linear_case(DS_BF16, 64, 1500, 4096, true, false); /* cuBLAS with widened tiles */
+    linear_case(DS_F32, 40, 96, 33, false, true);      /* cuBLAS, odd shapes */
+}
+
+/* Row i of an M-row call == row i computed alone, bit for bit, for every
+ * narrow row count and for aligned and unaligned inputs. */
+static void test_linear_row_invariance(void) {
+    const ds_dtype dts[] = {DS_BF16, DS_F32, DS_F16};
+    const int64_t N = 515, K = 2056, MAXM = 32;
+    for (int t = 0; t < 3; t++) {
+        pair w = weight(dts[t], N, K), b = weight(DS_BF16, 1, N);
+        pair x = act_rand(MAXM, K, 1.0f);
+        pair xu = act(MAXM, K + 1, NULL); /* the same rows at an odd stride */
+        gpu->ops->copy(gpu, ds_cols(xu.g, 0, K), x.g);
+        pair ref = act(MAXM, N, NULL), out = act(MAXM, N, NULL);
+        for (int64_t i = 0; i < MAXM; i++)
+            gpu->ops->linear(gpu, ds_rows(ref.g, i, 1), ds_rows(x.g, i, 1), w.g, b.g);
+        float *want = fetch(gpu, ref.g);
+        const int64_t Ms[] = {2, 3, 4, 5, 8, 9, 17, 32};
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (int u = 0; u < 2; u++) {
+                const int64_t M = Ms[mi];
+                ds_tensor xin = u ? ds_cols(ds_rows(xu.g, 0, M), 0, K) : ds_rows(x.g, 0, M);
+                gpu->ops->linear(gpu, ds_rows(out.g, 0, M), xin, w.g, b.g);
+                float *got = fetch(gpu, ds_rows(out.g, 0, M));
+                int bad = -1;
+                for (int64_t i = 0; i < M && bad < 0; i++)
+                    if (memcmp(got + i * N, want + i * N, (size_t)N * 4)) bad = (int)i;
+                CHECK(bad < 0, "linear %s: row %d of an M=%lld%s call differs from the 1-row call",
+                      ds_dtype_name(dts[t]), bad, (long long)M, u ? " unaligned" : "");
+                free(got);
+            }
+        printf("  linear %s: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n", ds_dtype_name(dts[t]));
+        check_gpu_ok("linear row invariance");
+        free(want);
+        release(&w);
+        release(&b);
+        release(&x);
+        release(&xu);
+        release(&ref);
+        release(&out);
+    }
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int H, KVH, D, Dv;
+    bool causal;
+    int window, ring;
+    int p0, M; /* query rows at positions p0..p0+M-1 */
+    int n_keys; /* non-causal: keys visible to every row */
+} attn_case;
+
+static void attention_case(const attn_case *ac) {
+    const int cache_rows = ac->ring ? ac->ring : (ac->causal ? ac->p0 + ac->M : ac->n_keys);
+    const int n_keys = ac->causal ? ac->p0 + ac->M : ac->n_keys;
+    pair q = act_rand(ac->M, (int64_t)ac->H * ac->D, 1.0f);
+    pair k = act_rand(cache_rows, (int64_t)ac->KVH * ac->D, 1.0f);
+    pair v = act_rand(cache_rows, (int64_t)ac->KVH * ac->Dv, 1.0f);
+    pair out = act(ac->M, (int64_t)ac->H * ac->Dv, NULL);
+    int32_t *pos = malloc((size_t)ac->M * sizeof *pos);
+    for (int i = 0; i < ac->M; i++) pos[i] = ac->p0 + i;
+    ds_attn_params p = {.n_heads = ac->H, .n_kv_heads = ac->KVH, .head_dim = ac->D, .v_head_dim = ac->Dv,
+                        .n_keys = n_keys, .causal = ac->causal, .window = ac->window, .ring_size = ac->ring,
+                        .scale = 1.0f / sqrtf((float)ac->D), .q_pos = pos};
+    gpu->ops->attention(gpu, out.g, q.g, k.g, v.g, &p);
+    cpu->ops->attention(cpu, out.c, q.c, k.c, v.c, &p);
+    char what[96];
+    snprintf(what, sizeof what, "attention %s", ac->name);
+    compare(out.g, out.c, 2e-5, what);
+    /* Each row alone, as decode sees it: n_keys = its position + 1 when causal. */
+    float *all = fetch(gpu, out.g);
+    pair one = act(1, (int64_t)ac->H * ac->Dv, NULL);
+    int bad = -1;
+    for (int i = 0; i < ac->M && bad < 0; i++) {
+        ds_attn_params p1 = p;
+        p1.q_pos = pos + i;
+        if (ac->causal) p1.n_keys = pos[i] + 1;
+        gpu->ops->attention(gpu, one.g, ds_rows(q.g, i, 1), k.g, v.g, &p1);
+        float *r = fetch(gpu, one.g);
+        if (memcmp(r, all + (size_t)i * ac->H * ac->Dv, (size_t)ac->H * ac->Dv * 4)) bad = i;
+        free(r);
+    }
+    CHECK(bad < 0, "attention %s: row %d of the %d-row call differs from the row alone", ac->name, bad, ac->M);
+    check_gpu_ok(what);
+    free(all);
+    free(pos);
+    release(&q);
+    release(&k);
+    release(&v);
+    release(&out);
+    release(&one);
+}
+
+static void test_attention(void) {
+    const attn_case cases[] = {
+        {"decode-like D=64 GQA 4/2, 1 row at 40", 4, 2, 64, 64, true, 0, 0, 40, 1, 0},
+        {"verify D=64 GQA 4/2, 8 rows at 3", 4, 2, 64, 64, true, 0, 0, 3, 8, 0},
+        {"verify D=128 16/8 across chunk 256", 16, 8, 128, 128, true, 0, 0, 250, 9, 0},
+        {"verify D=128 8/1 rows at 700 (3 chunks)", 8, 1, 128, 128, true, 0, 0, 700, 5, 0},
+        {"prefill D=16 4/2, 70 rows at 0", 4, 2, 16, 16, true, 0, 0, 0, 70, 0},
+        {"D=256 sliding window 100, ring 128", 2, 1, 256, 256, true, 100, 128, 300, 6, 0},
+        {"D=512 window 300 ring 512 at 1000", 2, 2, 512, 512, true, 300, 512, 1000, 4, 0},
+        {"drafter non-causal D=64, 7 rows, 300 keys", 4, 2, 64, 64, false, 0, 0, 293, 7, 300},
+        {"non-causal D=128 Dv=64, 5 rows, 20 keys", 4, 4, 128, 64, false, 0, 0, 15, 5, 20},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attention_case(&cases[i]);
+}
+
+/* ---- norms, RoPE, element-wise ------------------------------------------ */
+
+static void test_rmsnorm(void) {
+    struct {
+        int64_t rows, cols;
+        int dim;
+        ds_dtype wdt; /* DS_DTYPE_COUNT: no weight */
+    } cs[] = {{5, 1000, 1000, DS_BF16}, {3, 4096, 4096, DS_F32}, {7, 16 * 64, 64, DS_F32},
+              {2, 8 * 128, 128, DS_DTYPE_COUNT}, {40, 256, 256, DS_F16}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        pair x = act_rand(cs[i].rows, cs[i].cols, 4.0f), out = act(cs[i].rows, cs[i].cols, NULL), w = {0};
+        bool hw = cs[i].wdt != DS_DTYPE_COUNT;
+        if (hw) w = weight(cs[i].wdt, 1, cs[i].dim);
+        gpu->ops->rmsnorm(gpu, out.g, x.g, hw ? w.g : ds_no_tensor(), cs[i].dim, 1e-6f);
+        cpu->ops->rmsnorm(cpu, out.c, x.c, hw ? w.c : ds_no_tensor(), cs[i].dim, 1e-6f);
+        char what[96];
+        snprintf(what, sizeof what, "rmsnorm %lldx%lld dim %d %s", (long long)cs[i].rows, (long long)cs[i].cols,
+                 cs[i].dim, hw ? ds_dtype_name(cs[i].wdt) : "no weight");
+        compare(out.g, out.c, 2e-5, what);
+        /* In place, as the model does for q/k norms: the same bits as out of place. */
+        gpu->ops->rmsnorm(gpu, x.g, x.g, hw ? w.g : ds_no_tensor(), cs[i].dim, 1e-6f);
+        float *a = fetch(gpu, x.g), *b = fetch(gpu, out.g);
+        CHECK(!memcmp(a, b, (size_t)(cs[i].rows * cs[i].cols) * 4), "%s: in place differs from out of place", what);
+        free(a);
+        free(b);
+        release(&x);
+        release(&out);
+        if (hw) release(&w);
+    }
+}
+
+static void test_rope(void) {
+    const int hds[] = {64, 128, 512};
+    for (int t = 0; t < 3; t++) {
+        const int hd = hds[t], heads = 4, rows = 70;
+        float *inv = malloc((size_t)(hd / 2) * sizeof *inv);
+        for (int i = 0; i < hd / 2; i++) /* proportional RoPE: a zero tail */
+            inv[i] = i < hd / 3 ? (float)(1.0 / pow(1e6, (double)(2 * i) / hd)) : 0.0f;
+        int32_t *pos = malloc(rows * sizeof *pos);
+        for (int i = 0; i < rows; i++) pos[i] = (int32_t)((frand() + 1.0f) * 4000.0f);
+        pair x = act_rand(rows, (int64_t)heads * hd, 2.0f);
+        gpu->ops->rope(gpu, x.g, hd, pos, inv);
+        cpu->ops->rope(cpu, x.c, hd, pos, inv);
+        char what[64];
+        snprintf(what, sizeof what, "rope head_dim %d, 70 rows, pos < 8000", hd);
+        compare(x.g, x.c, 2e-6, what);
+        release(&x);
+        free(inv);
+        free(pos);
+    }
+}
+
+static void test_elementwise(void) {
+    const int64_t R = 9, C = 1537;
+    pair a = act_rand(R, C, 6.0f), b = act_rand(R, C, 3.0f), out = act(R, C, NULL);
+    gpu->ops->add(gpu, out.g, a.g, b.g);
+    cpu->ops->add(cpu, out.c, a.c, b.c);
+    compare(out.g, out.c, 0, "add");
+    gpu->ops->swiglu(gpu, out.g, a.g, b.g);
+    cpu->ops->swiglu(cpu, out.c, a.c, b.c);
+    compare(out.g, out.c, 2e-6, "swiglu");
+    gpu->ops->geglu_tanh(gpu, out.g, a.g, b.g);
+    cpu->ops->geglu_tanh(cpu, out.c, a.c, b.c);
+    compare(out.g, out.c, 2e-6, "geglu_tanh");
+    /* In place on column views (the model's gemma PLE path). */
+    gpu->ops->swiglu(gpu, ds_cols(a.g, 7, 600), ds_cols(a.g, 7, 600), ds_cols(b.g, 100, 600));
+    cpu->ops->swiglu(cpu, ds_cols(a.c, 7, 600), ds_cols(a.c, 7, 600), ds_cols(b.c, 100, 600));
+    compare(a.g, a.c, 2e-6, "swiglu in place on column views");
+    gpu->ops->scale(gpu, b.g, 0.7071f);
+    cpu->ops->scale(cpu, b.c, 0.7071f);
+    compare(b.g, b.c, 0, "scale");
+    gpu->ops->softcap(gpu, b.g, 1.5f);
+    cpu->ops->softcap(cpu, b.c, 1.5f);
+    compare(b.g, b.c, 2e-6, "softcap");
+    pair l = act_rand(R, C, 30.0f);
+    gpu->ops->round_bf16(gpu, l.g);
+    cpu->ops->round_bf16(cpu, l.c);
+    compare(l.g, l.c, 0, "round_bf16");
+    release(&a);
+    release(&b);
+    release(&out);
+    release(&l);
+}
+
+/* ---- errors are values -------------------------------------------------- */
+
+static void test_errors(void) {
+    pair x = act_rand(2, 64, 1.0f);
+    int32_t pos[2] = {0, 1};
+    ds_attn_params p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 1024, .v_head_dim = 1024, .n_keys = 2,
+                        .causal = true, .scale = 1, .q_pos = pos};
+    pair big = act(2, 1024, NULL);
+    gpu->ops->attention(gpu, big.g, big.g, big.g, big.g, &p);
+    CHECK_ERR(ds_backend_check(gpu), "cuda attention");
+    CHECK(ds_backend_check(gpu) == NULL, "check() did not clear the error");
+    pair w = weight(DS_BF16, 8, 32);
+    gpu->ops->linear(gpu, ds_rows(x.g, 0, 1), x.g, w.g, ds_no_tensor()); /* shapes disagree */
+    CHECK_ERR(ds_backend_check(gpu), "cuda linear");
+    release(&x);
+    release(&big);
+    release(&w);
+}
+
+/* ---- informational timing ----------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Narrow matmul bandwidth on a bf16 weight much larger than L2 (reported, not checked). */
+static void test_linear_bandwidth(void) {
+    const int64_t N = 16384, K = 8192; /* 256 MiB of bf16 */
+    pair w[2] = {weight(DS_BF16, N, K), weight(DS_BF16, N, K)};
+    pair x = act_rand(64, K, 1.0f), out = act(64, N, NULL);
+    const int64_t Ms[] = {1, 4, 8, 16, 32, 64};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        const int64_t M = Ms[i];
+        for (int r = 0; r < 2; r++) gpu->ops->linear(gpu, ds_rows(out.g, 0, M), ds_rows(x.g, 0, M), w[r].g, ds_no_tensor());
+        check_gpu_ok("bandwidth warm-up");
+        const int reps = 20;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            gpu->ops->linear(gpu, ds_rows(out.g, 0, M), ds_rows(x.g, 0, M), w[r % 2].g, ds_no_tensor());
+        check_gpu_ok("bandwidth");
+        double dt = (now_s() - t0) / reps;
+        printf("  linear bf16 %lldx%lld, M=%-2lld (%s): %7.1f us  %6.0f GB/s of weights  %6.1f TFLOP/s\n",
+               (long long)N, (long long)K, (long long)M, M > 32 ? "cuBLAS" : "narrow", dt * 1e6,
+               (double)(N * K * 2) / dt / 1e9, 2.0 * (double)(M * N * K) / dt / 1e12);
+    }
+    release(&w[0]);
+    release(&w[1]);
+    release(&x);
+    release(&out);
+}
+
+static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &cpu)); }
+static void teardown(void) {
+    check_gpu_ok("teardown");
+    gpu->ops->destroy(gpu);
+    cpu->ops->destroy(cpu);
+}
+
+#define CUDA_TESTS                                                                                           \
+    setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_attention, test_rmsnorm, \
+        test_rope, test_elementwise, test_errors, test_linear_bandwidth, teardown
+
+int main(void) {
+    const char *dev = getenv("DS_CUDA_DEVICE");
+    ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, &gpu);
+    if (e) {
+        printf("SKIP: no CUDA device [%s]\n", ds_error_message(e));
+        ds_error_free(e);
+        return 77;
+    }
+    test_fn fns[] = {CUDA_TESTS};
+    const char *names[] = {DS_STRINGS_(CUDA_TESTS)};
+    return run_tests("cuda_ops", fns, names, (int)(sizeof fns / sizeof fns[0]));
+}
