@@ -14,8 +14,7 @@ typedef struct {
     ds_drafter base;
     ds_qwen3_config c;
     ds_tensor final_norm;
-    ds_qwen3_layer *layers;
-    ds_tensor *k_cache, *v_cache; /* [max_ctx + gamma, kv]: context rows, then the block's */
+    ds_qwen3_stack st; /* layers + K/V [max_ctx + gamma, kv]: context rows, then the block's */
     ds_tensor x;
     ds_qwen3_scratch s;
     int32_t *pos;
@@ -30,8 +29,8 @@ static void qd_context(ds_drafter *d, ds_tensor ctx, int pos0) {
     const int n = (int)ctx.rows;
     set_positions(q->pos, pos0, n);
     for (int l = 0; l < q->c.n_layers; l++)
-        ds_qwen3_key_value(d->be, &q->c, &q->layers[l], ctx, ds_rows(q->k_cache[l], pos0, n),
-                           ds_rows(q->v_cache[l], pos0, n), q->pos);
+        ds_qwen3_key_value(d->be, &q->c, &q->st.layers[l], ctx, ds_rows(q->st.k[l], pos0, n),
+                           ds_rows(q->st.v[l], pos0, n), q->pos);
 }
 
 static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
@@ -47,12 +46,12 @@ static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
                          .v_head_dim = c->head_dim, .n_keys = start + G, .causal = false,
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
     for (int l = 0; l < c->n_layers; l++) {
-        const ds_qwen3_layer *L = &q->layers[l];
+        const ds_qwen3_layer *L = &q->st.layers[l];
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
         ds_qwen3_query(be, c, L, xn, qt, q->pos);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->k_cache[l], start, G), ds_rows(q->v_cache[l], start, G), q->pos);
-        be->ops->attention(be, attn, qt, q->k_cache[l], q->v_cache[l], &ap);
+        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->st.k[l], start, G), ds_rows(q->st.v[l], start, G), q->pos);
+        be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
     }
     be->ops->rmsnorm(be, d->block_hidden, x, q->final_norm, c->hidden, c->eps);
@@ -61,14 +60,7 @@ static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
 static void qd_destroy(ds_drafter *d) {
     qwen3_drafter *q = (qwen3_drafter *)d;
     ds_backend *be = d->be;
-    for (int l = 0; q->layers && l < q->c.n_layers; l++) {
-        ds_qwen3_layer_release(be, &q->layers[l]);
-        be->ops->release(be, &q->k_cache[l]);
-        be->ops->release(be, &q->v_cache[l]);
-    }
-    free(q->layers);
-    free(q->k_cache);
-    free(q->v_cache);
+    ds_qwen3_stack_release(be, &q->st);
     be->ops->release(be, &q->final_norm);
     be->ops->release(be, &q->x);
     ds_qwen3_scratch_release(be, &q->s);
@@ -94,22 +86,12 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     if (!e) e = ds_drafter_load_common(d, target);
     const ds_qwen3_config *c = &q->c;
     if (!e) {
-        q->layers = calloc((size_t)c->n_layers, sizeof *q->layers);
-        q->k_cache = calloc((size_t)c->n_layers, sizeof *q->k_cache);
-        q->v_cache = calloc((size_t)c->n_layers, sizeof *q->v_cache);
         int rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
         q->pos = calloc((size_t)rows, sizeof *q->pos);
-        if (!q->layers || !q->k_cache || !q->v_cache || !q->pos) e = ds_errorf("out of memory");
+        if (!q->pos) e = ds_errorf("out of memory");
         if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
     }
-    const int kvd = c->n_kv_heads * c->head_dim;
-    char prefix[64];
-    for (int l = 0; !e && l < c->n_layers; l++) {
-        snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        e = ds_qwen3_layer_load(be, ck, prefix, c, &q->layers[l]);
-        if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->k_cache[l]);
-        if (!e) e = be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &q->v_cache[l]);
-    }
+    if (!e) e = ds_qwen3_stack_load(be, ck, "layers.", c, d->max_ctx + d->gamma, &q->st);
     /* Buffers sized by the config come after the weights have confirmed it
      * (a bogus intermediate_size must not allocate gigabytes first). */
     if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);

@@ -48,14 +48,14 @@ ds_error *ds_read_json(const char *path, cJSON **out) {
     return e;
 }
 
-static char *join(const char *dir, const char *name) {
+char *ds_path_join(const char *dir, const char *name) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *p = malloc(n);
     if (p) snprintf(p, n, "%s/%s", dir, name);
     return p;
 }
 
-static int file_exists(const char *path) {
+bool ds_path_exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
 }
@@ -67,7 +67,7 @@ static ds_error *add_shard(ds_checkpoint *ck, const char *file) {
         if (lp >= lf && !strcmp(p + lp - lf, file) && (lp == lf || p[lp - lf - 1] == '/')) return NULL;
     }
     if (strchr(file, '/') || !strcmp(file, "..")) return ds_errorf("shard name \"%s\" is not a plain file name", file);
-    char *path = join(ck->dir, file);
+    char *path = ds_path_join(ck->dir, file);
     if (!path) return ds_errorf("out of memory");
     ds_safetensors **grown = realloc(ck->shards, (ck->n_shards + 1) * sizeof *grown);
     if (!grown) {
@@ -113,17 +113,17 @@ ds_error *ds_checkpoint_open(const char *dir, ds_checkpoint **out) {
     ck->dir = strdup(dir);
     ck->name_prefix = "";
     ds_error *e = NULL;
-    char *cfg = join(dir, "config.json"), *gen = join(dir, "generation_config.json"),
-         *idx = join(dir, "model.safetensors.index.json"), *single = join(dir, "model.safetensors");
+    char *cfg = ds_path_join(dir, "config.json"), *gen = ds_path_join(dir, "generation_config.json"),
+         *idx = ds_path_join(dir, "model.safetensors.index.json"), *single = ds_path_join(dir, "model.safetensors");
     struct stat sb;
     if (!ck->dir || !cfg || !gen || !idx || !single) e = ds_errorf("out of memory");
     else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) e = ds_errorf("%s: not a model directory", dir);
     if (!e) e = ds_read_json(cfg, &ck->config);
     if (!e && !cJSON_IsObject(ck->config)) e = ds_errorf("%s: not a JSON object", cfg);
-    if (!e && file_exists(gen)) e = ds_read_json(gen, &ck->generation);
+    if (!e && ds_path_exists(gen)) e = ds_read_json(gen, &ck->generation);
     if (!e) {
-        if (file_exists(idx)) e = open_index(ck, idx);
-        else if (file_exists(single)) e = add_shard(ck, "model.safetensors");
+        if (ds_path_exists(idx)) e = open_index(ck, idx);
+        else if (ds_path_exists(single)) e = add_shard(ck, "model.safetensors");
         else e = ds_errorf("%s: no model.safetensors or model.safetensors.index.json", dir);
     }
     free(cfg);

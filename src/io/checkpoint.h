@@ -5,6 +5,7 @@
 #define DS_CHECKPOINT_H
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 
 #include "io/safetensors.h"
 
@@ -27,6 +28,9 @@ ds_error *ds_checkpoint_tensor(const ds_checkpoint *ck, const char *name, int nd
 /* NULL when absent (for optional tensors). */
 const ds_st_tensor *ds_checkpoint_find(const ds_checkpoint *ck, const char *name);
 
+/* "dir/name", malloc'd (NULL when out of memory). */
+char *ds_path_join(const char *dir, const char *name);
+bool ds_path_exists(const char *path);
 /* Reads a whole file into a NUL-terminated buffer. */
 ds_error *ds_read_file(const char *path, char **out, size_t *len);
 /* Parses a JSON file. */

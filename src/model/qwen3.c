@@ -11,8 +11,7 @@ typedef struct {
     ds_target base;
     ds_qwen3_config c;
     ds_tensor embed, final_norm, lm_head;
-    ds_qwen3_layer *layers;
-    ds_tensor *k_cache, *v_cache; /* per layer [max_ctx, kv_heads*head_dim], row = position */
+    ds_qwen3_stack st; /* layers + KV caches [max_ctx, kv_heads*head_dim] */
     ds_tensor x;                  /* residual stream [max_rows, hidden] */
     ds_qwen3_scratch s;
     int32_t *pos;
@@ -21,14 +20,7 @@ typedef struct {
 static void qwen3_destroy(ds_target *t) {
     qwen3_target *q = (qwen3_target *)t;
     ds_backend *be = t->be;
-    for (int l = 0; q->layers && l < q->c.n_layers; l++) {
-        ds_qwen3_layer_release(be, &q->layers[l]);
-        be->ops->release(be, &q->k_cache[l]);
-        be->ops->release(be, &q->v_cache[l]);
-    }
-    free(q->layers);
-    free(q->k_cache);
-    free(q->v_cache);
+    ds_qwen3_stack_release(be, &q->st);
     be->ops->release(be, &q->embed);
     be->ops->release(be, &q->final_norm);
     be->ops->release(be, &q->lm_head);
@@ -57,12 +49,12 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
                          .v_head_dim = c->head_dim, .n_keys = pos0 + n, .causal = true,
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
     for (int l = 0; l < c->n_layers; l++) {
-        const ds_qwen3_layer *L = &q->layers[l];
+        const ds_qwen3_layer *L = &q->st.layers[l];
         ds_tensor qt = ds_rows(q->s.q, 0, n), attn = ds_rows(q->s.attn, 0, n);
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
         ds_qwen3_query(be, c, L, xn, qt, q->pos);
-        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->k_cache[l], pos0, n), ds_rows(q->v_cache[l], pos0, n), q->pos);
-        be->ops->attention(be, attn, qt, q->k_cache[l], q->v_cache[l], &ap);
+        ds_qwen3_key_value(be, c, L, xn, ds_rows(q->st.k[l], pos0, n), ds_rows(q->st.v[l], pos0, n), q->pos);
+        be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         tap(t, l, x, n);
     }
@@ -92,13 +84,10 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
         t->hidden = c->hidden;
         t->n_layers = c->n_layers;
         t->max_ctx = c->max_pos;
-        q->layers = calloc((size_t)c->n_layers, sizeof *q->layers);
-        q->k_cache = calloc((size_t)c->n_layers, sizeof *q->k_cache);
-        q->v_cache = calloc((size_t)c->n_layers, sizeof *q->v_cache);
         q->pos = calloc((size_t)t->max_rows, sizeof *q->pos);
-        if (!q->layers || !q->k_cache || !q->v_cache || !q->pos) e = ds_errorf("out of memory");
+        if (!q->pos) e = ds_errorf("out of memory");
     }
-    const int H = c->hidden, kvd = c->n_kv_heads * c->head_dim;
+    const int H = c->hidden;
     if (!e) e = ds_load_weight(be, ck, "model.embed_tokens.weight", c->vocab, H, &q->embed);
     if (!e) e = ds_load_vector(be, ck, "model.norm.weight", H, &q->final_norm);
     if (!e) {
@@ -109,13 +98,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
             e = ds_load_weight(be, ck, "lm_head.weight", c->vocab, H, &q->lm_head);
         }
     }
-    char prefix[64];
-    for (int l = 0; !e && l < c->n_layers; l++) {
-        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        e = ds_qwen3_layer_load(be, ck, prefix, c, &q->layers[l]);
-        if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->k_cache[l]);
-        if (!e) e = be->ops->alloc(be, DS_F32, t->max_ctx, kvd, &q->v_cache[l]);
-    }
+    if (!e) e = ds_qwen3_stack_load(be, ck, "model.layers.", c, t->max_ctx, &q->st);
     t->logits_bf16 = !e && q->lm_head.dtype == DS_BF16;
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &q->x);
     if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, &q->s);

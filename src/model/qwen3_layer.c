@@ -125,6 +125,36 @@ void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
+ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
+                              int cache_rows, ds_qwen3_stack *st) {
+    st->n = c->n_layers;
+    st->layers = calloc((size_t)st->n, sizeof *st->layers);
+    st->k = calloc((size_t)st->n, sizeof *st->k);
+    st->v = calloc((size_t)st->n, sizeof *st->v);
+    if (!st->layers || !st->k || !st->v) return ds_errorf("out of memory");
+    const int kvd = c->n_kv_heads * c->head_dim;
+    char name[128];
+    for (int l = 0; l < st->n; l++) {
+        snprintf(name, sizeof name, "%s%d.", prefix, l);
+        DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->layers[l]));
+        DS_TRY(be->ops->alloc(be, DS_F32, cache_rows, kvd, &st->k[l]));
+        DS_TRY(be->ops->alloc(be, DS_F32, cache_rows, kvd, &st->v[l]));
+    }
+    return NULL;
+}
+
+void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st) {
+    for (int l = 0; st->layers && l < st->n; l++) {
+        ds_qwen3_layer_release(be, &st->layers[l]);
+        be->ops->release(be, &st->k[l]);
+        be->ops->release(be, &st->v[l]);
+    }
+    free(st->layers);
+    free(st->k);
+    free(st->v);
+    *st = (ds_qwen3_stack){0};
+}
+
 ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, ds_qwen3_scratch *s) {
     *s = (ds_qwen3_scratch){0};
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->xn));

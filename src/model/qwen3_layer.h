@@ -20,6 +20,19 @@ typedef struct {
     ds_tensor gate, up, down;
 } ds_qwen3_layer;
 
+/* A stack of layers with one KV cache per layer ([cache_rows, kv_heads *
+ * head_dim], row = position): what the target and the drafter both hold. */
+typedef struct {
+    int n;
+    ds_qwen3_layer *layers;
+    ds_tensor *k, *v;
+} ds_qwen3_stack;
+
+/* Loads layers "<prefix>N." for N < c->n_layers (prefix e.g. "model.layers."). */
+ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
+                              int cache_rows, ds_qwen3_stack *st);
+void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st);
+
 /* Per-call scratch for rows rows. */
 typedef struct {
     ds_tensor xn, q, attn, tmp, gate, up;

@@ -46,17 +46,6 @@ ds_error *ds_chat_detect_template(const char *t, const char *where, ds_chat_fami
     return NULL;
 }
 
-static char *join(const char *dir, const char *name) {
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
-
-static bool exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
 
 static char *dup_str(const char *s) {
     size_t n = strlen(s) + 1;
@@ -102,10 +91,10 @@ static ds_error *load_template(const char *dir, char **text, char **source) {
     static const char *const files[] = {"chat_template.jinja", "tokenizer_config.json", "chat_template.json"};
     *text = *source = NULL;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char *path = join(dir, files[i]);
+        char *path = ds_path_join(dir, files[i]);
         if (!path) return ds_errorf("%s: out of memory", dir);
         ds_error *e = NULL;
-        if (exists(path)) {
+        if (ds_path_exists(path)) {
             size_t len;
             e = i == 0 ? ds_read_file(path, text, &len) : template_from_json(path, text);
         }
@@ -123,9 +112,9 @@ static ds_error *load_template(const char *dir, char **text, char **source) {
  * config.json)" etc. when there is none to read. */
 static void model_type(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "(no config.json)");
-    char *path = join(dir, "config.json");
+    char *path = ds_path_join(dir, "config.json");
     cJSON *cfg = NULL;
-    ds_error *e = path && exists(path) ? ds_read_json(path, &cfg) : NULL;
+    ds_error *e = path && ds_path_exists(path) ? ds_read_json(path, &cfg) : NULL;
     if (e) {
         snprintf(out, cap, "(unreadable config.json)");
         ds_error_free(e);
