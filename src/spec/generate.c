@@ -44,6 +44,13 @@ static int32_t pick(const float *logits, int V, const ds_sampling *s, ds_rng *rn
     return ds_sample_probs(probs, V, rng);
 }
 
+/* Logits of the last forward to the host. The download waits for the
+ * backend, so this is also where a failed device op surfaces as an error. */
+static ds_error *fetch_logits(ds_target *t, int rows, float *logits) {
+    t->be->ops->download(t->be, ds_rows(t->logits, 0, rows), logits);
+    return ds_backend_check(t->be);
+}
+
 static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int len) {
     if ((r->rounds & (r->rounds - 1)) == 0) { /* grow at powers of two */
         size_t cap = r->rounds ? (size_t)r->rounds * 2 : 16;
@@ -94,7 +101,7 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
         verify_ids[0] = last;
         memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
         DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
-        t->be->ops->download(t->be, ds_rows(t->logits, 0, n + 1), logits);
+        DS_TRY(fetch_logits(t, n + 1, logits));
         int32_t next;
         int a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
                                                     &next);
@@ -128,7 +135,7 @@ static ds_error *autoregress(emitter *em, int n_prompt, int32_t last, ds_rng *rn
     for (int pos = n_prompt; !em->done && em->r->n_tokens < em->p->max_new; pos++) {
         if (pos >= t->max_ctx) break;
         DS_TRY(ds_target_forward(t, &last, 1, pos, 1));
-        t->be->ops->download(t->be, ds_rows(t->logits, 0, 1), logits);
+        DS_TRY(fetch_logits(t, 1, logits));
         last = pick(logits, t->vocab, &em->p->sampling, rng, probs);
         emit(em, last);
     }
@@ -165,8 +172,8 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
     if (d) d->n_ctx = 0;
     if (!e) e = prefill(t, d, prompt, n_prompt);
     out->prefill_s = now_s() - t0;
+    if (!e && !em.done) e = fetch_logits(t, 1, logits);
     if (!e && !em.done) {
-        t->be->ops->download(t->be, ds_rows(t->logits, 0, 1), logits);
         int32_t first = pick(logits, V, &p->sampling, &rng, scratch);
         emit(&em, first);
         if (!is_stop(&em, first)) {
