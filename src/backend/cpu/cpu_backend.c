@@ -69,16 +69,16 @@ static void cpu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int3
 
 static void cpu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps) {
     int64_t groups = x.cols / dim;
+    /* Called from the main thread only: its scratch slot holds the widened weight. */
     float *wf = NULL;
     if (w.data) {
-        wf = malloc((size_t)dim * 4);
-        ds_to_f32(w.dtype, w.data, wf, (size_t)dim);
+        wf = ds_cpu_scratch(be, 0, DS_SCRATCH_NORM, (size_t)dim);
+        if (wf) ds_to_f32(w.dtype, w.data, wf, (size_t)dim);
     }
     for (int64_t r = 0; r < x.rows; r++)
         for (int64_t g = 0; g < groups; g++)
             ds_cpu_rmsnorm_row((float *)out.data + r * out.stride + g * dim,
                                (const float *)x.data + r * x.stride + g * dim, wf, dim, eps);
-    free(wf);
 }
 
 static void cpu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq) {
