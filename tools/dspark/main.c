@@ -11,6 +11,8 @@ static void usage(FILE *f) {
             "commands:\n"
             "  generate   generate text from a model (speculative with a DSpark drafter)\n"
             "  tokenize   encode text to ids, or --decode ids to text\n"
+            "  synth      write a seeded random checkpoint with a real model's shapes\n"
+            "  bench      time prefill, decoding, verification and drafting on random ids\n"
             "\n"
             "`dspark <command> --help` describes a command's options.\n");
 }
@@ -23,6 +25,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;

@@ -1,0 +1,201 @@
+/* dspark synth and dspark bench on the CPU: the safetensors writer round
+ * trips through the reader; a tiny synthetic checkpoint (sharded, with a
+ * drafter) is byte-identical for any thread count, has N(0, 0.02) matrices
+ * and unit norms, loads as a target + DSpark drafter whose drafted greedy
+ * output equals plain greedy decoding; bench reports every figure. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "draft/drafter.h"
+#include "io/checkpoint.h"
+#include "io/safetensors_write.h"
+#include "spec/generate.h"
+#include "testlib.h"
+
+/* This process's scratch directory, /tmp/ds_test_synth_<pid> (made on first use). */
+static const char *tmpdir(char buf[64]) {
+    snprintf(buf, 64, "/tmp/ds_test_synth_%ld", (long)getpid());
+    mkdir(buf, 0700);
+    return buf;
+}
+
+static int cli(const char *args, const char *out_file) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>/dev/null", DS_CLI, args, out_file ? out_file : "/dev/null");
+    return system(cmd);
+}
+
+static ds_error *fill_iota(void *user, size_t index, size_t offset, void *buf, size_t nbytes) {
+    (void)user;
+    float *f = buf;
+    for (size_t i = 0; i < nbytes / 4; i++) f[i] = (float)(index * 1000 + offset / 4 + i);
+    return NULL;
+}
+
+static void test_writer_roundtrip(void) {
+    char path[512], tb[64];
+    snprintf(path, sizeof path, "%s/rt.safetensors", tmpdir(tb));
+    ds_st_spec specs[] = {{"a", DS_F32, 2, {3, 5}}, {"b.c", DS_F32, 1, {7}}, {"s", DS_F32, 0, {0}}};
+    /* A block of 8 bytes forces many fill calls per tensor. */
+    CHECK_OK(ds_safetensors_write(path, specs, 3, 8, fill_iota, NULL));
+    ds_safetensors *st;
+    CHECK_OK(ds_safetensors_open(path, &st));
+    const ds_st_tensor *a = ds_safetensors_find(st, "a"), *b = ds_safetensors_find(st, "b.c"),
+                       *s = ds_safetensors_find(st, "s");
+    CHECK(a && b && s, "tensors missing");
+    if (a && b && s) {
+        CHECK(a->ndim == 2 && a->shape[0] == 3 && a->shape[1] == 5 && a->nbytes == 60, "a's shape");
+        CHECK(((const float *)a->data)[14] == 14.0f, "a[14] = %g", ((const float *)a->data)[14]);
+        CHECK(((const float *)b->data)[6] == 1006.0f, "b[6] = %g", ((const float *)b->data)[6]);
+        CHECK(s->ndim == 0 && ((const float *)s->data)[0] == 2000.0f, "scalar");
+        CHECK(((uintptr_t)a->data - (uintptr_t)st->map) % 8 == 0, "data not 8-byte aligned");
+    }
+    ds_safetensors_close(st);
+    ds_st_spec dup[] = {{"x", DS_F32, 1, {2}}, {"x", DS_F32, 1, {2}}};
+    CHECK_ERR(ds_safetensors_write(path, dup, 2, 0, fill_iota, NULL), "listed twice");
+    CHECK_ERR(ds_safetensors_write("/nonexistent-dir/x.safetensors", specs, 1, 0, fill_iota, NULL),
+              "/nonexistent-dir/x.safetensors");
+}
+
+static bool same_file(const char *a, const char *b) {
+    size_t la, lb;
+    char *x = read_text_file(a, &la), *y = read_text_file(b, &lb);
+    bool same = x && y && la == lb && !memcmp(x, y, la);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void test_synth_files(void) {
+    char args[1024], a[512], b[512];
+    char tb[64];
+    const char *T = tmpdir(tb);
+    snprintf(args, sizeof args, "synth --like tiny --out %s/t1 --drafter --threads 1 --shard-size 300000", T);
+    CHECK(cli(args, NULL) == 0, "%s", args);
+    snprintf(args, sizeof args, "synth --like tiny --out %s/t3 --drafter --threads 3 --shard-size 300000", T);
+    CHECK(cli(args, NULL) == 0, "%s", args);
+    const char *files[] = {"config.json", "generation_config.json", "model.safetensors.index.json",
+                           "model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(a, sizeof a, "%s/t1/%s", T, files[i]);
+        snprintf(b, sizeof b, "%s/t3/%s", T, files[i]);
+        CHECK(access(a, R_OK) == 0 && same_file(a, b), "%s differs between 1 and 3 threads (or is missing)", files[i]);
+    }
+    snprintf(a, sizeof a, "%s/t1-dspark/model-00001-of-00002.safetensors", T);
+    snprintf(b, sizeof b, "%s/t3-dspark/model-00001-of-00002.safetensors", T);
+    CHECK(same_file(a, b), "drafter shard differs between thread counts");
+    snprintf(args, sizeof args, "synth --like gemma4-12b --out %s/g", T);
+    CHECK(cli(args, NULL) != 0, "gemma4-12b should be refused");
+    snprintf(args, sizeof args, "synth --like nope --out %s/g", T);
+    CHECK(cli(args, NULL) != 0, "an unknown --like should be refused");
+
+    ds_checkpoint *ck;
+    snprintf(a, sizeof a, "%s/t1", T);
+    CHECK_OK(ds_checkpoint_open(a, &ck));
+    CHECK(ck->n_shards == 3, "%zu shards, expected 3", ck->n_shards);
+    const ds_st_tensor *n = ds_checkpoint_find(ck, "model.layers.3.input_layernorm.weight"),
+                       *w = ds_checkpoint_find(ck, "model.layers.2.mlp.gate_proj.weight");
+    CHECK(n && w, "tensors missing");
+    if (n && w) {
+        bool ones = true;
+        for (int64_t i = 0; i < n->shape[0]; i++) ones &= ds_bf16_to_f32(((const uint16_t *)n->data)[i]) == 1.0f;
+        CHECK(ones, "norm weights are not 1");
+        size_t cnt = w->nbytes / 2;
+        double s = 0, s2 = 0;
+        for (size_t i = 0; i < cnt; i++) {
+            double v = ds_bf16_to_f32(((const uint16_t *)w->data)[i]);
+            s += v;
+            s2 += v * v;
+        }
+        double mean = s / cnt, sd = sqrt(s2 / cnt - mean * mean);
+        CHECK(fabs(mean) < 1e-3 && fabs(sd - 0.02) < 1e-3, "gate_proj mean %g sd %g, expected 0 / 0.02", mean, sd);
+    }
+    ds_checkpoint_close(ck);
+}
+
+static void test_load_and_generate(void) {
+    char m[512], d[512], tb[64];
+    snprintf(m, sizeof m, "%s/t1", tmpdir(tb));
+    snprintf(d, sizeof d, "%s/t1-dspark", tmpdir(tb));
+    ds_backend *be;
+    CHECK_OK(ds_backend_cpu_new(2, &be));
+    ds_target *t = NULL;
+    ds_drafter *dr = NULL;
+    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    ds_error *e = ds_target_open(be, m, &to, &t);
+    if (!e) e = ds_drafter_open(be, d, t, NULL, &dr);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    if (t && dr) {
+        CHECK(t->n_layers == 8 && t->hidden == 64 && t->vocab == 512, "target shape");
+        CHECK(dr->gamma == 7 && dr->n_taps == 2 && dr->tap_layers[0] == 1 && dr->tap_layers[1] == 5 &&
+                  dr->markov == DS_MARKOV_VANILLA && dr->markov_rank == 16 && dr->confidence,
+              "drafter config");
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(i * 37 % 512);
+        ds_gen_params p = {.max_new = 24, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
+        ds_gen_result ar = {0}, sp = {0};
+        e = ds_generate(t, NULL, prompt, 12, &p, NULL, NULL, &ar);
+        if (!e) e = ds_generate(t, dr, prompt, 12, &p, NULL, NULL, &sp);
+        CHECK(!e, "%s", e ? ds_error_message(e) : "");
+        ds_error_free(e);
+        CHECK(ar.n_tokens == 24 && sp.n_tokens == 24 &&
+                  !memcmp(ar.tokens, sp.tokens, sizeof *ar.tokens * (size_t)ar.n_tokens),
+              "drafted greedy output differs from plain greedy");
+        ds_gen_result_free(&ar);
+        ds_gen_result_free(&sp);
+    }
+    ds_drafter_free(dr);
+    ds_target_free(t);
+    be->ops->destroy(be);
+}
+
+static void test_bench_cli(void) {
+    char args[1024], out[512];
+    char tb[64];
+    const char *T = tmpdir(tb);
+    snprintf(out, sizeof out, "%s/bench.json", T);
+    snprintf(args, sizeof args,
+             "bench -m %s/t1 -d %s/t1-dspark --threads 2 --prompt-len 16 --decode 8 --reps 2 --assume-tau 3 --json", T,
+             T);
+    CHECK(cli(args, out) == 0, "%s", args);
+    char *txt = read_text_file(out, NULL);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    CHECK(j, "bench output is not JSON: %s", txt ? txt : "(none)");
+    if (j) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "ar_decode"),
+                    *v = cJSON_GetObjectItemCaseSensitive(j, "verify"),
+                    *dr = cJSON_GetObjectItemCaseSensitive(j, "drafter"),
+                    *run = cJSON_GetObjectItemCaseSensitive(j, "drafted_run"),
+                    *pj = cJSON_GetObjectItemCaseSensitive(j, "projection");
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(a, "ms_per_token")) > 0, "ar ms_per_token");
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(a, "pct_of_floor")) > 0, "pct_of_floor");
+        CHECK(cJSON_GetArraySize(v) == 8, "verify rows 1..8: %d", cJSON_GetArraySize(v));
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "draft_round_ms")) > 0, "draft_round_ms");
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(run, "tau_measured")) >= 1, "tau_measured");
+        const cJSON *p0 = cJSON_GetArrayItem(pj, 0);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "tau")) == 3 &&
+                  strstr(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p0, "kind")), "projection"),
+              "projection entry");
+    }
+    cJSON_Delete(j);
+    free(txt);
+    snprintf(args, sizeof args, "bench -m %s/t1 --assume-tau 0.5", T);
+    CHECK(cli(args, NULL) != 0, "--assume-tau 0.5 should be refused");
+    snprintf(args, sizeof args, "bench -m %s/nonexistent", T);
+    CHECK(cli(args, NULL) != 0, "a missing model should fail");
+}
+
+static void test_cleanup(void) {
+    char cmd[512], tb[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir(tb));
+    CHECK(system(cmd) == 0, "cleanup of %s", tb);
+}
+
+RUN_TESTS("synth", test_writer_roundtrip, test_synth_files, test_load_and_generate, test_bench_cli, test_cleanup)

@@ -1,0 +1,368 @@
+/* dspark bench: speed of one model (and drafter) on random token ids:
+ * prefill tokens/s, autoregressive decode at batch 1 against the HBM floor
+ * (weight bytes read per token / 4.3 TB/s), one verify forward of n = 1..γ+1
+ * rows, one drafter round, and a drafted run with its measured acceptance
+ * length τ; --assume-tau X adds the projection τ·t_AR / t_round for an
+ * acceptance length the random weights cannot show. Every timed span ends
+ * with ds_backend_check(), which waits for the backend's queued work. */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "draft/drafter.h"
+#include "io/checkpoint.h"
+#include "spec/generate.h"
+#include "spec/metrics.h"
+
+#define HBM_BYTES_PER_S 4.3e12
+#define MAX_TAUS 8
+
+typedef struct {
+    const char *model, *drafter;
+    bool cuda, json;
+    int threads, prompt_len, decode, reps;
+    uint64_t seed;
+    int n_tau;
+    double tau[MAX_TAUS];
+} options;
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dspark bench -m MODEL_DIR [-d DRAFTER_DIR] [--backend cpu|cuda] [--prompt-len P]\n"
+               "                    [--decode N] [--reps R] [--assume-tau X]... [--seed S] [--threads N] [--json]\n"
+               "\n"
+               "  --prompt-len P   random prompt tokens (default 64)\n"
+               "  --decode N       tokens per decoding run (default 64)\n"
+               "  --reps R         repetitions of each single-forward timing, median kept (default 5)\n"
+               "  --assume-tau X   project the drafted speedup for acceptance length X (repeatable)\n"
+               "  --json           one JSON object instead of the readable report\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    enum { O_BACKEND = 256, O_PROMPT_LEN, O_DECODE, O_REPS, O_TAU, O_SEED, O_THREADS, O_JSON };
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
+        {"backend", required_argument, 0, O_BACKEND}, {"prompt-len", required_argument, 0, O_PROMPT_LEN},
+        {"decode", required_argument, 0, O_DECODE}, {"reps", required_argument, 0, O_REPS},
+        {"assume-tau", required_argument, 0, O_TAU}, {"seed", required_argument, 0, O_SEED},
+        {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    o->prompt_len = 64;
+    o->decode = 64;
+    o->reps = 5;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    o->threads = cpus > 0 ? (int)cpus : 1;
+    optind = 1;
+    int c;
+    char *end;
+    long v;
+    while ((c = getopt_long(argc, argv, "m:d:h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'd': o->drafter = optarg; break;
+        case O_BACKEND:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "dspark bench: --backend expects cpu or cuda, got '%s'\n", optarg);
+                return 2;
+            }
+            o->cuda = !strcmp(optarg, "cuda");
+            break;
+        case O_PROMPT_LEN:
+        case O_DECODE:
+        case O_REPS:
+        case O_THREADS:
+            v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 1000000) {
+                fprintf(stderr, "dspark bench: expected a number 1..1000000, got '%s'\n", optarg);
+                return 2;
+            }
+            if (c == O_PROMPT_LEN) o->prompt_len = (int)v;
+            else if (c == O_DECODE) o->decode = (int)v;
+            else if (c == O_REPS) o->reps = (int)v;
+            else o->threads = (int)v;
+            break;
+        case O_TAU: {
+            double x = strtod(optarg, &end);
+            if (*end || end == optarg || !(x >= 1 && x <= DS_MAX_GAMMA + 1) || o->n_tau >= MAX_TAUS) {
+                fprintf(stderr, "dspark bench: --assume-tau expects 1..%d (at most %d times), got '%s'\n",
+                        DS_MAX_GAMMA + 1, MAX_TAUS, optarg);
+                return 2;
+            }
+            o->tau[o->n_tau++] = x;
+            break;
+        }
+        case O_SEED:
+            o->seed = strtoull(optarg, &end, 10);
+            if (*end || end == optarg) {
+                fprintf(stderr, "dspark bench: --seed expects a number, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_JSON: o->json = true; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !o->model) {
+        if (optind < argc) fprintf(stderr, "dspark bench: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* Bytes a decode step reads: every stored tensor, less an untied input
+ * embedding table (one row of it is read per token). */
+static void weight_bytes(const ds_checkpoint *ck, double *total, double *per_token) {
+    double all = 0, embed = 0;
+    bool head = false;
+    for (size_t s = 0; s < ck->n_shards; s++)
+        for (size_t i = 0; i < ck->shards[s]->n_tensors; i++) {
+            const ds_st_tensor *t = &ck->shards[s]->tensors[i];
+            all += (double)t->nbytes;
+            size_t l = strlen(t->name);
+            if (l >= 19 && !strcmp(t->name + l - 19, "embed_tokens.weight")) embed += (double)t->nbytes;
+            if (!strcmp(t->name, "lm_head.weight")) head = true;
+        }
+    *total = all;
+    *per_token = head ? all - embed : all;
+}
+
+typedef struct {
+    ds_backend *be;
+    ds_target *t;
+    ds_drafter *d;
+    int32_t *prompt;
+} bench_state;
+
+/* One timed forward of n rows at pos0 (logits for the last n_logits), synchronized. */
+static ds_error *timed_forward(bench_state *b, const int32_t *ids, int n, int pos0, int n_logits, double *secs) {
+    double t0 = now_s();
+    DS_TRY(ds_target_forward(b->t, ids, n, pos0, n_logits));
+    DS_TRY(ds_backend_check(b->be));
+    *secs = now_s() - t0;
+    return NULL;
+}
+
+static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
+    ds_target *t = b->t;
+    const int P = o->prompt_len, R = o->reps;
+    ds_rng rng;
+    ds_rng_seed(&rng, o->seed);
+    b->prompt = malloc((size_t)(P + DS_MAX_GAMMA + 1) * sizeof *b->prompt);
+    double *tm = malloc((size_t)R * sizeof *tm);
+    if (!b->prompt || !tm) {
+        free(tm);
+        return ds_errorf("out of memory");
+    }
+    for (int i = 0; i < P + DS_MAX_GAMMA + 1; i++) b->prompt[i] = (int32_t)(ds_rng_next(&rng) % (uint64_t)t->vocab);
+    ds_error *e = NULL;
+
+    double wb_all, wb_tok;
+    weight_bytes(t->ck, &wb_all, &wb_tok);
+    cJSON *m = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(m, "dir", o->model);
+    cJSON_AddStringToObject(m, "type", t->model_type);
+    cJSON_AddNumberToObject(m, "layers", t->n_layers);
+    cJSON_AddNumberToObject(m, "hidden", t->hidden);
+    cJSON_AddNumberToObject(m, "vocab", t->vocab);
+    cJSON_AddNumberToObject(m, "weight_bytes", wb_all);
+    cJSON_AddNumberToObject(m, "bytes_read_per_token", wb_tok);
+    cJSON_AddStringToObject(root, "backend", t->be->ops->name);
+    cJSON_AddNumberToObject(root, "prompt_len", P);
+    cJSON_AddNumberToObject(root, "decode_tokens", o->decode);
+    cJSON_AddNumberToObject(root, "reps", R);
+
+    /* Prefill: one forward over the whole prompt (a warm-up first). */
+    double s;
+    if (!e) e = timed_forward(b, b->prompt, P, 0, 1, &s);
+    for (int r = 0; r < R && !e; r++) e = timed_forward(b, b->prompt, P, 0, 1, &tm[r]);
+    if (e) goto done;
+    double pre = median(tm, R);
+    cJSON *pf = cJSON_AddObjectToObject(root, "prefill");
+    cJSON_AddNumberToObject(pf, "seconds", pre);
+    cJSON_AddNumberToObject(pf, "tokens_per_s", P / pre);
+
+    /* Plain decoding at batch 1 (greedy, past stop tokens). */
+    ds_gen_params gp = {.max_new = o->decode, .sampling = {.top_p = 1.0f}, .seed = o->seed, .ignore_stop = true};
+    ds_gen_result ar = {0};
+    e = ds_generate(t, NULL, b->prompt, P, &gp, NULL, NULL, &ar);
+    if (!e) e = ds_backend_check(b->be);
+    double ar_tok = ar.n_tokens > 1 ? (ar.total_s - ar.prefill_s) / (ar.n_tokens - 1) : 0;
+    ds_gen_result_free(&ar);
+    if (e) goto done;
+    if (!(ar_tok > 0)) {
+        e = ds_errorf("decoding produced fewer than 2 tokens (--decode %d)", o->decode);
+        goto done;
+    }
+    const double floor_s = wb_tok / HBM_BYTES_PER_S;
+    cJSON *a = cJSON_AddObjectToObject(root, "ar_decode");
+    cJSON_AddNumberToObject(a, "ms_per_token", ar_tok * 1e3);
+    cJSON_AddNumberToObject(a, "tokens_per_s", 1 / ar_tok);
+    cJSON_AddNumberToObject(a, "hbm_floor_ms_per_token", floor_s * 1e3);
+    cJSON_AddNumberToObject(a, "hbm_bytes_per_s_assumed", HBM_BYTES_PER_S);
+    cJSON_AddNumberToObject(a, "pct_of_floor", 100 * floor_s / ar_tok);
+
+    /* Verify: a forward of n rows after the prompt, n = 1..γ+1 (the target's
+     * taps set as for drafting when a drafter is given). */
+    const int G = b->d ? b->d->gamma : 7;
+    if (b->d && (e = ds_target_set_taps(t, b->d->tap_layers, b->d->n_taps))) goto done;
+    if ((e = timed_forward(b, b->prompt, P, 0, 1, &s))) goto done;
+    cJSON *vf = cJSON_AddArrayToObject(root, "verify");
+    double verify_full = 0;
+    for (int n = 1; n <= G + 1 && n <= t->max_logit_rows && !e; n++) {
+        e = timed_forward(b, b->prompt + P, n, P, n, &s);
+        for (int r = 0; r < R && !e; r++) e = timed_forward(b, b->prompt + P, n, P, n, &tm[r]);
+        if (e) break;
+        double v = median(tm, R);
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddNumberToObject(it, "rows", n);
+        cJSON_AddNumberToObject(it, "ms", v * 1e3);
+        cJSON_AddNumberToObject(it, "vs_ar_step", v / ar_tok);
+        cJSON_AddItemToArray(vf, it);
+        verify_full = v;
+    }
+    if (e || !b->d) goto done;
+
+    /* One drafter round: propose a block after the prompt's context. */
+    ds_drafter *d = b->d;
+    e = ds_target_forward(t, b->prompt, P, 0, 1);
+    if (!e) e = ds_drafter_append(d, t->taps, 0, P);
+    ds_sampling greedy = {.top_p = 1.0f};
+    ds_proposal prop;
+    if (!e) e = ds_drafter_propose(d, b->prompt[P], P, &greedy, 0, &rng, &prop);
+    for (int r = 0; r < R && !e; r++) {
+        double t0 = now_s();
+        e = ds_drafter_propose(d, b->prompt[P], P, &greedy, 0, &rng, &prop);
+        if (!e) e = ds_backend_check(b->be);
+        tm[r] = now_s() - t0;
+    }
+    if (e) goto done;
+    const double draft = median(tm, R), round_s = draft + verify_full;
+    cJSON *dr = cJSON_AddObjectToObject(root, "drafter");
+    cJSON_AddStringToObject(dr, "dir", o->drafter);
+    cJSON_AddNumberToObject(dr, "gamma", G);
+    cJSON_AddNumberToObject(dr, "draft_round_ms", draft * 1e3);
+    cJSON_AddNumberToObject(dr, "verify_gamma_plus_1_ms", verify_full * 1e3);
+    cJSON_AddNumberToObject(dr, "round_ms", round_s * 1e3);
+
+    /* A drafted run, measured (τ is whatever these weights give). */
+    ds_gen_result sp = {0};
+    double run_round_s = 0;
+    e = ds_generate(t, d, b->prompt, P, &gp, NULL, NULL, &sp);
+    if (!e) {
+        ds_metrics mt = {0};
+        ds_metrics_add(&mt, &sp);
+        double dec = sp.total_s - sp.prefill_s;
+        cJSON *run = cJSON_AddObjectToObject(root, "drafted_run");
+        cJSON_AddNumberToObject(run, "tokens", sp.n_tokens);
+        cJSON_AddNumberToObject(run, "rounds", sp.rounds);
+        cJSON_AddNumberToObject(run, "tau_measured", ds_metrics_tau(&mt));
+        cJSON_AddNumberToObject(run, "decode_tokens_per_s", dec > 0 && sp.n_tokens > 1 ? (sp.n_tokens - 1) / dec : 0);
+        run_round_s = sp.rounds ? dec / sp.rounds : 0;
+        cJSON_AddNumberToObject(run, "ms_per_round", run_round_s * 1e3);
+        cJSON_AddNumberToObject(run, "draft_s", sp.draft_s);
+        cJSON_AddNumberToObject(run, "verify_s", sp.verify_s);
+        cJSON_AddNumberToObject(run, "speedup_vs_ar", dec > 0 && sp.n_tokens > 1 ? ar_tok * (sp.n_tokens - 1) / dec : 0);
+    }
+    ds_gen_result_free(&sp);
+    if (e) goto done;
+    cJSON *pj = cJSON_AddArrayToObject(root, "projection");
+    for (int i = 0; i < o->n_tau; i++) {
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddStringToObject(it, "kind", "projection: tau assumed, not measured");
+        cJSON_AddNumberToObject(it, "tau", o->tau[i]);
+        cJSON_AddNumberToObject(it, "tokens_per_s", o->tau[i] / round_s);
+        cJSON_AddNumberToObject(it, "speedup_vs_ar", o->tau[i] * ar_tok / round_s);
+        /* The same with the drafted run's whole round (drafter context append and host work included). */
+        if (run_round_s > 0) {
+            cJSON_AddNumberToObject(it, "tokens_per_s_run_round", o->tau[i] / run_round_s);
+            cJSON_AddNumberToObject(it, "speedup_vs_ar_run_round", o->tau[i] * ar_tok / run_round_s);
+        }
+        cJSON_AddItemToArray(pj, it);
+    }
+done:
+    free(tm);
+    return e;
+}
+
+static void print_report(const cJSON *r) {
+#define NUM(o, k) cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k))
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(r, "model"), *pf = cJSON_GetObjectItemCaseSensitive(r, "prefill"),
+                *a = cJSON_GetObjectItemCaseSensitive(r, "ar_decode"), *dr = cJSON_GetObjectItemCaseSensitive(r, "drafter"),
+                *run = cJSON_GetObjectItemCaseSensitive(r, "drafted_run"), *it;
+    printf("model      %s (%s, %.0f layers, hidden %.0f), %.3f GB of weights, %.3f GB read per token\n",
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "dir")),
+           cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "type")), NUM(m, "layers"), NUM(m, "hidden"),
+           NUM(m, "weight_bytes") / 1e9, NUM(m, "bytes_read_per_token") / 1e9);
+    printf("backend    %s\n", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "backend")));
+    printf("prefill    %.0f tokens: %.2f ms, %.1f tokens/s\n", NUM(r, "prompt_len"), NUM(pf, "seconds") * 1e3,
+           NUM(pf, "tokens_per_s"));
+    printf("AR decode  %.3f ms/token, %.2f tokens/s; HBM floor %.3f ms/token (%.0f%% of it reached)\n",
+           NUM(a, "ms_per_token"), NUM(a, "tokens_per_s"), NUM(a, "hbm_floor_ms_per_token"), NUM(a, "pct_of_floor"));
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "verify"))
+        printf("verify     n=%-2.0f %.3f ms (%.2fx an AR step)\n", NUM(it, "rows"), NUM(it, "ms"), NUM(it, "vs_ar_step"));
+    if (dr) printf("draft      round %.3f ms (gamma %.0f); round with verify of gamma+1: %.3f ms\n",
+                   NUM(dr, "draft_round_ms"), NUM(dr, "gamma"), NUM(dr, "round_ms"));
+    if (run) printf("drafted    measured tau %.3f: %.2f tokens/s, %.2fx AR\n", NUM(run, "tau_measured"),
+                    NUM(run, "decode_tokens_per_s"), NUM(run, "speedup_vs_ar"));
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "projection"))
+        printf("projection tau %.2f (assumed): %.1f tokens/s, %.2fx AR (with the drafted run's whole round: %.2fx)\n",
+               NUM(it, "tau"), NUM(it, "tokens_per_s"), NUM(it, "speedup_vs_ar"), NUM(it, "speedup_vs_ar_run_round"));
+#undef NUM
+}
+
+int cmd_bench(int argc, char **argv) {
+    options o = {0};
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    bench_state b = {0};
+    cJSON *root = cJSON_CreateObject();
+    ds_error *e = o.cuda ? ds_backend_cuda_new(0, &b.be) : ds_backend_cpu_new(o.threads, &b.be);
+    int rows = o.prompt_len > DS_MAX_GAMMA + 1 ? o.prompt_len : DS_MAX_GAMMA + 1;
+    ds_target_opts topts = {.max_rows = rows, .max_logit_rows = DS_MAX_GAMMA + 1};
+    if (!e) e = ds_target_open(b.be, o.model, &topts, &b.t);
+    ds_drafter_opts dopts = {.max_rows = rows};
+    if (!e && o.drafter) e = ds_drafter_open(b.be, o.drafter, b.t, &dopts, &b.d);
+    if (!e && o.prompt_len + o.decode + DS_MAX_GAMMA + 1 >= b.t->max_ctx)
+        e = ds_errorf("--prompt-len %d + --decode %d does not fit the model's context of %d", o.prompt_len, o.decode,
+                      b.t->max_ctx);
+    if (!e) e = run_bench(&o, &b, root);
+    if (e) {
+        fprintf(stderr, "dspark bench: %s\n", ds_error_message(e));
+        ds_error_free(e);
+        rc = 1;
+    } else if (o.json) {
+        char *s = cJSON_PrintUnformatted(root);
+        puts(s);
+        free(s);
+    } else {
+        print_report(root);
+    }
+    cJSON_Delete(root);
+    free(b.prompt);
+    ds_drafter_free(b.d);
+    ds_target_free(b.t);
+    if (b.be) b.be->ops->destroy(b.be);
+    return rc;
+}

@@ -1,0 +1,431 @@
+/* dspark synth: a seeded random bf16 checkpoint with a real model's shapes
+ * (Hugging Face directory: config.json, generation_config.json, safetensors
+ * sharded at 5 GB with an index), optionally with a DSpark drafter for it
+ * (Qwen3DSparkModel, block 7, Markov head, confidence head), for timing the
+ * engine at real sizes without real weights. Matrices are N(0, 0.02)
+ * (Irwin-Hall approximation: four 16-bit uniforms per value), norm weights
+ * 1, biases 0; every 2^20-element chunk has its own generator seeded from
+ * (seed, tensor name, chunk), so the bytes do not depend on the thread count. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/rng.h"
+#include "base/threadpool.h"
+#include "commands.h"
+#include "io/safetensors_write.h"
+
+typedef struct {
+    const char *like;
+    int vocab, hidden, layers, heads, kv_heads, head_dim, inter, max_pos;
+    bool tie;
+    int bos, eos, pad;
+    /* drafter */
+    int d_layers, d_rank, gamma, mask_id;
+} preset;
+
+static const preset presets[] = {
+    {"qwen3-8b", 151936, 4096, 36, 32, 8, 128, 12288, 40960, false, 151643, 151645, 151643, 5, 256, 7, 151669},
+    {"qwen3-4b", 151936, 2560, 36, 32, 8, 128, 9728, 40960, true, 151643, 151645, 151643, 5, 256, 7, 151669},
+    /* A small model of the same family for tests on the CPU. */
+    {"tiny", 512, 64, 8, 4, 2, 16, 128, 256, false, 1, 2, 2, 2, 16, 7, 3},
+};
+
+#define CHUNK_ELEMS ((size_t)1 << 20)
+#define MAX_TENSORS 1024
+
+typedef struct {
+    char name[128];
+    int kind; /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros) */
+    uint64_t uid;
+} tensor_info;
+
+typedef struct {
+    ds_st_spec spec[MAX_TENSORS];
+    tensor_info info[MAX_TENSORS];
+    size_t n;
+} tensor_list;
+
+typedef struct {
+    uint64_t seed;
+    ds_pool *pool;
+    const tensor_list *list;
+    /* current block (for the pool's workers) */
+    uint16_t *buf;
+    size_t e0, n_elems;
+    uint64_t uid;
+} fill_ctx;
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static void add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
+    if (l->n >= MAX_TENSORS) return; /* checked by the caller through l->n */
+    tensor_info *ti = &l->info[l->n];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ti->name, sizeof ti->name, fmt, ap);
+    va_end(ap);
+    ti->kind = kind;
+    ti->uid = fnv1a(ti->name);
+    ds_st_spec *s = &l->spec[l->n];
+    *s = (ds_st_spec){.name = ti->name, .dtype = DS_BF16, .ndim = ndim, .shape = {d0, d1}};
+    l->n++;
+}
+
+/* One Qwen3 decoder layer's tensors, names prefixed with `pre`. */
+static void add_layer(tensor_list *l, const preset *p, const char *pre, int i) {
+    const int64_t H = p->hidden, q = (int64_t)p->heads * p->head_dim, kv = (int64_t)p->kv_heads * p->head_dim;
+    add_tensor(l, 1, 1, H, 0, "%slayers.%d.input_layernorm.weight", pre, i);
+    add_tensor(l, 0, 2, H, p->inter, "%slayers.%d.mlp.down_proj.weight", pre, i);
+    add_tensor(l, 0, 2, p->inter, H, "%slayers.%d.mlp.gate_proj.weight", pre, i);
+    add_tensor(l, 0, 2, p->inter, H, "%slayers.%d.mlp.up_proj.weight", pre, i);
+    add_tensor(l, 1, 1, H, 0, "%slayers.%d.post_attention_layernorm.weight", pre, i);
+    add_tensor(l, 1, 1, p->head_dim, 0, "%slayers.%d.self_attn.k_norm.weight", pre, i);
+    add_tensor(l, 0, 2, kv, H, "%slayers.%d.self_attn.k_proj.weight", pre, i);
+    add_tensor(l, 0, 2, H, q, "%slayers.%d.self_attn.o_proj.weight", pre, i);
+    add_tensor(l, 1, 1, p->head_dim, 0, "%slayers.%d.self_attn.q_norm.weight", pre, i);
+    add_tensor(l, 0, 2, q, H, "%slayers.%d.self_attn.q_proj.weight", pre, i);
+    add_tensor(l, 0, 2, kv, H, "%slayers.%d.self_attn.v_proj.weight", pre, i);
+}
+
+static void target_tensors(const preset *p, tensor_list *l) {
+    add_tensor(l, 0, 2, p->vocab, p->hidden, "model.embed_tokens.weight");
+    for (int i = 0; i < p->layers; i++) add_layer(l, p, "model.", i);
+    add_tensor(l, 1, 1, p->hidden, 0, "model.norm.weight");
+    if (!p->tie) add_tensor(l, 0, 2, p->vocab, p->hidden, "lm_head.weight");
+}
+
+/* DFlash/DeepSpec's spread of tapped layers: 1 .. n_target - 3, evenly. */
+static void tap_layers(const preset *p, int *taps) {
+    if (p->d_layers == 1) {
+        taps[0] = p->layers / 2;
+        return;
+    }
+    const double start = 1, span = (p->layers - 3) - start;
+    for (int i = 0; i < p->d_layers; i++) {
+        double v = start + i * span / (p->d_layers - 1);
+        taps[i] = (int)(v + 0.5);
+    }
+}
+
+static void drafter_tensors(const preset *p, tensor_list *l) {
+    const int64_t H = p->hidden, V = p->vocab, r = p->d_rank;
+    add_tensor(l, 2, 1, 1, 0, "confidence_head.proj.bias");
+    add_tensor(l, 0, 2, 1, H + r, "confidence_head.proj.weight");
+    add_tensor(l, 0, 2, V, H, "embed_tokens.weight");
+    add_tensor(l, 0, 2, H, (int64_t)p->d_layers * H, "fc.weight");
+    add_tensor(l, 1, 1, H, 0, "hidden_norm.weight");
+    for (int i = 0; i < p->d_layers; i++) add_layer(l, p, "", i);
+    add_tensor(l, 0, 2, V, H, "lm_head.weight");
+    add_tensor(l, 0, 2, V, r, "markov_head.markov_w1.weight");
+    add_tensor(l, 0, 2, V, r, "markov_head.markov_w2.weight");
+    add_tensor(l, 1, 1, H, 0, "norm.weight");
+}
+
+static void fill_chunks(void *vctx, int64_t begin, int64_t end, int tid) {
+    (void)tid;
+    fill_ctx *c = vctx;
+    /* Scale: 0.02 / sd of a sum of four uniforms on 0..65535 (65536 * sqrt(1/3)). */
+    const float scale = 0.02f / 37837.23f, mean = 4 * 32767.5f;
+    for (int64_t k = begin; k < end; k++) {
+        size_t first = (size_t)k * CHUNK_ELEMS; /* within the block */
+        size_t n = c->n_elems - first < CHUNK_ELEMS ? c->n_elems - first : CHUNK_ELEMS;
+        size_t chunk = (c->e0 + first) / CHUNK_ELEMS;
+        ds_rng rng;
+        ds_rng_seed(&rng, c->seed ^ (c->uid * 0x9e3779b97f4a7c15ull) ^ (chunk * 0xbf58476d1ce4e5b9ull));
+        uint16_t *out = c->buf + first;
+        for (size_t j = 0; j < n; j++) {
+            uint64_t x = ds_rng_next(&rng);
+            float s = (float)((x & 0xffff) + ((x >> 16) & 0xffff) + ((x >> 32) & 0xffff) + (x >> 48));
+            out[j] = ds_f32_to_bf16((s - mean) * scale);
+        }
+    }
+}
+
+static ds_error *fill(void *user, size_t index, size_t offset, void *buf, size_t nbytes) {
+    fill_ctx *c = user;
+    const tensor_info *ti = &c->list->info[index];
+    uint16_t *b = buf;
+    size_t n = nbytes / 2;
+    if (ti->kind != 0) {
+        uint16_t v = ti->kind == 1 ? 0x3f80 : 0; /* bf16 1.0 / 0.0 */
+        for (size_t i = 0; i < n; i++) b[i] = v;
+        return NULL;
+    }
+    if ((offset / 2) % CHUNK_ELEMS) return ds_errorf("write block not aligned to the generator's chunks");
+    c->buf = b;
+    c->e0 = offset / 2;
+    c->n_elems = n;
+    c->uid = ti->uid;
+    ds_pool_run(c->pool, (int64_t)((n + CHUNK_ELEMS - 1) / CHUNK_ELEMS), 1, fill_chunks, c);
+    return NULL;
+}
+
+static ds_error *write_text(const char *dir, const char *name, const char *text) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return ds_errorf("%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text);
+    bool ok = fwrite(text, 1, n, f) == n && fputc('\n', f) != EOF;
+    if (fclose(f) || !ok) return ds_errorf("%s: write failed", path);
+    return NULL;
+}
+
+static ds_error *write_json(const char *dir, const char *name, cJSON *o) {
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!s) return ds_errorf("%s/%s: out of memory", dir, name);
+    ds_error *e = write_text(dir, name, s);
+    free(s);
+    return e;
+}
+
+static ds_error *make_dir(const char *dir) {
+    if (mkdir(dir, 0755) && errno != EEXIST) return ds_errorf("%s: cannot create directory: %s", dir, strerror(errno));
+    return NULL;
+}
+
+/* Fields both configs share (Qwen3 backbone). */
+static cJSON *base_config(const preset *p, const char *arch, int layers) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString(arch));
+    cJSON_AddBoolToObject(o, "attention_bias", false);
+    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(o, "bos_token_id", p->bos);
+    cJSON_AddStringToObject(o, "dtype", "bfloat16");
+    cJSON_AddNumberToObject(o, "eos_token_id", p->eos);
+    cJSON_AddNumberToObject(o, "head_dim", p->head_dim);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddNumberToObject(o, "hidden_size", p->hidden);
+    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(o, "intermediate_size", p->inter);
+    cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+    for (int i = 0; i < layers; i++) cJSON_AddItemToArray(lt, cJSON_CreateString("full_attention"));
+    cJSON_AddNumberToObject(o, "max_position_embeddings", p->max_pos);
+    cJSON_AddNumberToObject(o, "max_window_layers", layers);
+    cJSON_AddStringToObject(o, "model_type", "qwen3");
+    cJSON_AddNumberToObject(o, "num_attention_heads", p->heads);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", layers);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", p->kv_heads);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", 1e-6);
+    cJSON *rp = cJSON_AddObjectToObject(o, "rope_parameters");
+    cJSON_AddNumberToObject(rp, "rope_theta", 1000000.0);
+    cJSON_AddStringToObject(rp, "rope_type", "default");
+    cJSON_AddNullToObject(o, "sliding_window");
+    cJSON_AddBoolToObject(o, "use_cache", true);
+    cJSON_AddBoolToObject(o, "use_sliding_window", false);
+    cJSON_AddNumberToObject(o, "vocab_size", p->vocab);
+    return o;
+}
+
+/* Writes the tensors as model.safetensors, or as shards of at most
+ * shard_bytes with model.safetensors.index.json when they do not fit one. */
+static ds_error *write_weights(const char *dir, const tensor_list *l, fill_ctx *fc, size_t shard_bytes,
+                               size_t *total_out) {
+    size_t n_shards = 0, total = 0, cur = 0;
+    int shard_of[MAX_TENSORS];
+    for (size_t i = 0; i < l->n; i++) {
+        size_t nb = ds_st_spec_nbytes(&l->spec[i]);
+        if (cur > 0 && cur + nb > shard_bytes) {
+            n_shards++;
+            cur = 0;
+        }
+        shard_of[i] = (int)n_shards;
+        cur += nb;
+        total += nb;
+    }
+    n_shards++;
+    *total_out = total;
+    char path[4096], file[64];
+    cJSON *map = n_shards > 1 ? cJSON_CreateObject() : NULL;
+    for (size_t s = 0, i0 = 0; s < n_shards; s++) {
+        size_t i1 = i0;
+        while (i1 < l->n && shard_of[i1] == (int)s) i1++;
+        if (n_shards > 1) snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
+        else snprintf(file, sizeof file, "model.safetensors");
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        ds_error *e = ds_safetensors_write(path, &l->spec[i0], i1 - i0, 0, fill, fc);
+        if (e) {
+            cJSON_Delete(map);
+            return e;
+        }
+        for (size_t i = i0; map && i < i1; i++) cJSON_AddStringToObject(map, l->info[i].name, file);
+        fprintf(stderr, "dspark synth: wrote %s\n", path);
+        i0 = i1;
+    }
+    if (!map) return NULL;
+    cJSON *idx = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(idx, "metadata");
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    cJSON_AddItemToObject(idx, "weight_map", map);
+    return write_json(dir, "model.safetensors.index.json", idx);
+}
+
+static ds_error *write_target(const preset *p, const char *dir, fill_ctx *fc, size_t shard_bytes, tensor_list *l,
+                              size_t *bytes) {
+    DS_TRY(make_dir(dir));
+    cJSON *cfg = base_config(p, "Qwen3ForCausalLM", p->layers);
+    cJSON_AddBoolToObject(cfg, "tie_word_embeddings", p->tie);
+    DS_TRY(write_json(dir, "config.json", cfg));
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddNumberToObject(g, "bos_token_id", p->bos);
+    cJSON *eos = cJSON_AddArrayToObject(g, "eos_token_id");
+    cJSON_AddItemToArray(eos, cJSON_CreateNumber(p->eos));
+    cJSON_AddItemToArray(eos, cJSON_CreateNumber(p->bos));
+    cJSON_AddNumberToObject(g, "pad_token_id", p->pad);
+    cJSON_AddBoolToObject(g, "do_sample", false);
+    DS_TRY(write_json(dir, "generation_config.json", g));
+    l->n = 0;
+    target_tensors(p, l);
+    if (l->n >= MAX_TENSORS) return ds_errorf("%s: too many tensors", dir);
+    fc->list = l;
+    return write_weights(dir, l, fc, shard_bytes, bytes);
+}
+
+static ds_error *write_drafter(const preset *p, const char *dir, fill_ctx *fc, size_t shard_bytes, tensor_list *l,
+                               size_t *bytes) {
+    DS_TRY(make_dir(dir));
+    cJSON *cfg = base_config(p, "Qwen3DSparkModel", p->d_layers);
+    cJSON_AddNumberToObject(cfg, "block_size", p->gamma);
+    cJSON_AddBoolToObject(cfg, "confidence_head_with_markov", true);
+    cJSON_AddBoolToObject(cfg, "enable_confidence_head", true);
+    cJSON_AddStringToObject(cfg, "markov_head_type", "vanilla");
+    cJSON_AddNumberToObject(cfg, "markov_rank", p->d_rank);
+    cJSON_AddNumberToObject(cfg, "mask_token_id", p->mask_id);
+    cJSON_AddNumberToObject(cfg, "num_target_layers", p->layers);
+    int taps[16];
+    tap_layers(p, taps);
+    cJSON *t = cJSON_AddArrayToObject(cfg, "target_layer_ids");
+    for (int i = 0; i < p->d_layers; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(taps[i]));
+    cJSON_AddBoolToObject(cfg, "tie_word_embeddings", false);
+    DS_TRY(write_json(dir, "config.json", cfg));
+    l->n = 0;
+    drafter_tensors(p, l);
+    if (l->n >= MAX_TENSORS) return ds_errorf("%s: too many tensors", dir);
+    fc->list = l;
+    return write_weights(dir, l, fc, shard_bytes, bytes);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dspark synth --like qwen3-8b|qwen3-4b|tiny --out DIR [--drafter [--drafter-out DDIR]]\n"
+               "                    [--seed S] [--threads N] [--shard-size BYTES]\n"
+               "\n"
+               "  Writes a random bf16 checkpoint with the named model's real shapes and config\n"
+               "  (seeded: the same seed gives the same bytes). --drafter also writes a\n"
+               "  Qwen3DSparkModel drafter for it (block 7, 5 layers, Markov rank 256,\n"
+               "  confidence head) to DDIR (default DIR-dspark). Shards hold at most\n"
+               "  BYTES (default 5e9). gemma4-12b is not supported yet.\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cmd_synth(int argc, char **argv) {
+    enum { O_LIKE = 256, O_OUT, O_DRAFTER, O_DRAFTER_OUT, O_SEED, O_THREADS, O_SHARD };
+    static const struct option longs[] = {
+        {"like", required_argument, 0, O_LIKE}, {"out", required_argument, 0, O_OUT},
+        {"drafter", no_argument, 0, O_DRAFTER}, {"drafter-out", required_argument, 0, O_DRAFTER_OUT},
+        {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, O_THREADS},
+        {"shard-size", required_argument, 0, O_SHARD}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    const char *like = NULL, *out = NULL, *dout = NULL;
+    bool drafter = false;
+    uint64_t seed = 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = cpus > 0 ? (int)cpus : 1;
+    double shard = 5e9;
+    char *end;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case O_LIKE: like = optarg; break;
+        case O_OUT: out = optarg; break;
+        case O_DRAFTER: drafter = true; break;
+        case O_DRAFTER_OUT: dout = optarg; drafter = true; break;
+        case O_SEED:
+            seed = strtoull(optarg, &end, 10);
+            if (*end || end == optarg) goto bad_num;
+            break;
+        case O_THREADS: {
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > 1024) goto bad_num;
+            threads = (int)v;
+            break;
+        }
+        case O_SHARD:
+            shard = strtod(optarg, &end);
+            if (*end || end == optarg || !(shard >= 1)) goto bad_num;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc || !like || !out) {
+        usage(stderr);
+        return 2;
+    }
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].like, like)) p = &presets[i];
+    if (!p) {
+        if (!strcmp(like, "gemma4-12b"))
+            fprintf(stderr, "dspark synth: --like gemma4-12b is not supported yet (qwen3-8b, qwen3-4b, tiny)\n");
+        else fprintf(stderr, "dspark synth: unknown --like '%s' (qwen3-8b, qwen3-4b, tiny)\n", like);
+        return 2;
+    }
+    char ddir[4096];
+    snprintf(ddir, sizeof ddir, "%s-dspark", out);
+    if (dout) snprintf(ddir, sizeof ddir, "%s", dout);
+
+    tensor_list *l = malloc(sizeof *l);
+    ds_pool *pool = ds_pool_new(threads);
+    if (!l || !pool) {
+        free(l);
+        ds_pool_free(pool);
+        fprintf(stderr, "dspark synth: out of memory\n");
+        return 1;
+    }
+    fill_ctx fc = {.seed = seed, .pool = pool};
+    size_t tb = 0, db = 0;
+    double t0 = now_s();
+    ds_error *e = write_target(p, out, &fc, (size_t)shard, l, &tb);
+    double t1 = now_s();
+    if (!e && drafter) {
+        fc.seed = seed ^ 0x5bd1e995ull; /* the drafter's own stream */
+        e = write_drafter(p, ddir, &fc, (size_t)shard, l, &db);
+    }
+    double t2 = now_s();
+    free(l);
+    ds_pool_free(pool);
+    if (e) {
+        fprintf(stderr, "dspark synth: %s\n", ds_error_message(e));
+        ds_error_free(e);
+        return 1;
+    }
+    printf("{\"like\":\"%s\",\"target\":\"%s\",\"target_bytes\":%zu,\"target_write_s\":%.2f", like, out, tb, t1 - t0);
+    if (drafter) printf(",\"drafter\":\"%s\",\"drafter_bytes\":%zu,\"drafter_write_s\":%.2f", ddir, db, t2 - t1);
+    printf(",\"seed\":%llu,\"threads\":%d}\n", (unsigned long long)seed, threads);
+    return 0;
+bad_num:
+    fprintf(stderr, "dspark synth: bad value '%s' (--seed >= 0, --threads 1..1024, --shard-size >= 1)\n", optarg);
+    return 2;
+}
