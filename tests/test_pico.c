@@ -117,12 +117,14 @@ static void test_ar_matches_reference_up_to_near_ties(void) {
 }
 
 /* Pooled tau (DeepSpec acceptance_length) over the prompts. */
-static double run_tau(ds_drafter *d, float temp, float threshold, bool check_lossless) {
+static double run_tau(ds_drafter *d, float temp, float threshold, bool check_lossless, int seed_sets) {
     long rounds = 0, lens = 0;
     int same = 0;
-    for (int i = 0; i < n_prompts; i++) {
+    for (int j = 0; j < n_prompts * seed_sets; j++) {
+        int i = j % n_prompts;
         ds_gen_params p = {.max_new = NEW_TOKENS, .threshold = threshold,
-                           .sampling = {.temperature = temp, .top_p = 1}, .seed = 980406 + (uint64_t)i};
+                           .sampling = {.temperature = temp, .top_p = 1},
+                           .seed = 980406 + (uint64_t)i + 1000000 * (uint64_t)(j / n_prompts)};
         ds_gen_result r;
         ds_error *e = ds_generate(target, d, prompts[i].ids, prompts[i].n_ids, &p, NULL, NULL, &r);
         if (e) {
@@ -130,7 +132,7 @@ static double run_tau(ds_drafter *d, float temp, float threshold, bool check_los
             ds_error_free(e);
             return 0;
         }
-        if (check_lossless) {
+        if (check_lossless && j < n_prompts) {
             bool eq = r.n_tokens == ar_len[i] && !memcmp(r.tokens, ar_out[i], (size_t)r.n_tokens * sizeof(int32_t));
             CHECK(eq, "prompt %d: drafted greedy output differs from AR", i);
             same += eq;
@@ -149,7 +151,10 @@ static double run_tau(ds_drafter *d, float temp, float threshold, bool check_los
 static void check_drafter(const char *dir, float threshold, double ref_t0, double ref_t1) {
     ds_drafter *d;
     CHECK_OK(ds_drafter_open(be, dir, target, NULL, &d));
-    double t0 = run_tau(d, 0, threshold, true), t1 = run_tau(d, 1, threshold, false);
+    /* At T=1 tau is a random quantity: pool three seed sets so that our
+     * estimate's own noise (about 2.5 % for one set of 32 prompts) does not
+     * eat the tolerance; the reference's number is a single set. */
+    double t0 = run_tau(d, 0, threshold, true, 1), t1 = run_tau(d, 1, threshold, false, n_prompts == 32 ? 3 : 1);
     printf("  %s threshold %.1f: tau T=0 %.3f (reference %.3f, %+.1f%%), T=1 %.3f (reference %.3f, %+.1f%%)\n", dir,
            threshold, t0, ref_t0, 100 * (t0 / ref_t0 - 1), t1, ref_t1, 100 * (t1 / ref_t1 - 1));
     if (n_prompts == 32) {
