@@ -52,7 +52,8 @@ static ds_error *fetch_logits(ds_target *t, int rows, float *logits) {
 }
 
 static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int len) {
-    if ((r->rounds & (r->rounds - 1)) == 0) { /* grow at powers of two */
+    /* Capacity 16, then doubled whenever the count reaches a power of two. */
+    if (r->rounds == 0 || (r->rounds >= 16 && (r->rounds & (r->rounds - 1)) == 0)) {
         size_t cap = r->rounds ? (size_t)r->rounds * 2 : 16;
         int *a = realloc(r->accepted, cap * sizeof *a);
         if (a) r->accepted = a;
