@@ -400,6 +400,28 @@ static void test_elementwise(void) {
 
 /* ---- errors are values -------------------------------------------------- */
 
+/* Row argmax, ties to the lowest index: coarse values make many exact ties,
+ * including across the GPU's threads; a vocabulary-sized row too. */
+static void test_argmax(void) {
+    const int64_t R = 9, C = 151936;
+    float *v = rand_vec((size_t)(R * C), 1.0f);
+    for (int64_t i = 0; i < R * C; i++) v[i] = (float)(int)(v[i] * 8); /* 17 levels: ties everywhere */
+    v[3 * C + 151935] = 100; /* maximum at the very end of row 3 */
+    v[5 * C + 0] = 100;      /* and at the very start of row 5 */
+    pair x = act(R, C, v);
+    int32_t g[16], c[16];
+    gpu->ops->argmax(gpu, x.g, g);
+    cpu->ops->argmax(cpu, x.c, c);
+    check_gpu_ok("argmax");
+    int same = 0;
+    for (int r = 0; r < R; r++) same += g[r] == c[r];
+    printf("  argmax %lldx%lld with ties: %d/%lld rows equal the CPU's\n", (long long)R, (long long)C, same, (long long)R);
+    CHECK(same == R, "argmax differs from the CPU on %lld rows", (long long)R - same);
+    CHECK(c[3] == 151935 && c[5] == 0, "planted maxima at %d, %d", c[3], c[5]);
+    release(&x);
+    free(v);
+}
+
 static void test_errors(void) {
     pair x = act_rand(2, 64, 1.0f);
     int32_t pos[2] = {0, 1};
@@ -460,7 +482,7 @@ static void teardown(void) {
 
 #define CUDA_TESTS                                                                                           \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_attention, test_rmsnorm, \
-        test_rope, test_elementwise, test_errors, test_linear_bandwidth, teardown
+        test_rope, test_elementwise, test_argmax, test_errors, test_linear_bandwidth, teardown
 
 int main(void) {
     const char *dev = getenv("DS_CUDA_DEVICE");

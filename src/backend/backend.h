@@ -93,6 +93,11 @@ typedef struct {
     /* Rounds fp32 values to the nearest bf16 (kept as fp32): for results the
      * reference computes in the checkpoint's bf16 dtype, such as logits. */
     void (*round_bf16)(ds_backend *be, ds_tensor x);
+    /* out[r] = index of row r's largest value (ties go to the lowest index,
+     * as torch.argmax; a NaN is never preferred), on the host; waits for the
+     * backend.
+     * Greedy decoding needs only this, not the whole row of logits. */
+    void (*argmax)(ds_backend *be, ds_tensor x, int32_t *out);
     /* Ops queue work and have no error return: a backend that can fail (a
      * GPU) records the first failure, naming the op. check() waits for the
      * queued work and returns that error (NULL when none), clearing it.

@@ -51,6 +51,23 @@ static ds_error *fetch_logits(ds_target *t, int rows, float *logits) {
     return ds_backend_check(t->be);
 }
 
+/* Greedy decisions need only each row's argmax, computed where the logits
+ * are (on a GPU only the indices cross to the host). */
+static ds_error *fetch_argmax(ds_target *t, int rows, int32_t *out) {
+    t->be->ops->argmax(t->be, ds_rows(t->logits, 0, rows), out);
+    return ds_backend_check(t->be);
+}
+
+/* The token after the last forward's last row: its argmax (greedy) or a
+ * draw from its processed distribution. */
+static ds_error *next_token(ds_target *t, const ds_sampling *s, ds_rng *rng, float *logits, float *probs,
+                            int32_t *out) {
+    if (ds_sampling_greedy(s)) return fetch_argmax(t, 1, out);
+    DS_TRY(fetch_logits(t, 1, logits));
+    *out = pick(logits, t->vocab, s, rng, probs);
+    return NULL;
+}
+
 static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int len) {
     /* Capacity 16, then doubled whenever the count reaches a power of two. */
     if (r->rounds == 0 || (r->rounds >= 16 && (r->rounds & (r->rounds - 1)) == 0)) {
@@ -102,10 +119,19 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
         verify_ids[0] = last;
         memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
         DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
-        DS_TRY(fetch_logits(t, n + 1, logits));
         int32_t next;
-        int a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
+        int a;
+        if (ds_sampling_greedy(&p->sampling) && !p->verify) {
+            /* longest prefix the target's argmax agrees with, then its argmax */
+            int32_t best[DS_MAX_GAMMA + 1];
+            DS_TRY(fetch_argmax(t, n + 1, best));
+            for (a = 0; a < n && best[a] == prop.tokens[a]; a++) {}
+            next = best[a];
+        } else {
+            DS_TRY(fetch_logits(t, n + 1, logits));
+            a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
                                                     &next);
+        }
         double t2 = now_s();
         r->draft_s += t1 - t0;
         r->verify_s += t2 - t1;
@@ -136,8 +162,7 @@ static ds_error *autoregress(emitter *em, int n_prompt, int32_t last, ds_rng *rn
     for (int pos = n_prompt; !em->done && em->r->n_tokens < em->p->max_new; pos++) {
         if (pos >= t->max_ctx) break;
         DS_TRY(ds_target_forward(t, &last, 1, pos, 1));
-        DS_TRY(fetch_logits(t, 1, logits));
-        last = pick(logits, t->vocab, &em->p->sampling, rng, probs);
+        DS_TRY(next_token(t, &em->p->sampling, rng, logits, probs, &last));
         emit(em, last);
     }
     return NULL;
@@ -173,9 +198,9 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
     if (d) d->n_ctx = 0;
     if (!e) e = prefill(t, d, prompt, n_prompt);
     out->prefill_s = now_s() - t0;
-    if (!e && !em.done) e = fetch_logits(t, 1, logits);
+    int32_t first = 0;
+    if (!e && !em.done) e = next_token(t, &p->sampling, &rng, logits, scratch, &first);
     if (!e && !em.done) {
-        int32_t first = pick(logits, V, &p->sampling, &rng, scratch);
         emit(&em, first);
         if (!is_stop(&em, first)) {
             if (d) e = speculate(&em, d, n_prompt, first, &rng, logits, scratch);

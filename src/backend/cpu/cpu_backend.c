@@ -160,6 +160,16 @@ float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n) {
     return cb->scratch[tid][slot];
 }
 
+static void cpu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
+    for (int64_t r = 0; r < x.rows; r++) {
+        const float *v = (const float *)x.data + r * x.stride;
+        int32_t best = 0;
+        for (int64_t c = 1; c < x.cols; c++)
+            if (v[c] > v[best]) best = (int32_t)c;
+        out[r] = best;
+    }
+}
+
 static void cpu_destroy(ds_backend *be) {
     ds_cpu_backend *cb = (ds_cpu_backend *)be;
     ds_pool_free(cb->pool);
@@ -188,6 +198,7 @@ static const ds_backend_ops cpu_ops = {
     .geglu_tanh = cpu_geglu_tanh,
     .softcap = cpu_softcap,
     .round_bf16 = cpu_round_bf16,
+    .argmax = cpu_argmax,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {

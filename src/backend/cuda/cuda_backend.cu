@@ -153,6 +153,7 @@ static const ds_backend_ops cuda_ops = {
     .geglu_tanh = ds_cu_geglu_tanh,
     .softcap = ds_cu_softcap,
     .round_bf16 = ds_cu_round_bf16,
+    .argmax = ds_cu_argmax,
     .check = cu_check,
 };
 

@@ -70,5 +70,6 @@ void ds_cu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
 void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
 void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap);
 void ds_cu_round_bf16(ds_backend *be, ds_tensor x);
+void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out);
 
 #endif
