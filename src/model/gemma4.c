@@ -58,12 +58,6 @@ static void gemma4_destroy(ds_target *t) {
     free(g);
 }
 
-static void tap(ds_target *t, int layer, ds_tensor x, int n) {
-    for (int i = 0; i < t->n_taps; i++)
-        if (t->tap_layers[i] == layer)
-            t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
-}
-
 /* Per-layer inputs of every layer at once, [n, n_layers*ple_dim]:
  * (norm(proj(embeds) / sqrt(H)) + ple_embed[ids] * sqrt(P)) / sqrt(2). */
 static void per_layer_inputs(gemma4_target *g, const int32_t *ids, ds_tensor x, int n) {
@@ -124,7 +118,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
     for (int i = 0; i < n; i++) g->pos[i] = pos0 + i;
     ds_tensor x = ds_rows(g->x, 0, n), xn = ds_rows(g->s.xn, 0, n);
     be->ops->embed(be, x, g->embed, ids, g->embed_scale);
-    tap(t, -1, x, n);
+    ds_target_tap(t, -1, x, n);
     if (c->ple_dim) per_layer_inputs(g, ids, x, n);
     for (int l = 0; l < c->n_layers; l++) {
         const ds_gemma4_layer *L = &g->layers[l];
@@ -149,7 +143,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
         ds_tensor ple =
             c->ple_dim ? ds_rows(ds_cols(g->ple, (int64_t)l * c->ple_dim, c->ple_dim), 0, n) : ds_no_tensor();
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, n, ple);
-        tap(t, l, x, n);
+        ds_target_tap(t, l, x, n);
     }
     if (g->ring_size)
         for (int i = 0; i < n; i++) g->ring_pos[(pos0 + i) % g->ring_size] = pos0 + i;

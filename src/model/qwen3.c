@@ -31,12 +31,6 @@ static void qwen3_destroy(ds_target *t) {
     free(q);
 }
 
-static void tap(ds_target *t, int layer, ds_tensor x, int n) {
-    for (int i = 0; i < t->n_taps; i++)
-        if (t->tap_layers[i] == layer)
-            t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
-}
-
 static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
     qwen3_target *q = (qwen3_target *)t;
     ds_backend *be = t->be;
@@ -44,7 +38,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
     for (int i = 0; i < n; i++) q->pos[i] = pos0 + i;
     ds_tensor x = ds_rows(q->x, 0, n), xn = ds_rows(q->s.xn, 0, n);
     be->ops->embed(be, x, q->embed, ids, 1.0f);
-    tap(t, -1, x, n);
+    ds_target_tap(t, -1, x, n);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                          .v_head_dim = c->head_dim, .n_keys = pos0 + n, .causal = true,
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
@@ -56,7 +50,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
         ds_qwen3_key_value(be, c, L, xn, ds_rows(q->st.k[l], pos0, n), ds_rows(q->st.v[l], pos0, n), q->pos);
         be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
-        tap(t, l, x, n);
+        ds_target_tap(t, l, x, n);
     }
     ds_tensor fh = ds_rows(t->final_hidden, 0, n);
     be->ops->rmsnorm(be, fh, x, q->final_norm, c->hidden, c->eps);

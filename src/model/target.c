@@ -115,3 +115,9 @@ bool ds_target_is_stop(const ds_target *t, int32_t id) {
         if (t->stop_ids[i] == id) return true;
     return false;
 }
+
+void ds_target_tap(ds_target *t, int layer, ds_tensor x, int n) {
+    for (int i = 0; i < t->n_taps; i++)
+        if (t->tap_layers[i] == layer)
+            t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
+}

@@ -55,6 +55,9 @@ ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, i
 /* Forgets cached positions >= len. */
 void ds_target_crop(ds_target *t, int len);
 bool ds_target_is_stop(const ds_target *t, int32_t id);
+/* For architecture forwards: copies the residual x[n, hidden] after `layer`
+ * (-1: the embeddings) into every tap slot that asks for that layer. */
+void ds_target_tap(ds_target *t, int layer, ds_tensor x, int n);
 
 /* Architecture constructors: allocate their own struct (ds_target first),
  * call ds_target_init_common, take ownership of ck only on success. */
