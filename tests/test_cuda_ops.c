@@ -210,9 +210,12 @@ static void test_linear_vs_cpu(void) {
 /* Row i of an M-row call == row i computed alone, bit for bit, for every
  * narrow row count and for aligned and unaligned inputs. */
 static void test_linear_row_invariance(void) {
-    const ds_dtype dts[] = {DS_BF16, DS_F32, DS_F16};
-    const int64_t N = 515, K = 2056, MAXM = 32;
-    for (int t = 0; t < 3; t++) {
+    /* bf16 with K % 32 == 0 takes the tensor-core kernel, the rest the CUDA-core one. */
+    const ds_dtype dts[] = {DS_BF16, DS_BF16, DS_F32, DS_F16};
+    const int64_t Ks[] = {2048, 2056, 2056, 2056};
+    const int64_t N = 515, MAXM = 32;
+    for (int t = 0; t < 4; t++) {
+        const int64_t K = Ks[t];
         pair w = weight(dts[t], N, K), b = weight(DS_BF16, 1, N);
         pair x = act_rand(MAXM, K, 1.0f);
         pair xu = act(MAXM, K + 1, NULL); /* the same rows at an odd stride */
@@ -235,7 +238,8 @@ static void test_linear_row_invariance(void) {
                       ds_dtype_name(dts[t]), bad, (long long)M, u ? " unaligned" : "");
                 free(got);
             }
-        printf("  linear %s: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n", ds_dtype_name(dts[t]));
+        printf("  linear %s K=%lld: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n",
+               ds_dtype_name(dts[t]), (long long)K);
         check_gpu_ok("linear row invariance");
         free(want);
         release(&w);
@@ -245,6 +249,73 @@ static void test_linear_row_invariance(void) {
         release(&ref);
         release(&out);
     }
+}
+
+/* ---- fused linear ops ----------------------------------------------------- */
+
+/* The GPU's fused ops against the CPU's unfused sequence (the CPU backend
+ * has no fused ops, so the ds_* helpers run linear + add / swiglu there). */
+static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
+    const int64_t N = 300, NK = 64;
+    pair wq = weight(dt, N, K), wk = weight(dt, NK, K), wv = weight(dt, NK, K), bq = weight(DS_F32, 1, N);
+    pair wo = weight(dt, K, N), wg = weight(dt, N, K), wu = weight(dt, N, K);
+    pair x = act_rand(M, K, 1.0f), att = act_rand(M, N, 1.0f), res = act_rand(M, K, 1.0f);
+    pair q = act(M, N, NULL), k = act(M, NK, NULL), v = act(M, NK, NULL), h = act(M, N, NULL), tmp = act(M, N, NULL);
+    pair tmpk = act(M, K, NULL);
+    char what[96];
+    const ds_tensor og[3] = {q.g, k.g, v.g}, wgs[3] = {wq.g, wk.g, wv.g}, bg[3] = {bq.g, ds_no_tensor(), ds_no_tensor()};
+    const ds_tensor oc[3] = {q.c, k.c, v.c}, wcs[3] = {wq.c, wk.c, wv.c}, bc[3] = {bq.c, ds_no_tensor(), ds_no_tensor()};
+    ds_linear_multi(gpu, 3, og, x.g, wgs, bg);
+    ds_linear_multi(cpu, 3, oc, x.c, wcs, bc);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "linear_multi %s M=%lld K=%lld, output %d", ds_dtype_name(dt), (long long)M,
+                 (long long)K, i);
+        compare(og[i], oc[i], 2e-5, what);
+    }
+    /* Residual in place, as the model uses it. */
+    ds_linear_residual(gpu, res.g, att.g, wo.g, ds_no_tensor(), res.g, tmpk.g);
+    ds_linear_residual(cpu, res.c, att.c, wo.c, ds_no_tensor(), res.c, tmpk.c);
+    snprintf(what, sizeof what, "linear_residual %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(res.g, res.c, 2e-5, what);
+    ds_linear_swiglu(gpu, h.g, x.g, wg.g, wu.g, tmp.g);
+    ds_linear_swiglu(cpu, h.c, x.c, wg.c, wu.c, tmp.c);
+    snprintf(what, sizeof what, "linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
+    pair *all[] = {&wq, &wk, &wv, &bq, &wo, &wg, &wu, &x, &att, &res, &q, &k, &v, &h, &tmp, &tmpk};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+}
+
+static void test_fused_linear(void) {
+    const int64_t Ms[] = {1, 3, 8, 9, 32, 40};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        fused_case(DS_BF16, Ms[i], 1024); /* tensor cores up to M = 32 */
+        fused_case(DS_F32, Ms[i], 520);   /* the unfused fallback */
+    }
+    fused_case(DS_BF16, 4, 1000); /* K % 32 != 0: fallback for bf16 too */
+}
+
+/* Fused ops keep rows invariant too: rows of an M-row call == 1-row calls. */
+static void test_fused_row_invariance(void) {
+    const int64_t N = 200, K = 4096, MAXM = 17;
+    pair wg = weight(DS_BF16, N, K), wu = weight(DS_BF16, N, K), wo = weight(DS_BF16, K, N);
+    pair x = act_rand(MAXM, K, 1.0f), att = act_rand(MAXM, N, 1.0f);
+    pair h1 = act(MAXM, N, NULL), hm = act(MAXM, N, NULL), r1 = act_rand(MAXM, K, 1.0f), rm = act(MAXM, K, NULL);
+    gpu->ops->copy(gpu, rm.g, r1.g);
+    for (int64_t i = 0; i < MAXM; i++) {
+        gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
+        gpu->ops->linear_residual(gpu, ds_rows(r1.g, i, 1), ds_rows(att.g, i, 1), wo.g, ds_no_tensor(),
+                                  ds_rows(r1.g, i, 1));
+    }
+    gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
+    gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g);
+    float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
+    CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
+    CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
+    printf("  linear_swiglu, linear_residual bf16: rows of a 17-row call == 1-row calls, bitwise\n");
+    free(a), free(b), free(c), free(d);
+    check_gpu_ok("fused row invariance");
+    pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
 /* ---- attention ---------------------------------------------------------- */
@@ -366,6 +437,28 @@ static void test_rope(void) {
     }
 }
 
+/* The fused per-head norm + RoPE against the CPU's rmsnorm then rope. */
+static void test_rmsnorm_rope(void) {
+    const int hds[] = {64, 128, 256};
+    for (int t = 0; t < 3; t++) {
+        const int hd = hds[t], heads = 3, rows = 70;
+        float *inv = malloc((size_t)(hd / 2) * sizeof *inv);
+        for (int i = 0; i < hd / 2; i++) inv[i] = (float)(1.0 / pow(1e6, (double)(2 * i) / hd));
+        int32_t *pos = malloc(rows * sizeof *pos);
+        for (int i = 0; i < rows; i++) pos[i] = (int32_t)((frand() + 1.0f) * 4000.0f);
+        pair x = act_rand(rows, (int64_t)heads * hd, 3.0f), w = weight(t == 1 ? DS_F32 : DS_BF16, 1, hd);
+        gpu->ops->rmsnorm_rope(gpu, x.g, w.g, hd, 1e-6f, pos, inv);
+        ds_rmsnorm_rope(cpu, x.c, w.c, hd, 1e-6f, pos, inv);
+        char what[64];
+        snprintf(what, sizeof what, "rmsnorm_rope head_dim %d, 70 rows", hd);
+        compare(x.g, x.c, 2e-6, what);
+        release(&x);
+        release(&w);
+        free(inv);
+        free(pos);
+    }
+}
+
 static void test_elementwise(void) {
     const int64_t R = 9, C = 1537;
     pair a = act_rand(R, C, 6.0f), b = act_rand(R, C, 3.0f), out = act(R, C, NULL);
@@ -481,8 +574,8 @@ static void teardown(void) {
 }
 
 #define CUDA_TESTS                                                                                           \
-    setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_attention, test_rmsnorm, \
-        test_rope, test_elementwise, test_argmax, test_errors, test_linear_bandwidth, teardown
+    setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
+        test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise, test_argmax, test_errors, test_linear_bandwidth, teardown
 
 int main(void) {
     const char *dev = getenv("DS_CUDA_DEVICE");

@@ -53,7 +53,11 @@ char *read_text_file(const char *path, size_t *len) {
 
 int run_tests(const char *suite, const test_fn *fns, const char *const *names, int n) {
     int total_failed = 0;
+    /* DS_TEST_ONLY=a,b runs only the named tests (plus setup/teardown). */
+    const char *only = getenv("DS_TEST_ONLY");
     for (int i = 0; i < n; i++) {
+        if (only && *only && strcmp(names[i], "setup") && strcmp(names[i], "teardown") && !strstr(only, names[i]))
+            continue;
         int before = ds_test_failures;
         fns[i]();
         int failed = ds_test_failures - before;

@@ -98,6 +98,29 @@ typedef struct {
      * backend.
      * Greedy decoding needs only this, not the whole row of logits. */
     void (*argmax)(ds_backend *be, ds_tensor x, int32_t *out);
+    /* Fused ops, optional (NULL: model code runs the unfused sequence
+     * through the ds_* helpers below). A backend provides them where one
+     * pass beats several, as on a GPU where each op is a launch. Each must
+     * keep the row invariance above. */
+    /* out = res + x @ w^T (+ bias); out may be res. */
+    void (*linear_residual)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
+    /* out = silu(x @ wg^T) * (x @ wu^T). */
+    void (*linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
+    /* outs[i] = x @ ws[i]^T (+ biases[i]) for i < n <= 3: projections of one input. */
+    void (*linear_multi)(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                         const ds_tensor *biases);
+    /* rmsnorm(x, w, head_dim, eps) then rope(x, head_dim, pos, inv_freq), in place. */
+    void (*rmsnorm_rope)(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
+                         const float *inv_freq);
+    /* Greedy Markov walk over a drafted block (DSpark's vanilla head, or
+     * none when w1.data is NULL), without a host round trip per position:
+     * prev_0 = anchor; emb[k] = w1[prev_k]; out[k] = base[k] + emb[k] @ w2^T
+     * (with bf16: round(base + round(bias)), as the reference computes it);
+     * prev_{k+1} = argmax(out[k]) (ties to the lowest id) = tokens[k], on
+     * the host when the call returns. Optional: NULL runs the walk on the
+     * host (draft/markov.c) with the same results. */
+    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, bool bf16,
+                          int32_t anchor, ds_tensor emb, int32_t *tokens);
     /* Ops queue work and have no error return: a backend that can fail (a
      * GPU) records the first failure, naming the op. check() waits for the
      * queued work and returns that error (NULL when none), clearing it.
@@ -123,6 +146,46 @@ static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check
 static inline ds_tensor ds_no_tensor(void) {
     ds_tensor t = {DS_F32, NULL, 0, 0, 0, false}; /* (no compound literal: CUDA C++ includes this too) */
     return t;
+}
+
+/* The fused ops, or their unfused sequence where a backend has none. tmp:
+ * scratch of out's shape (unused by a backend that fuses). */
+static inline void ds_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias,
+                                      ds_tensor res, ds_tensor tmp) {
+    if (be->ops->linear_residual) {
+        be->ops->linear_residual(be, out, x, w, bias, res);
+        return;
+    }
+    be->ops->linear(be, tmp, x, w, bias);
+    be->ops->add(be, out, res, tmp);
+}
+/* tmp: scratch of out's shape. */
+static inline void ds_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu,
+                                    ds_tensor tmp) {
+    if (be->ops->linear_swiglu) {
+        be->ops->linear_swiglu(be, out, x, wg, wu);
+        return;
+    }
+    be->ops->linear(be, out, x, wg, ds_no_tensor());
+    be->ops->linear(be, tmp, x, wu, ds_no_tensor());
+    be->ops->swiglu(be, out, out, tmp);
+}
+static inline void ds_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                                   const ds_tensor *biases) {
+    if (be->ops->linear_multi) {
+        be->ops->linear_multi(be, n, outs, x, ws, biases);
+        return;
+    }
+    for (int i = 0; i < n; i++) be->ops->linear(be, outs[i], x, ws[i], biases[i]);
+}
+static inline void ds_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps,
+                                   const int32_t *pos, const float *inv_freq) {
+    if (be->ops->rmsnorm_rope) {
+        be->ops->rmsnorm_rope(be, x, w, head_dim, eps, pos, inv_freq);
+        return;
+    }
+    be->ops->rmsnorm(be, x, x, w, head_dim, eps);
+    be->ops->rope(be, x, head_dim, pos, inv_freq);
 }
 
 #endif

@@ -122,6 +122,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
     DS_TRY(be->ops->alloc(be, DS_F32, G, H, &d->block_hidden));
     DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->logits));
+    if (be->ops->markov_greedy) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->mlogits));
     DS_TRY(be->ops->alloc(be, DS_F32, G, 2 * r + H + 1, &d->step_in));
     DS_TRY(be->ops->alloc(be, DS_F32, G, wide, &d->step_out));
     d->host_logits = malloc((size_t)G * V * sizeof(float));
@@ -142,7 +143,7 @@ void ds_drafter_release_common(ds_drafter *d) {
     ds_backend *be = d->be;
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
                         &d->gate_w, &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
-                        &d->ctx, &d->block_hidden, &d->logits, &d->step_in, &d->step_out};
+                        &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->step_in, &d->step_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);
     free(d->host_probs);

@@ -47,6 +47,10 @@ struct ds_drafter {
     ds_tensor ctx;          /* [max_rows, hidden] projected context rows */
     ds_tensor block_hidden; /* [gamma, hidden] */
     ds_tensor logits;       /* [gamma, vocab] base logits */
+    ds_tensor mlogits;      /* [gamma, vocab] Markov-corrected logits, when the backend walks on the device */
+    /* Greedy proposals walked on the device leave the corrected logits there;
+     * set this to have propose() copy them to the host too (out->logits). */
+    bool keep_logits;
     ds_tensor step_in, step_out; /* small Markov/confidence vectors */
     float *host_logits;     /* [gamma, vocab] Markov-corrected logits */
     float *host_probs;      /* [gamma, vocab] processed draft distributions */

@@ -78,8 +78,41 @@ static void confidence(ds_drafter *d, ds_proposal *out) {
         for (int k = 0; k < G; k++) out->conf_logit[k] = round_bf16(out->conf_logit[k]);
 }
 
+/* Greedy walks with a vanilla (or no) head run on the backend when it can
+ * (one host round trip per block instead of several per position); the
+ * confidence head then reads its inputs where they already are. Same
+ * operations, same results as the host walk below. */
+static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
+    const bool markov = d->markov == DS_MARKOV_VANILLA;
+    /* step_in rows: [h_k ; w1[prev_k]], the confidence head's features. */
+    ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
+    be->ops->markov_greedy(be, d->logits, d->mlogits, markov ? d->markov_w1 : ds_no_tensor(),
+                           markov ? d->markov_w2 : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
+    out->logits = NULL;
+    if (d->keep_logits) {
+        be->ops->download(be, d->mlogits, d->host_logits);
+        out->logits = d->host_logits;
+    }
+    out->probs = NULL;
+    if (!d->confidence) return;
+    const int F = H + (d->confidence_with_markov ? r : 0);
+    be->ops->copy(be, ds_cols(ds_rows(d->step_in, 0, G), 0, H), d->block_hidden);
+    ds_tensor col = ds_cols(d->step_out, 0, 1);
+    be->ops->linear(be, col, ds_cols(ds_rows(d->step_in, 0, G), 0, F), d->conf_w, d->conf_b);
+    be->ops->download(be, col, out->conf_logit);
+    if (d->logits_bf16)
+        for (int k = 0; k < G; k++) out->conf_logit[k] = round_bf16(out->conf_logit[k]);
+}
+
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
     ds_backend *be = d->be;
+    if (ds_sampling_greedy(s) && be->ops->markov_greedy && d->mlogits.data &&
+        (d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE)) {
+        device_chain(d, anchor, out);
+        return;
+    }
     const int G = d->gamma, V = d->vocab, H = d->hidden, r = d->markov_rank;
     be->ops->download(be, d->logits, d->host_logits);
     be->ops->download(be, d->block_hidden, d->host_hidden);

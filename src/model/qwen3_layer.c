@@ -171,31 +171,28 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
-void ds_qwen3_query(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
-                    const int32_t *pos) {
-    be->ops->linear(be, q, xn, L->q_proj, L->q_bias);
-    be->ops->rmsnorm(be, q, q, L->q_norm, c->head_dim, c->eps);
-    be->ops->rope(be, q, c->head_dim, pos, c->inv_freq);
-}
-
 void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
                         ds_tensor v, const int32_t *pos) {
-    be->ops->linear(be, k, x, L->k_proj, L->k_bias);
-    be->ops->rmsnorm(be, k, k, L->k_norm, c->head_dim, c->eps);
-    be->ops->rope(be, k, c->head_dim, pos, c->inv_freq);
-    be->ops->linear(be, v, x, L->v_proj, L->v_bias);
+    const ds_tensor outs[2] = {k, v}, ws[2] = {L->k_proj, L->v_proj}, bs[2] = {L->k_bias, L->v_bias};
+    ds_linear_multi(be, 2, outs, x, ws, bs);
+    ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
+}
+
+void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
+                  ds_tensor k, ds_tensor v, const int32_t *pos) {
+    const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
+    const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
+    ds_linear_multi(be, 3, outs, xn, ws, bs);
+    ds_rmsnorm_rope(be, q, L->q_norm, c->head_dim, c->eps, pos, c->inv_freq);
+    ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
 }
 
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
                              ds_qwen3_scratch *s, int rows) {
     ds_tensor attn = ds_rows(s->attn, 0, rows), tmp = ds_rows(s->tmp, 0, rows), xn = ds_rows(s->xn, 0, rows);
     ds_tensor gate = ds_rows(s->gate, 0, rows), up = ds_rows(s->up, 0, rows);
-    be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
-    be->ops->add(be, x, x, tmp);
+    ds_linear_residual(be, x, attn, L->o_proj, L->o_bias, x, tmp);
     be->ops->rmsnorm(be, xn, x, L->post_norm, c->hidden, c->eps);
-    be->ops->linear(be, gate, xn, L->gate, ds_no_tensor());
-    be->ops->linear(be, up, xn, L->up, ds_no_tensor());
-    be->ops->swiglu(be, gate, gate, up);
-    be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
-    be->ops->add(be, x, x, tmp);
+    ds_linear_swiglu(be, gate, xn, L->gate, L->up, up);
+    ds_linear_residual(be, x, gate, L->down, ds_no_tensor(), x, tmp);
 }

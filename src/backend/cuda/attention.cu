@@ -77,12 +77,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         const bool valid = j < j1;
         const int64_t row = g.ring > 0 ? j % g.ring : j;
         const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
+        const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
+        /* The key's and the value's elements are loaded together up front:
+         * one memory round trip per key instead of two. */
+        float kv[NPL], vv[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int d = li + L * i;
+            kv[i] = valid && d < g.D ? kr[d] : 0.0f;
+            vv[i] = valid && d < g.Dv ? vr[d] : 0.0f;
+        }
         float s = 0.0f;
         if (valid) {
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
                 const int d = li + L * i;
-                if (d < g.D) s = fmaf(qv[i], kr[d], s);
+                if (d < g.D) s = fmaf(qv[i], kv[i], s);
             }
         }
 #pragma unroll
@@ -92,11 +102,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             const float mn = fmaxf(mx, s);
             const float corr = expf(mx - mn), p = expf(s - mn);
             l = l * corr + p;
-            const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
                 const int d = li + L * i;
-                if (d < g.Dv) o[i] = o[i] * corr + p * vr[d];
+                if (d < g.Dv) o[i] = o[i] * corr + p * vv[i];
             }
             mx = mn;
         }
@@ -231,10 +240,13 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
         pos_arg pa;
         for (int i = 0; i < n; i++) pa.v[i] = p->q_pos[r0 + i];
         dim3 grid((unsigned)(n * g.H), (unsigned)g.ny);
-        if (dmax <= 32) attn_chunk_kernel<8, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 64) attn_chunk_kernel<16, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 128) attn_chunk_kernel<32, 4><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 256) attn_chunk_kernel<32, 8><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        /* Few lanes per key, many keys per block in flight: decode is bound
+         * by the latency of fetching keys, not by arithmetic. The choice
+         * depends on the head size alone (rows stay invariant). */
+        if (dmax <= 32) attn_chunk_kernel<4, 8><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 64) attn_chunk_kernel<4, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 128) attn_chunk_kernel<8, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        else if (dmax <= 256) attn_chunk_kernel<16, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
         else attn_chunk_kernel<32, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {

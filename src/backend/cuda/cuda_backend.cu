@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -26,22 +27,42 @@ bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e) {
     return false;
 }
 
-void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes) {
-    if (bytes <= cb->scratch_bytes) return cb->scratch;
+static void *grow(ds_cuda_backend *cb, const char *op, void **buf, size_t *have, size_t bytes) {
+    if (bytes <= *have) return *buf;
     size_t want = bytes + bytes / 4;
-    if (cb->scratch) {
+    if (*buf) {
         /* cudaFree waits for the work that may still read the old buffer. */
-        if (!ds_cu_ok(cb, op, cudaFree(cb->scratch))) return NULL;
-        cb->scratch = NULL;
-        cb->scratch_bytes = 0;
+        if (!ds_cu_ok(cb, op, cudaFree(*buf))) return NULL;
+        *buf = NULL;
+        *have = 0;
     }
-    if (!ds_cu_ok(cb, op, cudaMalloc(&cb->scratch, want))) {
-        cb->scratch = NULL;
+    if (!ds_cu_ok(cb, op, cudaMalloc(buf, want))) {
+        *buf = NULL;
         return NULL;
     }
-    cb->scratch_bytes = want;
-    return cb->scratch;
+    *have = want;
+    return *buf;
 }
+
+void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes) {
+    return grow(cb, op, &cb->scratch, &cb->scratch_bytes, bytes);
+}
+
+int32_t *ds_cu_indices(ds_cuda_backend *cb, const char *op, int n) {
+    if (n <= cb->idx_len) return cb->idx;
+    const int want = n < 256 ? 256 : n;
+    if (cb->idx && !ds_cu_ok(cb, op, cudaFree(cb->idx))) return NULL;
+    cb->idx = NULL;
+    cb->idx_len = 0;
+    if (!ds_cu_ok(cb, op, cudaMalloc(&cb->idx, (size_t)want * sizeof(int32_t)))) {
+        cb->idx = NULL;
+        return NULL;
+    }
+    cb->idx_len = want;
+    return cb->idx;
+}
+
+void *ds_cu_tmp(ds_cuda_backend *cb, const char *op, size_t bytes) { return grow(cb, op, &cb->tmp, &cb->tmp_bytes, bytes); }
 
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t) {
     if (t == DS_F32 || t == DS_BF16 || t == DS_F16) return true;
@@ -127,6 +148,8 @@ static void cu_destroy(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     if (cb->scratch) cudaFree(cb->scratch);
+    if (cb->tmp) cudaFree(cb->tmp);
+    if (cb->idx) cudaFree(cb->idx);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->err) ds_error_free(cb->err);
@@ -154,6 +177,11 @@ static const ds_backend_ops cuda_ops = {
     .softcap = ds_cu_softcap,
     .round_bf16 = ds_cu_round_bf16,
     .argmax = ds_cu_argmax,
+    .linear_residual = ds_cu_linear_residual,
+    .linear_swiglu = ds_cu_linear_swiglu,
+    .linear_multi = ds_cu_linear_multi,
+    .rmsnorm_rope = ds_cu_rmsnorm_rope,
+    .markov_greedy = ds_cu_markov_greedy,
     .check = cu_check,
 };
 
@@ -187,6 +215,8 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
         cu_destroy(&cb->base);
         return ds_errorf("cuda backend: cannot configure cuBLAS");
     }
+    const char *prof = getenv("DS_CUDA_PROFILE");
+    if (prof && *prof && strcmp(prof, "0")) ds_cu_profile_wrap(cb);
     *out = &cb->base;
     return NULL;
 }

@@ -35,6 +35,11 @@ typedef struct {
     ds_error *err;   /* first failure since the last check() */
     void *scratch;   /* grows on demand: attention partials, widened weight tiles */
     size_t scratch_bytes;
+    void *tmp;       /* grows on demand: unfused fallbacks' intermediates (never the same op's scratch) */
+    size_t tmp_bytes;
+    void *profile;   /* per-op timing state (DS_CUDA_PROFILE), cuda_profile.cu */
+    int32_t *idx;    /* device token indices (argmax results, the Markov walk's tokens) */
+    int idx_len;
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
@@ -47,6 +52,12 @@ bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e);
 static inline bool ds_cu_launched(ds_cuda_backend *cb, const char *op) { return ds_cu_ok(cb, op, cudaGetLastError()); }
 /* Device scratch of at least `bytes`; NULL (and a recorded failure) if it cannot grow. */
 void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes);
+/* Device int32 buffer of at least n entries (argmax results). */
+int32_t *ds_cu_indices(ds_cuda_backend *cb, const char *op, int n);
+/* Row argmaxes of x into device memory d_out (queued, no wait). */
+bool ds_cu_argmax_dev(ds_cuda_backend *cb, ds_tensor x, int32_t *d_out);
+/* A second such buffer, for intermediates that live across ops using scratch. */
+void *ds_cu_tmp(ds_cuda_backend *cb, const char *op, size_t bytes);
 /* Weight-like tensors (weights, norm vectors, embedding tables) may be fp32,
  * bf16 or f16; anything else is refused with a recorded failure. */
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t);
@@ -56,6 +67,17 @@ __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i)
     if (dtype == DS_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
     if (dtype == DS_F16) return __half2float(__ushort_as_half(((const unsigned short *)p)[i]));
     return ((const float *)p)[i];
+}
+
+/* DS_CUDA_PROFILE=1: wraps every op with GPU timing (cuda_profile.cu). */
+void ds_cu_profile_wrap(ds_cuda_backend *cb);
+
+/* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
+__device__ __forceinline__ float ds_cu_rbf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float((u >> 16) << 16);
 }
 
 /* Op entry points (backend.h signatures). */
@@ -71,5 +93,15 @@ void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor u
 void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap);
 void ds_cu_round_bf16(ds_backend *be, ds_tensor x);
 void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out);
+void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
+void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
+void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                        const ds_tensor *biases);
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, bool bf16,
+                         int32_t anchor, ds_tensor emb, int32_t *tokens);
+void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
+                        const float *inv_freq);
+/* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
+bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 
 #endif

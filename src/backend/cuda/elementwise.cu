@@ -5,14 +5,6 @@
 
 enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16 };
 
-/* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
-__device__ __forceinline__ float round_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return __uint_as_float((u >> 16) << 16);
-}
-
 /* out = f(a, b) over a rows x cols view; b may be absent. blockIdx.y walks
  * rows (strided by gridDim.y), x blocks walk columns. */
 __global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float *a, int64_t as, const float *b,
@@ -31,7 +23,7 @@ __global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float
             break;
         }
         case EW_SOFTCAP: y = tanhf(x / s) * s; break;
-        default: y = round_bf16(x); break;
+        default: y = ds_cu_rbf16(x); break;
         }
         o[r * os + c] = y;
     }

@@ -13,6 +13,7 @@
  * f16 weights are widened a tile of rows at a time into scratch first, as
  * the CPU backend widens them for OpenBLAS. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/matmul_mma.h"
 
 #define MV_THREADS 128
 #define MV_NB 4                        /* weight rows (outputs) per block */
@@ -233,17 +234,31 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
     }
 }
 
+bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
+    const int64_t M = x.rows, K = x.cols, N = w.rows;
+    if (w.cols != K || out.rows != M || out.cols != N) {
+        ds_cu_fail(cb, op, "shapes do not match: out %lldx%lld = x %lldx%lld @ w %lldx%lld^T", (long long)out.rows,
+                   (long long)out.cols, (long long)M, (long long)K, (long long)N, (long long)w.cols);
+        return false;
+    }
+    if (K > INT32_MAX || N > INT32_MAX || !ds_cu_float_dtype(cb, op, w.dtype)) return false;
+    if (bias.data && !ds_cu_float_dtype(cb, op, bias.dtype)) return false;
+    return true;
+}
+
 void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
     ds_cuda_backend *cb = ds_cu(be);
     const int64_t M = x.rows, K = x.cols, N = w.rows;
     if (M <= 0 || N <= 0) return;
-    if (w.cols != K || out.rows != M || out.cols != N) {
-        ds_cu_fail(cb, "linear", "shapes do not match: out %lldx%lld = x %lldx%lld @ w %lldx%lld^T", (long long)out.rows,
-                   (long long)out.cols, (long long)M, (long long)K, (long long)N, (long long)w.cols);
+    if (!ds_cu_linear_ok(cb, "linear", out, x, w, bias)) return;
+    if (ds_cu_mma_eligible(w, M)) {
+        ds_mma_args a = {};
+        a.nseg = 1;
+        a.seg[0] = ds_mma_seg{(const uint16_t *)w.data, NULL, w.stride, (float *)out.data, out.stride, NULL, 0,
+                              bias.data, (int)bias.dtype, (int)N, 0};
+        ds_cu_mma_launch(cb, "linear", DS_MMA_PLAIN, &a, x);
         return;
     }
-    if (K > INT32_MAX || N > INT32_MAX || !ds_cu_float_dtype(cb, "linear", w.dtype)) return;
-    if (bias.data && !ds_cu_float_dtype(cb, "linear", bias.dtype)) return;
     if (M > DS_CU_NARROW_M) {
         linear_wide(cb, out, x, w, bias);
         return;

@@ -5,26 +5,27 @@
 
 #define NORM_THREADS 128
 
-/* Block b normalizes group b % groups of row b / groups. */
-__global__ void __launch_bounds__(NORM_THREADS)
+/* Block b normalizes group b % groups of row b / groups with T threads. */
+template <int T>
+__global__ void __launch_bounds__(T)
     rmsnorm_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int64_t groups,
                    int dim, float eps) {
-    __shared__ float part[NORM_THREADS / 32];
+    __shared__ float part[T / 32];
     const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xr = x + r * xs + g * dim;
     float *orow = out + r * os + g * dim;
     float ss = 0;
-    for (int i = threadIdx.x; i < dim; i += NORM_THREADS) ss = fmaf(xr[i], xr[i], ss);
+    for (int i = threadIdx.x; i < dim; i += T) ss = fmaf(xr[i], xr[i], ss);
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
     float total = part[0];
-    for (int i = 1; i < NORM_THREADS / 32; i++) total += part[i];
+    for (int i = 1; i < T / 32; i++) total += part[i];
     const float rs = 1.0f / sqrtf(total / (float)dim + eps);
     if (w)
-        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = xr[i] * rs * ds_cu_load(w, wdtype, i);
+        for (int i = threadIdx.x; i < dim; i += T) orow[i] = xr[i] * rs * ds_cu_load(w, wdtype, i);
     else
-        for (int i = threadIdx.x; i < dim; i += NORM_THREADS) orow[i] = xr[i] * rs;
+        for (int i = threadIdx.x; i < dim; i += T) orow[i] = xr[i] * rs;
 }
 
 void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps) {
@@ -36,8 +37,15 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
     }
     if (w.data && !ds_cu_float_dtype(cb, "rmsnorm", w.dtype)) return;
     const int64_t groups = x.cols / dim;
-    rmsnorm_kernel<<<(unsigned)(x.rows * groups), NORM_THREADS, 0, cb->stream>>>(
-        (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+    /* Wide rows (a whole hidden state) get more threads: a decode step's
+     * norm is one block, bound by its own memory latency. By dim only, so
+     * a row's reduction order never depends on the rows beside it. */
+    if (dim >= 2048)
+        rmsnorm_kernel<512><<<(unsigned)(x.rows * groups), 512, 0, cb->stream>>>(
+            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+    else
+        rmsnorm_kernel<NORM_THREADS><<<(unsigned)(x.rows * groups), NORM_THREADS, 0, cb->stream>>>(
+            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
     ds_cu_launched(cb, "rmsnorm");
 }
 
@@ -86,5 +94,62 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
         rope_kernel<<<(unsigned)n, threads, 0, cb->stream>>>((float *)x.data + r0 * x.stride, x.stride,
                                                              x.cols / head_dim, head_dim, a);
         if (!ds_cu_launched(cb, "rope")) return;
+    }
+}
+
+/* Per-head RMSNorm then RoPE in one pass (Qwen3's q/k path): block b takes
+ * head b % heads of row b / heads. The sum of squares has rmsnorm_kernel's
+ * order; thread i < half then rotates the normed pair (i, i + half). */
+__global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_rope_kernel(float *x, int64_t xs, const void *w, int wdtype, int heads, int head_dim, float eps,
+                        rope_arg a) {
+    __shared__ float part[NORM_THREADS / 32];
+    const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
+    float *v = x + (int64_t)r * xs + (int64_t)h * head_dim;
+    float ss = 0;
+    for (int i = threadIdx.x; i < head_dim; i += NORM_THREADS) ss = fmaf(v[i], v[i], ss);
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = part[0];
+    for (int i = 1; i < NORM_THREADS / 32; i++) total += part[i];
+    const float rs = 1.0f / sqrtf(total / (float)head_dim + eps);
+    for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
+        float p = v[i] * rs, q = v[i + half] * rs;
+        if (w) {
+            p *= ds_cu_load(w, wdtype, i);
+            q *= ds_cu_load(w, wdtype, i + half);
+        }
+        const float ang = (float)a.pos[r] * a.inv_freq[i];
+        const float c = cosf(ang), s = sinf(ang);
+        v[i] = p * c - q * s;
+        v[i + half] = q * c + p * s;
+    }
+}
+
+void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
+                        const float *inv_freq) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    const int half = head_dim / 2;
+    if (head_dim <= 0 || head_dim % 2 || x.cols % head_dim) {
+        ds_cu_fail(cb, "rmsnorm_rope", "%lld columns are not whole heads of even size %d", (long long)x.cols,
+                   head_dim);
+        return;
+    }
+    if (half > DS_CU_MAX_HALF) {
+        ds_cu_fail(cb, "rmsnorm_rope", "head_dim %d is over the supported %d", head_dim, 2 * DS_CU_MAX_HALF);
+        return;
+    }
+    if (w.data && !ds_cu_float_dtype(cb, "rmsnorm_rope", w.dtype)) return;
+    rope_arg a;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
+    const int heads = (int)(x.cols / head_dim);
+    for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
+        int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
+        for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
+        rmsnorm_rope_kernel<<<(unsigned)(n * heads), NORM_THREADS, 0, cb->stream>>>(
+            (float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, heads, head_dim, eps, a);
+        if (!ds_cu_launched(cb, "rmsnorm_rope")) return;
     }
 }

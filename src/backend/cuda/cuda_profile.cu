@@ -1,0 +1,199 @@
+/* Per-op GPU time for the CUDA backend (DS_CUDA_PROFILE=1): every op is
+ * bracketed by two CUDA events, and at each synchronizing call the elapsed
+ * times are summed per op name (and per narrow/wide call). The table goes
+ * to stderr when the backend is destroyed. Kernel time per op plus the gaps
+ * between them is what a decode step costs; the total "gpu busy" against
+ * the wall time between the first and last event shows how launch-bound a
+ * run is. Off by default: the events cost a little host time per op. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#define PROF_PENDING 2048
+#define PROF_NAMES 48
+
+typedef struct {
+    const char *name[PROF_NAMES];
+    int calls[PROF_NAMES];
+    double ms[PROF_NAMES];
+    int n_names;
+    cudaEvent_t ev[2 * PROF_PENDING];
+    int pending_name[PROF_PENDING];
+    int n_pending;
+    cudaEvent_t first, last;
+    bool have_first;
+    const ds_backend_ops *inner;
+} prof_state;
+
+static prof_state *prof_of(ds_backend *be) { return (prof_state *)ds_cu(be)->profile; }
+
+static int name_slot(prof_state *p, const char *name) {
+    for (int i = 0; i < p->n_names; i++)
+        if (!strcmp(p->name[i], name)) return i;
+    if (p->n_names == PROF_NAMES) return PROF_NAMES - 1;
+    p->name[p->n_names] = name;
+    return p->n_names++;
+}
+
+/* Sums the pending pairs (waits for them). */
+static void prof_flush(ds_backend *be) {
+    prof_state *p = prof_of(be);
+    if (!p->n_pending) return;
+    cudaEventSynchronize(p->ev[2 * p->n_pending - 1]);
+    for (int i = 0; i < p->n_pending; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) == cudaSuccess) {
+            p->ms[p->pending_name[i]] += ms;
+            p->calls[p->pending_name[i]]++;
+        }
+    }
+    cudaEventRecord(p->last, ds_cu(be)->stream);
+    p->n_pending = 0;
+}
+
+static int prof_begin(ds_backend *be) {
+    prof_state *p = prof_of(be);
+    if (p->n_pending == PROF_PENDING) prof_flush(be);
+    cudaStream_t st = ds_cu(be)->stream;
+    if (!p->have_first) {
+        cudaEventRecord(p->first, st);
+        p->have_first = true;
+    }
+    cudaEventRecord(p->ev[2 * p->n_pending], st);
+    return p->n_pending;
+}
+
+static void prof_end(ds_backend *be, int i, const char *name) {
+    prof_state *p = prof_of(be);
+    cudaEventRecord(p->ev[2 * i + 1], ds_cu(be)->stream);
+    p->pending_name[i] = name_slot(p, name);
+    p->n_pending = i + 1;
+}
+
+#define WIDE(m) ((m) > DS_CU_NARROW_M)
+#define PROF(name, call)              \
+    do {                              \
+        const int i_ = prof_begin(be); \
+        call;                         \
+        prof_end(be, i_, name);       \
+    } while (0)
+
+static void p_upload(ds_backend *be, ds_tensor d, const float *s) { PROF("upload", prof_of(be)->inner->upload(be, d, s)); }
+static void p_download(ds_backend *be, ds_tensor s, float *d) {
+    PROF("download", prof_of(be)->inner->download(be, s, d));
+    prof_flush(be);
+}
+static void p_copy(ds_backend *be, ds_tensor d, ds_tensor s) { PROF("copy", prof_of(be)->inner->copy(be, d, s)); }
+static void p_embed(ds_backend *be, ds_tensor o, ds_tensor t, const int32_t *ids, float sc) {
+    PROF("embed", prof_of(be)->inner->embed(be, o, t, ids, sc));
+}
+static void p_linear(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor w, ds_tensor b) {
+    PROF(WIDE(x.rows) ? "linear (wide)" : "linear", prof_of(be)->inner->linear(be, o, x, w, b));
+}
+static void p_rmsnorm(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor w, int dim, float eps) {
+    PROF("rmsnorm", prof_of(be)->inner->rmsnorm(be, o, x, w, dim, eps));
+}
+static void p_rope(ds_backend *be, ds_tensor x, int hd, const int32_t *pos, const float *f) {
+    PROF("rope", prof_of(be)->inner->rope(be, x, hd, pos, f));
+}
+static void p_attention(ds_backend *be, ds_tensor o, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *a) {
+    PROF(WIDE(q.rows) ? "attention (wide)" : "attention", prof_of(be)->inner->attention(be, o, q, k, v, a));
+}
+static void p_add(ds_backend *be, ds_tensor o, ds_tensor a, ds_tensor b) { PROF("add", prof_of(be)->inner->add(be, o, a, b)); }
+static void p_scale(ds_backend *be, ds_tensor x, float s) { PROF("scale", prof_of(be)->inner->scale(be, x, s)); }
+static void p_swiglu(ds_backend *be, ds_tensor o, ds_tensor g, ds_tensor u) {
+    PROF("swiglu", prof_of(be)->inner->swiglu(be, o, g, u));
+}
+static void p_geglu(ds_backend *be, ds_tensor o, ds_tensor g, ds_tensor u) {
+    PROF("geglu_tanh", prof_of(be)->inner->geglu_tanh(be, o, g, u));
+}
+static void p_softcap(ds_backend *be, ds_tensor x, float c) { PROF("softcap", prof_of(be)->inner->softcap(be, x, c)); }
+static void p_round(ds_backend *be, ds_tensor x) { PROF("round_bf16", prof_of(be)->inner->round_bf16(be, x)); }
+static void p_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
+    PROF("argmax", prof_of(be)->inner->argmax(be, x, out));
+    prof_flush(be);
+}
+static void p_linear_residual(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor w, ds_tensor b, ds_tensor r) {
+    PROF(WIDE(x.rows) ? "linear_residual (wide)" : "linear_residual",
+         prof_of(be)->inner->linear_residual(be, o, x, w, b, r));
+}
+static void p_linear_swiglu(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor g, ds_tensor u) {
+    PROF(WIDE(x.rows) ? "linear_swiglu (wide)" : "linear_swiglu", prof_of(be)->inner->linear_swiglu(be, o, x, g, u));
+}
+static void p_linear_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, const ds_tensor *w,
+                           const ds_tensor *b) {
+    PROF(WIDE(x.rows) ? "linear_multi (wide)" : "linear_multi", prof_of(be)->inner->linear_multi(be, n, o, x, w, b));
+}
+static void p_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int hd, float eps, const int32_t *pos,
+                           const float *f) {
+    PROF("rmsnorm_rope", prof_of(be)->inner->rmsnorm_rope(be, x, w, hd, eps, pos, f));
+}
+static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2, bool bf, int32_t a,
+                     ds_tensor e, int32_t *t) {
+    PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bf, a, e, t));
+    prof_flush(be);
+}
+static ds_error *p_check(ds_backend *be) {
+    ds_error *e = prof_of(be)->inner->check(be);
+    prof_flush(be);
+    return e;
+}
+
+static void p_destroy(ds_backend *be) {
+    prof_state *p = prof_of(be);
+    prof_flush(be);
+    float wall = 0;
+    if (p->have_first) cudaEventElapsedTime(&wall, p->first, p->last);
+    double busy = 0;
+    for (int i = 0; i < p->n_names; i++) busy += p->ms[i];
+    fprintf(stderr, "dspark cuda profile (DS_CUDA_PROFILE): %.1f ms in ops, %.1f ms from the first op to the last sync\n",
+            busy, wall);
+    fprintf(stderr, "  %-24s %8s %10s %9s %6s\n", "op", "calls", "total ms", "mean us", "share");
+    for (int i = 0; i < p->n_names; i++)
+        fprintf(stderr, "  %-24s %8d %10.2f %9.1f %5.1f%%\n", p->name[i], p->calls[i], p->ms[i],
+                p->calls[i] ? 1e3 * p->ms[i] / p->calls[i] : 0.0, busy > 0 ? 100 * p->ms[i] / busy : 0.0);
+    for (int i = 0; i < 2 * PROF_PENDING; i++) cudaEventDestroy(p->ev[i]);
+    cudaEventDestroy(p->first);
+    cudaEventDestroy(p->last);
+    const ds_backend_ops *inner = p->inner;
+    free(p);
+    ds_cu(be)->profile = NULL;
+    inner->destroy(be);
+}
+
+void ds_cu_profile_wrap(ds_cuda_backend *cb) {
+    prof_state *p = (prof_state *)calloc(1, sizeof *p);
+    if (!p) return;
+    for (int i = 0; i < 2 * PROF_PENDING; i++) cudaEventCreate(&p->ev[i]);
+    cudaEventCreate(&p->first);
+    cudaEventCreate(&p->last);
+    p->inner = cb->base.ops;
+    static ds_backend_ops ops;
+    ops = *p->inner;
+    ops.destroy = p_destroy;
+    ops.upload = p_upload;
+    ops.download = p_download;
+    ops.copy = p_copy;
+    ops.embed = p_embed;
+    ops.linear = p_linear;
+    ops.rmsnorm = p_rmsnorm;
+    ops.rope = p_rope;
+    ops.attention = p_attention;
+    ops.add = p_add;
+    ops.scale = p_scale;
+    ops.swiglu = p_swiglu;
+    ops.geglu_tanh = p_geglu;
+    ops.softcap = p_softcap;
+    ops.round_bf16 = p_round;
+    ops.argmax = p_argmax;
+    ops.linear_residual = p_linear_residual;
+    ops.linear_swiglu = p_linear_swiglu;
+    ops.linear_multi = p_linear_multi;
+    ops.rmsnorm_rope = p_rmsnorm_rope;
+    ops.markov_greedy = p_markov;
+    ops.check = p_check;
+    cb->profile = p;
+    cb->base.ops = &ops;
+}

@@ -1,0 +1,89 @@
+/* The fused linear ops (backend.h): several projections of one input, a
+ * projection added to the residual stream, and the SwiGLU pair. With bf16
+ * weights they are one tensor-core launch each (matmul_mma.cu), which is
+ * where they pay: a decode step is ~10 launches per layer instead of 17.
+ * Otherwise (fp32/f16 weights, prefill-sized M) they run the unfused
+ * sequence, so every weight type and size still works. */
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/matmul_mma.h"
+
+static ds_mma_seg seg_of(ds_tensor out, ds_tensor w, ds_tensor bias) {
+    ds_mma_seg s = {};
+    s.w = (const uint16_t *)w.data;
+    s.ws = w.stride;
+    s.out = (float *)out.data;
+    s.os = out.stride;
+    s.bias = bias.data;
+    s.bias_dtype = (int)bias.dtype;
+    s.n = (int)w.rows;
+    return s;
+}
+
+void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                        const ds_tensor *biases) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (n < 1 || n > DS_MMA_MAX_SEG) {
+        ds_cu_fail(cb, "linear_multi", "%d projections (1..%d supported)", n, DS_MMA_MAX_SEG);
+        return;
+    }
+    bool fused = true;
+    for (int i = 0; i < n; i++) {
+        if (!ds_cu_linear_ok(cb, "linear_multi", outs[i], x, ws[i], biases[i])) return;
+        fused &= ds_cu_mma_eligible(ws[i], x.rows) && ws[i].rows > 0;
+    }
+    if (!fused) {
+        for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], x, ws[i], biases[i]);
+        return;
+    }
+    ds_mma_args a = {};
+    a.nseg = n;
+    for (int i = 0; i < n; i++) a.seg[i] = seg_of(outs[i], ws[i], biases[i]);
+    ds_cu_mma_launch(cb, "linear_multi", DS_MMA_PLAIN, &a, x);
+}
+
+void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || w.rows <= 0) return;
+    if (!ds_cu_linear_ok(cb, "linear_residual", out, x, w, bias)) return;
+    if (res.rows != out.rows || res.cols != out.cols) {
+        ds_cu_fail(cb, "linear_residual", "residual %lldx%lld does not match the output %lldx%lld",
+                   (long long)res.rows, (long long)res.cols, (long long)out.rows, (long long)out.cols);
+        return;
+    }
+    if (ds_cu_mma_eligible(w, x.rows)) {
+        ds_mma_args a = {};
+        a.nseg = 1;
+        a.seg[0] = seg_of(out, w, bias);
+        a.seg[0].res = (const float *)res.data;
+        a.seg[0].rs = res.stride;
+        ds_cu_mma_launch(cb, "linear_residual", DS_MMA_RESIDUAL, &a, x);
+        return;
+    }
+    float *t = (float *)ds_cu_tmp(cb, "linear_residual", (size_t)(out.rows * out.cols) * sizeof(float));
+    if (!t) return;
+    ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_cu_linear(be, tmp, x, w, bias);
+    ds_cu_add(be, out, res, tmp);
+}
+
+void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || wg.rows <= 0) return;
+    if (!ds_cu_linear_ok(cb, "linear_swiglu", out, x, wg, ds_no_tensor()) ||
+        !ds_cu_linear_ok(cb, "linear_swiglu", out, x, wu, ds_no_tensor()))
+        return;
+    if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride) {
+        ds_mma_args a = {};
+        a.nseg = 1;
+        a.seg[0] = seg_of(out, wg, ds_no_tensor());
+        a.seg[0].w2 = (const uint16_t *)wu.data;
+        ds_cu_mma_launch(cb, "linear_swiglu", DS_MMA_SWIGLU, &a, x);
+        return;
+    }
+    float *t = (float *)ds_cu_tmp(cb, "linear_swiglu", (size_t)(out.rows * out.cols) * sizeof(float));
+    if (!t) return;
+    ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_cu_linear(be, out, x, wg, ds_no_tensor());
+    ds_cu_linear(be, tmp, x, wu, ds_no_tensor());
+    ds_cu_swiglu(be, out, out, tmp);
+}

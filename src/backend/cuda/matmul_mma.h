@@ -1,0 +1,39 @@
+/* The tensor-core narrow matmul (matmul_mma.cu): one launch computes up to
+ * three projections of the same x (segments), with a plain, residual-add or
+ * SwiGLU epilogue. Used by linear, linear_multi, linear_residual and
+ * linear_swiglu when the weights qualify (ds_cu_mma_eligible). */
+#ifndef DS_CUDA_MATMUL_MMA_H
+#define DS_CUDA_MATMUL_MMA_H
+
+#include "backend/cuda/cuda_internal.h"
+
+enum { DS_MMA_PLAIN, DS_MMA_RESIDUAL, DS_MMA_SWIGLU };
+
+#define DS_MMA_MAX_SEG 3
+
+typedef struct {
+    const uint16_t *w, *w2; /* [n, K] bf16 rows of stride ws; w2 = up weights (SwiGLU) */
+    int64_t ws;
+    float *out;             /* [M, n], row stride os */
+    int64_t os;
+    const float *res;       /* residual [M, n] (may be out), row stride rs */
+    int64_t rs;
+    const void *bias;       /* [n] or NULL */
+    int bias_dtype;
+    int n;
+    int block_end;          /* set by the launcher: blocks of segments 0..this one */
+} ds_mma_seg;
+
+typedef struct {
+    ds_mma_seg seg[DS_MMA_MAX_SEG];
+    int nseg;
+} ds_mma_args;
+
+/* bf16 weights, 1 <= M <= DS_CU_NARROW_M, K a multiple of 32, 16-byte rows.
+ * Depends on w and on M <= DS_CU_NARROW_M only, never on M otherwise, so a
+ * row takes the same path decoded alone or verified with others. */
+bool ds_cu_mma_eligible(ds_tensor w, int64_t M);
+/* Launches mode's kernel over a's segments (every segment: K = x.cols). */
+void ds_cu_mma_launch(ds_cuda_backend *cb, const char *op, int mode, ds_mma_args *a, ds_tensor x);
+
+#endif
