@@ -281,7 +281,19 @@ static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
     ds_linear_swiglu(cpu, h.c, x.c, wg.c, wu.c, tmp.c);
     snprintf(what, sizeof what, "linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
     compare(h.g, h.c, 2e-5, what);
-    pair *all[] = {&wq, &wk, &wv, &bq, &wo, &wg, &wu, &x, &att, &res, &q, &k, &v, &h, &tmp, &tmpk};
+    /* The input RMSNorm fused in front (the GPU recomputes each row's rms in the matmul). */
+    pair nw = weight(DS_BF16, 1, K), xn = act(M, K, NULL);
+    ds_rmsnorm_linear_multi(gpu, 3, og, x.g, nw.g, 1e-6f, wgs, bg, xn.g);
+    ds_rmsnorm_linear_multi(cpu, 3, oc, x.c, nw.c, 1e-6f, wcs, bc, xn.c);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "rmsnorm_linear_multi %s M=%lld, output %d", ds_dtype_name(dt), (long long)M, i);
+        compare(og[i], oc[i], 2e-5, what);
+    }
+    ds_rmsnorm_linear_swiglu(gpu, h.g, x.g, nw.g, 1e-6f, wg.g, wu.g, xn.g, tmp.g);
+    ds_rmsnorm_linear_swiglu(cpu, h.c, x.c, nw.c, 1e-6f, wg.c, wu.c, xn.c, tmp.c);
+    snprintf(what, sizeof what, "rmsnorm_linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
+    pair *all[] = {&wq, &wk, &wv, &bq, &wo, &wg, &wu, &x, &att, &res, &q, &k, &v, &h, &tmp, &tmpk, &nw, &xn};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -308,10 +320,20 @@ static void test_fused_row_invariance(void) {
     }
     gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
     gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g);
+    /* The fused-norm variant too: each row's rms must not depend on the others. */
+    pair nw = weight(DS_BF16, 1, K), n1 = act(MAXM, N, NULL), nm = act(MAXM, N, NULL);
+    for (int64_t i = 0; i < MAXM; i++)
+        gpu->ops->rmsnorm_linear_swiglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
+    gpu->ops->rmsnorm_linear_swiglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
+    float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
+    free(e1), free(em);
+    release(&nw), release(&n1), release(&nm);
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
     CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
     CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
-    printf("  linear_swiglu, linear_residual bf16: rows of a 17-row call == 1-row calls, bitwise\n");
+    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu bf16: rows of a 17-row call == 1-row calls, "
+           "bitwise\n");
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};

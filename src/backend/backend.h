@@ -109,6 +109,12 @@ typedef struct {
     /* outs[i] = x @ ws[i]^T (+ biases[i]) for i < n <= 3: projections of one input. */
     void (*linear_multi)(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                          const ds_tensor *biases);
+    /* outs[i] = n @ ws[i]^T (+ biases[i]), n = rmsnorm(x, norm_w) over the whole row. */
+    void (*rmsnorm_linear_multi)(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor norm_w,
+                                 float eps, const ds_tensor *ws, const ds_tensor *biases);
+    /* out = silu(n @ wg^T) * (n @ wu^T), n = rmsnorm(x, norm_w). */
+    void (*rmsnorm_linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                  ds_tensor wg, ds_tensor wu);
     /* rmsnorm(x, w, head_dim, eps) then rope(x, head_dim, pos, inv_freq), in place. */
     void (*rmsnorm_rope)(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                          const float *inv_freq);
@@ -177,6 +183,27 @@ static inline void ds_linear_multi(ds_backend *be, int n, const ds_tensor *outs,
         return;
     }
     for (int i = 0; i < n; i++) be->ops->linear(be, outs[i], x, ws[i], biases[i]);
+}
+/* xn: scratch of x's shape for the unfused norm. */
+static inline void ds_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x,
+                                           ds_tensor norm_w, float eps, const ds_tensor *ws, const ds_tensor *biases,
+                                           ds_tensor xn) {
+    if (be->ops->rmsnorm_linear_multi) {
+        be->ops->rmsnorm_linear_multi(be, n, outs, x, norm_w, eps, ws, biases);
+        return;
+    }
+    be->ops->rmsnorm(be, xn, x, norm_w, (int)x.cols, eps);
+    ds_linear_multi(be, n, outs, xn, ws, biases);
+}
+/* xn: scratch of x's shape; tmp: of out's shape. */
+static inline void ds_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                            ds_tensor wg, ds_tensor wu, ds_tensor xn, ds_tensor tmp) {
+    if (be->ops->rmsnorm_linear_swiglu) {
+        be->ops->rmsnorm_linear_swiglu(be, out, x, norm_w, eps, wg, wu);
+        return;
+    }
+    be->ops->rmsnorm(be, xn, x, norm_w, (int)x.cols, eps);
+    ds_linear_swiglu(be, out, xn, wg, wu, tmp);
 }
 static inline void ds_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps,
                                    const int32_t *pos, const float *inv_freq) {

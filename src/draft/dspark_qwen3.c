@@ -47,9 +47,8 @@ static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
-        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_qwen3_qkv(be, c, L, xn, qt, ds_rows(q->st.k[l], start, G), ds_rows(q->st.v[l], start, G), q->pos);
+        ds_qwen3_qkv(be, c, L, x, xn, qt, ds_rows(q->st.k[l], start, G), ds_rows(q->st.v[l], start, G), q->pos);
         be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
     }

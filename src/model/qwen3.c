@@ -45,8 +45,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         ds_tensor qt = ds_rows(q->s.q, 0, n), attn = ds_rows(q->s.attn, 0, n);
-        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
-        ds_qwen3_qkv(be, c, L, xn, qt, ds_rows(q->st.k[l], pos0, n), ds_rows(q->st.v[l], pos0, n), q->pos);
+        ds_qwen3_qkv(be, c, L, x, xn, qt, ds_rows(q->st.k[l], pos0, n), ds_rows(q->st.v[l], pos0, n), q->pos);
         be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);

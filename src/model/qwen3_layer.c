@@ -178,11 +178,11 @@ void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3
     ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
 }
 
-void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
-                  ds_tensor k, ds_tensor v, const int32_t *pos) {
+void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
+                  ds_tensor q, ds_tensor k, ds_tensor v, const int32_t *pos) {
     const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
     const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
-    ds_linear_multi(be, 3, outs, xn, ws, bs);
+    ds_rmsnorm_linear_multi(be, 3, outs, x, L->in_norm, c->eps, ws, bs, xn);
     ds_rmsnorm_rope(be, q, L->q_norm, c->head_dim, c->eps, pos, c->inv_freq);
     ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
 }
@@ -192,7 +192,6 @@ void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_
     ds_tensor attn = ds_rows(s->attn, 0, rows), tmp = ds_rows(s->tmp, 0, rows), xn = ds_rows(s->xn, 0, rows);
     ds_tensor gate = ds_rows(s->gate, 0, rows), up = ds_rows(s->up, 0, rows);
     ds_linear_residual(be, x, attn, L->o_proj, L->o_bias, x, tmp);
-    be->ops->rmsnorm(be, xn, x, L->post_norm, c->hidden, c->eps);
-    ds_linear_swiglu(be, gate, xn, L->gate, L->up, up);
+    ds_rmsnorm_linear_swiglu(be, gate, x, L->post_norm, c->eps, L->gate, L->up, xn, up);
     ds_linear_residual(be, x, gate, L->down, ds_no_tensor(), x, tmp);
 }

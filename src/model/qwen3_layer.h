@@ -52,10 +52,11 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
 /* k = rope(k_norm(k_proj(x))), v = v_proj(x), written into cache rows. */
 void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
                         ds_tensor v, const int32_t *pos);
-/* q = rope(q_norm(q_proj(xn))) and ds_qwen3_key_value of the same xn, the
+/* xn = input_layernorm(x) (xn: scratch, unused where the backend fuses the
+ * norm), q = rope(q_norm(q_proj(xn))) and ds_qwen3_key_value of xn; the
  * three projections in one pass where the backend fuses them. */
-void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor xn, ds_tensor q,
-                  ds_tensor k, ds_tensor v, const int32_t *pos);
+void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
+                  ds_tensor q, ds_tensor k, ds_tensor v, const int32_t *pos);
 /* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
                              ds_qwen3_scratch *s, int rows);

@@ -64,6 +64,10 @@ int32_t *ds_cu_indices(ds_cuda_backend *cb, const char *op, int n) {
 
 void *ds_cu_tmp(ds_cuda_backend *cb, const char *op, size_t bytes) { return grow(cb, op, &cb->tmp, &cb->tmp_bytes, bytes); }
 
+void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes) {
+    return grow(cb, op, &cb->tmp2, &cb->tmp2_bytes, bytes);
+}
+
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t) {
     if (t == DS_F32 || t == DS_BF16 || t == DS_F16) return true;
     ds_cu_fail(cb, op, "tensor dtype %s is not supported (F32, BF16, F16)", ds_dtype_name(t));
@@ -149,6 +153,7 @@ static void cu_destroy(ds_backend *be) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     if (cb->scratch) cudaFree(cb->scratch);
     if (cb->tmp) cudaFree(cb->tmp);
+    if (cb->tmp2) cudaFree(cb->tmp2);
     if (cb->idx) cudaFree(cb->idx);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
@@ -180,6 +185,8 @@ static const ds_backend_ops cuda_ops = {
     .linear_residual = ds_cu_linear_residual,
     .linear_swiglu = ds_cu_linear_swiglu,
     .linear_multi = ds_cu_linear_multi,
+    .rmsnorm_linear_multi = ds_cu_rmsnorm_linear_multi,
+    .rmsnorm_linear_swiglu = ds_cu_rmsnorm_linear_swiglu,
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .markov_greedy = ds_cu_markov_greedy,
     .check = cu_check,

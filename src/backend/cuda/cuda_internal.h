@@ -37,6 +37,8 @@ typedef struct {
     size_t scratch_bytes;
     void *tmp;       /* grows on demand: unfused fallbacks' intermediates (never the same op's scratch) */
     size_t tmp_bytes;
+    void *tmp2;      /* the normed input of the fused-norm ops' fallbacks (which may use tmp) */
+    size_t tmp2_bytes;
     void *profile;   /* per-op timing state (DS_CUDA_PROFILE), cuda_profile.cu */
     int32_t *idx;    /* device token indices (argmax results, the Markov walk's tokens) */
     int idx_len;
@@ -58,6 +60,7 @@ int32_t *ds_cu_indices(ds_cuda_backend *cb, const char *op, int n);
 bool ds_cu_argmax_dev(ds_cuda_backend *cb, ds_tensor x, int32_t *d_out);
 /* A second such buffer, for intermediates that live across ops using scratch. */
 void *ds_cu_tmp(ds_cuda_backend *cb, const char *op, size_t bytes);
+void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes);
 /* Weight-like tensors (weights, norm vectors, embedding tables) may be fp32,
  * bf16 or f16; anything else is refused with a recorded failure. */
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t);
@@ -99,6 +102,10 @@ void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor 
                         const ds_tensor *biases);
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, bool bf16,
                          int32_t anchor, ds_tensor emb, int32_t *tokens);
+void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
+                                const ds_tensor *ws, const ds_tensor *biases);
+void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
+                                 ds_tensor wu);
 void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                         const float *inv_freq);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */

@@ -135,6 +135,15 @@ static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bf, a, e, t));
     prof_flush(be);
 }
+static void p_rl_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, ds_tensor nw, float eps,
+                       const ds_tensor *w, const ds_tensor *b) {
+    PROF(WIDE(x.rows) ? "rmsnorm_linear_multi (wide)" : "rmsnorm_linear_multi",
+         prof_of(be)->inner->rmsnorm_linear_multi(be, n, o, x, nw, eps, w, b));
+}
+static void p_rl_swiglu(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor nw, float eps, ds_tensor g, ds_tensor u) {
+    PROF(WIDE(x.rows) ? "rmsnorm_linear_swiglu (wide)" : "rmsnorm_linear_swiglu",
+         prof_of(be)->inner->rmsnorm_linear_swiglu(be, o, x, nw, eps, g, u));
+}
 static ds_error *p_check(ds_backend *be) {
     ds_error *e = prof_of(be)->inner->check(be);
     prof_flush(be);
@@ -150,9 +159,9 @@ static void p_destroy(ds_backend *be) {
     for (int i = 0; i < p->n_names; i++) busy += p->ms[i];
     fprintf(stderr, "dspark cuda profile (DS_CUDA_PROFILE): %.1f ms in ops, %.1f ms from the first op to the last sync\n",
             busy, wall);
-    fprintf(stderr, "  %-24s %8s %10s %9s %6s\n", "op", "calls", "total ms", "mean us", "share");
+    fprintf(stderr, "  %-30s %8s %10s %9s %6s\n", "op", "calls", "total ms", "mean us", "share");
     for (int i = 0; i < p->n_names; i++)
-        fprintf(stderr, "  %-24s %8d %10.2f %9.1f %5.1f%%\n", p->name[i], p->calls[i], p->ms[i],
+        fprintf(stderr, "  %-30s %8d %10.2f %9.1f %5.1f%%\n", p->name[i], p->calls[i], p->ms[i],
                 p->calls[i] ? 1e3 * p->ms[i] / p->calls[i] : 0.0, busy > 0 ? 100 * p->ms[i] / busy : 0.0);
     for (int i = 0; i < 2 * PROF_PENDING; i++) cudaEventDestroy(p->ev[i]);
     cudaEventDestroy(p->first);
@@ -193,6 +202,8 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.linear_multi = p_linear_multi;
     ops.rmsnorm_rope = p_rmsnorm_rope;
     ops.markov_greedy = p_markov;
+    ops.rmsnorm_linear_multi = p_rl_multi;
+    ops.rmsnorm_linear_swiglu = p_rl_swiglu;
     ops.check = p_check;
     cb->profile = p;
     cb->base.ops = &ops;

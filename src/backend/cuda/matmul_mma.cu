@@ -67,9 +67,12 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
     *lo = *(const uint32_t *)&l;
 }
 
-/* x[row][k .. k+7] (zeros for rows past M) as 4 hi and 4 lo pairs. */
+/* x[row][k .. k+7] (zeros for rows past M) as 4 hi and 4 lo pairs. NORM:
+ * also adds the raw values' squares to *ss and scales them by the RMSNorm
+ * weight nw[k ..] (the 1/rms factor is applied to the sums at the end). */
+template <bool NORM>
 __device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs, int row, int M, int k, bool vec,
-                                        uint32_t hi[4], uint32_t lo[4]) {
+                                        const void *nw, int nwdt, float *ss, uint32_t hi[4], uint32_t lo[4]) {
     float f[8];
     if (row >= M) {
 #pragma unroll
@@ -81,6 +84,12 @@ __device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs,
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = x[(int64_t)row * xs + k + i];
+    }
+    if (NORM && row < M) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] *= ds_cu_load(nw, nwdt, k + i);
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) split_pair(f[2 * i], f[2 * i + 1], &hi[i], &lo[i]);
@@ -104,12 +113,16 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 /* NW = weights per block: 1 (plain / residual) or 2 (gate and up, SwiGLU).
  * MT = 8-row tiles of x (M <= 8 MT). Block b covers weight rows
  * [16 b', 16 b' + 16) of the segment its index falls in. */
-template <int MT, int MODE>
+template <int MT, int MODE, bool NORM>
 __global__ void __launch_bounds__(MMA_THREADS)
     linear_mma_kernel(ds_mma_args s, const float *__restrict__ x, int64_t xs, int M, int K, int xvec) {
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     constexpr int UNR = MMA_UNROLL;
     __shared__ float red[MMA_WARPS][NW][4][32];
+    __shared__ float ss_part[NORM ? MMA_WARPS : 1][NORM ? 8 * MT : 1];
+    float ss[MT];
+#pragma unroll
+    for (int j = 0; j < MT; j++) ss[j] = 0.0f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int seg = 0;
     while (seg + 1 < s.nseg && (int)blockIdx.x >= s.seg[seg].block_end) seg++;
@@ -156,9 +169,20 @@ __global__ void __launch_bounds__(MMA_THREADS)
             if (cc >= c_end) break;
             uint32_t xh[MT][4], xl[MT][4];
 #pragma unroll
-            for (int j = 0; j < MT; j++) load_x8(x, xs, g + 8 * j, M, cc * 32 + 8 * t, xvec, xh[j], xl[j]);
+            for (int j = 0; j < MT; j++)
+                load_x8<NORM>(x, xs, g + 8 * j, M, cc * 32 + 8 * t, xvec, s.norm_w, s.norm_dtype, &ss[j], xh[j],
+                              xl[j]);
 #pragma unroll
             for (int v = 0; v < NW; v++) mma_chunk<MT>(acc[v], wa[v][u], wb[v][u], xh, xl);
+        }
+    }
+    if (NORM) { /* each row's sum of squares: lanes t in a fixed butterfly, then warps in order below */
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            float v = ss[j];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) ss_part[warp][g + 8 * j] = v;
         }
     }
     /* Output (n0 + r, m): r = 8h + g', m = 8j + 2t' + e sits in lane 4g' + t', register 2h + e.
@@ -183,6 +207,14 @@ __global__ void __launch_bounds__(MMA_THREADS)
 #pragma unroll
                 for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[w][v][reg][l]);
                 sum[v] = a;
+            }
+            if (NORM) {
+                float tot = ss_part[0][m];
+#pragma unroll
+                for (int w = 1; w < MMA_WARPS; w++) tot += ss_part[w][m];
+                const float rs = 1.0f / sqrtf(tot / (float)K + s.eps);
+#pragma unroll
+                for (int v = 0; v < NW; v++) sum[v] *= rs;
             }
             const int n = n0 + r;
             float y = sum[0];
@@ -210,8 +242,15 @@ void ds_cu_mma_launch(ds_cuda_backend *cb, const char *op, int mode, ds_mma_args
     const int xvec = (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0;
     const int mt = (M + 7) / 8;
     const float *xp = (const float *)x.data;
-#define LAUNCH(MT_, MODE_) \
-    linear_mma_kernel<MT_, MODE_><<<(unsigned)blocks, MMA_THREADS, 0, cb->stream>>>(*a, xp, x.stride, M, K, xvec)
+#define LAUNCH(MT_, MODE_)                                                                                        \
+    do {                                                                                                          \
+        if (a->norm_w)                                                                                            \
+            linear_mma_kernel<MT_, MODE_, true>                                                                   \
+                <<<(unsigned)blocks, MMA_THREADS, 0, cb->stream>>>(*a, xp, x.stride, M, K, xvec);                 \
+        else                                                                                                      \
+            linear_mma_kernel<MT_, MODE_, false>                                                                  \
+                <<<(unsigned)blocks, MMA_THREADS, 0, cb->stream>>>(*a, xp, x.stride, M, K, xvec);                 \
+    } while (0)
 #define BY_MT(MODE_)                  \
     switch (mt) {                     \
     case 1: LAUNCH(1, MODE_); break;  \

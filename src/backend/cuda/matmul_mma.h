@@ -27,6 +27,11 @@ typedef struct {
 typedef struct {
     ds_mma_seg seg[DS_MMA_MAX_SEG];
     int nseg;
+    /* RMSNorm of x fused in front (NULL: none): every segment then sees
+     * x / rms(x) * norm_w, computed from x's K columns in the kernel. */
+    const void *norm_w;
+    int norm_dtype;
+    float eps;
 } ds_mma_args;
 
 /* bf16 weights, 1 <= M <= DS_CU_NARROW_M, K a multiple of 32, 16-byte rows.
