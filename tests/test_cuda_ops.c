@@ -282,7 +282,7 @@ static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
     snprintf(what, sizeof what, "linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
     compare(h.g, h.c, 2e-5, what);
     /* The input RMSNorm fused in front (the GPU recomputes each row's rms in the matmul). */
-    pair nw = weight(DS_BF16, 1, K), xn = act(M, K, NULL);
+    pair nw = weight(M % 2 ? DS_F32 : DS_BF16, 1, K), xn = act(M, K, NULL); /* both norm dtypes */
     ds_rmsnorm_linear_multi(gpu, 3, og, x.g, nw.g, 1e-6f, wgs, bg, xn.g);
     ds_rmsnorm_linear_multi(cpu, 3, oc, x.c, nw.c, 1e-6f, wcs, bc, xn.c);
     for (int i = 0; i < 3; i++) {

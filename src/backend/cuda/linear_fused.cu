@@ -91,7 +91,7 @@ void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w
 /* The input norm in front of the projections: fused into the tensor-core
  * launch (each block recomputes the rows' rms from the x it loads anyway),
  * or rmsnorm into a buffer of its own and the unfused projection. */
-static bool norm_fusable(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw) {
+static bool norm_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw) {
     if (nw.rows != 1 || nw.cols != x.cols || !ds_cu_float_dtype(cb, op, nw.dtype)) {
         ds_cu_fail(cb, op, "norm weight %lldx%lld does not match %lld columns", (long long)nw.rows,
                    (long long)nw.cols, (long long)x.cols);
@@ -99,6 +99,9 @@ static bool norm_fusable(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_te
     }
     return true;
 }
+
+/* The kernel reads the norm weight 8 values at a time with 16-byte loads. */
+static bool norm_aligned(ds_tensor nw) { return (uintptr_t)nw.data % 16 == 0; }
 
 static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps) {
     ds_tensor xn = ds_no_tensor();
@@ -112,7 +115,7 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
                                 const ds_tensor *ws, const ds_tensor *biases) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (x.rows <= 0 || !norm_fusable(cb, "rmsnorm_linear_multi", x, nw)) return;
+    if (x.rows <= 0 || !norm_ok(cb, "rmsnorm_linear_multi", x, nw)) return;
     if (n < 1 || n > DS_MMA_MAX_SEG) {
         ds_cu_fail(cb, "rmsnorm_linear_multi", "%d projections (1..%d supported)", n, DS_MMA_MAX_SEG);
         return;
@@ -122,7 +125,7 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
         if (!ds_cu_linear_ok(cb, "rmsnorm_linear_multi", outs[i], x, ws[i], biases[i])) return;
         fused &= ds_cu_mma_eligible(ws[i], x.rows) && ws[i].rows > 0;
     }
-    if (!fused) {
+    if (!fused || !norm_aligned(nw)) {
         ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps);
         if (xn.data) ds_cu_linear_multi(be, n, outs, xn, ws, biases);
         return;
@@ -139,11 +142,12 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
                                  ds_tensor wu) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (x.rows <= 0 || !norm_fusable(cb, "rmsnorm_linear_swiglu", x, nw)) return;
+    if (x.rows <= 0 || !norm_ok(cb, "rmsnorm_linear_swiglu", x, nw)) return;
     if (!ds_cu_linear_ok(cb, "rmsnorm_linear_swiglu", out, x, wg, ds_no_tensor()) ||
         !ds_cu_linear_ok(cb, "rmsnorm_linear_swiglu", out, x, wu, ds_no_tensor()))
         return;
-    if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride) {
+    if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride &&
+        norm_aligned(nw)) {
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = seg_of(out, wg, ds_no_tensor());
