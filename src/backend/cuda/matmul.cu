@@ -1,7 +1,9 @@
 /* y = x W^T on the GPU.
  *
  * Narrow calls (decode, verify, drafter blocks: M <= DS_CU_NARROW_M rows)
- * use our own kernel, bound by reading the weights once from HBM (16-byte
+ * with bf16 weights run on the tensor cores (matmul_mma.cu). The others
+ * (fp32 / f16 weights, K not a multiple of 32) use the CUDA-core kernel
+ * here, bound by reading the weights once from HBM (16-byte
  * loads of bf16/f16/fp32 rows, widened to fp32 in registers, fp32 FMAs).
  * Its reduction order is fixed by K alone: thread t of a block takes the
  * 8-element chunks t, t+128, ... of the row in order, the 32 lanes of a warp
@@ -9,9 +11,12 @@
  * block handles (1, 2, 4 or 8 per block, by M) change nothing in that order,
  * so each output row is bit-identical however many rows share the call.
  *
- * Wide calls (prefill) go to cuBLAS sgemm in plain fp32 (no TF32); bf16 and
- * f16 weights are widened a tile of rows at a time into scratch first, as
- * the CPU backend widens them for OpenBLAS. */
+ * Wide calls (prefill) go to cuBLAS: bf16 weights as two bf16 tensor-core
+ * GEMMs of x's hi and lo halves (linear_wide_bf16), fp32 weights as sgemm
+ * in plain fp32 (no TF32), f16 weights widened a tile of rows at a time
+ * into scratch for sgemm, as the CPU backend widens them for OpenBLAS. */
+#include <cuda_bf16.h>
+
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/matmul_mma.h"
 
@@ -192,8 +197,58 @@ __global__ void add_bias_kernel(float *out, int64_t os, const void *bias, int bd
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) out[m * os + n] += b;
 }
 
+/* hi[r][c] = bf16(x[r][c]), lo[r][c] = bf16(x[r][c] - hi[r][c]) (contiguous [M, K]). */
+__global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t xs, int64_t M,
+                                  int64_t K) {
+    const int64_t total = M * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[(i / K) * xs + i % K];
+        const __nv_bfloat16 h = __float2bfloat16_rn(v);
+        hi[i] = h;
+        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+/* Prefill with bf16 weights on the tensor cores: x = hi + lo as in the
+ * narrow kernel (~16 mantissa bits kept), out = W hi + W lo with fp32
+ * accumulation, two cuBLAS bf16 GEMMs instead of widening every weight to
+ * fp32 for sgemm (which read the weights three times and ran on the CUDA
+ * cores). */
+static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w) {
+    const int64_t M = x.rows, K = x.cols, N = w.rows;
+    __nv_bfloat16 *hi = (__nv_bfloat16 *)ds_cu_scratch(cb, "linear", (size_t)(2 * M * K) * sizeof(__nv_bfloat16));
+    if (!hi) return false;
+    __nv_bfloat16 *lo = hi + M * K;
+    const int64_t blocks = (M * K + 255) / 256;
+    split_bf16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, cb->stream>>>(hi, lo, (const float *)x.data,
+                                                                                          x.stride, M, K);
+    if (!ds_cu_launched(cb, "linear")) return false;
+    const float one = 1.0f, zero = 0.0f;
+    for (int part = 0; part < 2; part++) {
+        cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w.data,
+                                         CUDA_R_16BF, (int)w.stride, part ? lo : hi, CUDA_R_16BF, (int)K,
+                                         part ? &one : &zero, out.data, CUDA_R_32F, (int)out.stride,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            ds_cu_fail(cb, "linear", "cublasGemmEx bf16 %lldx%lldx%lld failed (status %d)", (long long)M, (long long)N,
+                       (long long)K, (int)st);
+            return false;
+        }
+    }
+    return true;
+}
+
 static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
     const int64_t M = x.rows, K = x.cols, N = w.rows;
+    if (w.dtype == DS_BF16) {
+        if (!linear_wide_bf16(cb, out, x, w)) return;
+        if (bias.data) {
+            dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
+            add_bias_kernel<<<grid, 256, 0, cb->stream>>>((float *)out.data, out.stride, bias.data, bias.dtype, M, N);
+            ds_cu_launched(cb, "linear");
+        }
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     const float *wt = (const float *)w.data;
     int64_t tile = N, ldw = w.stride;
