@@ -16,6 +16,7 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { retur
 #define ARGMAX_SLICE 4096
 
 __global__ void argmax_slice_kernel(const float *__restrict__ x, int64_t stride, int64_t cols, float *pv, int *pi) {
+    ds_cu_grid_wait();
     __shared__ float sv[ARGMAX_THREADS];
     __shared__ int si[ARGMAX_THREADS];
     const float *row = x + (int64_t)blockIdx.y * stride;
@@ -41,6 +42,7 @@ __global__ void argmax_slice_kernel(const float *__restrict__ x, int64_t stride,
 }
 
 __global__ void argmax_combine_kernel(const float *pv, const int *pi, int slices, int32_t *out) {
+    ds_cu_grid_wait();
     const int r = blockIdx.x;
     float bv = pv[(int64_t)r * slices];
     int bi = pi[(int64_t)r * slices];
@@ -57,10 +59,10 @@ bool ds_cu_argmax_dev(ds_cuda_backend *cb, ds_tensor x, int32_t *d_out) {
     if (!buf) return false;
     float *pv = (float *)buf;
     int *pi = (int *)(buf + np * sizeof(float));
-    argmax_slice_kernel<<<dim3((unsigned)slices, (unsigned)x.rows), ARGMAX_THREADS, 0, cb->stream>>>(
+    ds_cu_launch(argmax_slice_kernel,dim3((unsigned)slices, (unsigned)x.rows), ARGMAX_THREADS, cb->stream, 
         (const float *)x.data, x.stride, x.cols, pv, pi);
     if (!ds_cu_launched(cb, "argmax")) return false;
-    argmax_combine_kernel<<<(unsigned)x.rows, 1, 0, cb->stream>>>(pv, pi, slices, d_out);
+    ds_cu_launch(argmax_combine_kernel,(unsigned)x.rows, 1, cb->stream, pv, pi, slices, d_out);
     return ds_cu_launched(cb, "argmax");
 }
 

@@ -45,6 +45,7 @@ __device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, in
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
 template <int L, int NPL>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa) {
+    ds_cu_grid_wait();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     __shared__ float s_m[G], s_l[G];
     __shared__ float s_o[G][L * NPL];
@@ -146,6 +147,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 /* Merges the chunk partials of rows whose keys span several chunks, in
  * chunk order. One block per (row, head). */
 __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
+    ds_cu_grid_wait();
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
     int lo, hi;
     key_range(g, pa.v[m], &lo, &hi);
@@ -243,14 +245,14 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
         /* Few lanes per key, many keys per block in flight: decode is bound
          * by the latency of fetching keys, not by arithmetic. The choice
          * depends on the head size alone (rows stay invariant). */
-        if (dmax <= 32) attn_chunk_kernel<4, 8><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 64) attn_chunk_kernel<4, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 128) attn_chunk_kernel<8, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else if (dmax <= 256) attn_chunk_kernel<16, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
-        else attn_chunk_kernel<32, 16><<<grid, ATT_THREADS, 0, cb->stream>>>(g, pa);
+        if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8>,grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 64) ds_cu_launch(attn_chunk_kernel<4, 16>,grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 128) ds_cu_launch(attn_chunk_kernel<8, 16>,grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16>,grid, ATT_THREADS, cb->stream, g, pa);
+        else ds_cu_launch(attn_chunk_kernel<32, 16>,grid, ATT_THREADS, cb->stream, g, pa);
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
-            attn_combine_kernel<<<(unsigned)(n * g.H), ATT_THREADS, 0, cb->stream>>>(g, pa);
+            ds_cu_launch(attn_combine_kernel,(unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
             if (!ds_cu_launched(cb, "attention")) return;
         }
         r0 += n;

@@ -68,6 +68,15 @@ void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes) {
     return grow(cb, op, &cb->tmp2, &cb->tmp2_bytes, bytes);
 }
 
+bool ds_cu_pdl_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("DS_CUDA_PDL");
+        on = !(v && !strcmp(v, "0"));
+    }
+    return on;
+}
+
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t) {
     if (t == DS_F32 || t == DS_BF16 || t == DS_F16) return true;
     ds_cu_fail(cb, op, "tensor dtype %s is not supported (F32, BF16, F16)", ds_dtype_name(t));

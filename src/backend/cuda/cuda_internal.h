@@ -75,6 +75,40 @@ __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i)
 /* DS_CUDA_PROFILE=1: wraps every op with GPU timing (cuda_profile.cu). */
 void ds_cu_profile_wrap(ds_cuda_backend *cb);
 
+/* Kernel launches. Every kernel of this backend is started with
+ * programmatic dependent launch (Hopper): it may be scheduled while the
+ * kernel before it in the stream drains, and its first statement is
+ * ds_cu_grid_wait(), which waits for that kernel's results. That hides the
+ * launch gap between the ~250 small dependent kernels of a decode step.
+ * DS_CUDA_PDL=0 launches plainly (for comparison). */
+bool ds_cu_pdl_enabled(void);
+
+template <typename... P, typename... A>
+static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = ds_cu_pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
+}
+
+/* Waits for the previous kernel in the stream (its results are visible
+ * after this), then lets the next kernel be scheduled: it launches once
+ * every block of this one has passed here, i.e. while the last wave runs,
+ * and waits in its own ds_cu_grid_wait() (see ds_cu_launch). */
+__device__ __forceinline__ void ds_cu_grid_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 /* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
 __device__ __forceinline__ float ds_cu_rbf16(float f) {
     uint32_t u = __float_as_uint(f);

@@ -9,6 +9,7 @@ enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16 };
  * rows (strided by gridDim.y), x blocks walk columns. */
 __global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float *a, int64_t as, const float *b,
                           int64_t bs, int64_t rows, int64_t cols, float s) {
+    ds_cu_grid_wait();
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -34,7 +35,7 @@ static void ew(ds_backend *be, const char *name, int op, ds_tensor out, ds_tenso
     if (out.rows <= 0 || out.cols <= 0) return;
     const int threads = 256;
     dim3 grid((unsigned)((out.cols + threads - 1) / threads), (unsigned)(out.rows < 65535 ? out.rows : 65535));
-    ew_kernel<<<grid, threads, 0, cb->stream>>>(op, (float *)out.data, out.stride, (const float *)a.data, a.stride,
+    ds_cu_launch(ew_kernel,grid, threads, cb->stream, op, (float *)out.data, out.stride, (const float *)a.data, a.stride,
                                                (const float *)b.data, b.stride, out.rows, out.cols, s);
     ds_cu_launched(cb, name);
 }
@@ -60,6 +61,7 @@ typedef struct {
 /* out[i] = table[ids[i]] * scale; blockIdx.y = row of the launch. */
 __global__ void embed_kernel(float *__restrict__ out, int64_t os, const void *table, int dtype, int64_t ts,
                              int64_t cols, ids_arg ids, float scale) {
+    ds_cu_grid_wait();
     const int i = blockIdx.y;
     const int64_t base = (int64_t)ids.v[i] * ts;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
@@ -83,7 +85,7 @@ void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *
         int n = (int)(out.rows - r0 < DS_CU_ROWS ? out.rows - r0 : DS_CU_ROWS);
         ids_arg a;
         for (int i = 0; i < n; i++) a.v[i] = ids[r0 + i];
-        embed_kernel<<<dim3(gx, (unsigned)n), threads, 0, cb->stream>>>((float *)out.data + r0 * out.stride, out.stride,
+        ds_cu_launch(embed_kernel,dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride, out.stride,
                                                                        table.data, table.dtype, table.stride, out.cols,
                                                                        a, scale);
         if (!ds_cu_launched(cb, "embed")) return;

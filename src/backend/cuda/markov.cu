@@ -7,12 +7,14 @@
 
 /* emb[0..r) = table[*id] as fp32. */
 __global__ void gather_row_kernel(float *emb, const void *table, int dtype, int64_t ts, int r, const int32_t *id) {
+    ds_cu_grid_wait();
     const int64_t row = (int64_t)*id * ts;
     for (int i = threadIdx.x; i < r; i += blockDim.x) emb[i] = ds_cu_load(table, dtype, row + i);
 }
 
 /* out = base + bias, or round(base + round(bias)) in bf16 mode. */
 __global__ void markov_add_kernel(float *out, const float *base, const float *bias, int64_t V, int bf16) {
+    ds_cu_grid_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= V) return;
     out[i] = bf16 ? ds_cu_rbf16(base[i] + ds_cu_rbf16(bias[i])) : base[i] + bias[i];
@@ -44,11 +46,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_tensor ok = ds_rows(out, k, 1);
         if (markov) {
             ds_tensor ek = ds_rows(emb, k, 1);
-            gather_row_kernel<<<1, 256, 0, cb->stream>>>((float *)ek.data, w1.data, w1.dtype, w1.stride, r, idx + k);
+            ds_cu_launch(gather_row_kernel,1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype, w1.stride, r, idx + k);
             if (!ds_cu_launched(cb, "markov_greedy")) return;
             ds_tensor bt = {DS_F32, bias, 1, V, V, false};
             ds_cu_linear(be, bt, ek, w2, ds_no_tensor());
-            markov_add_kernel<<<(unsigned)((V + 255) / 256), 256, 0, cb->stream>>>(
+            ds_cu_launch(markov_add_kernel,(unsigned)((V + 255) / 256), 256, cb->stream, 
                 (float *)ok.data, (const float *)ds_rows(base, k, 1).data, bias, V, bf16);
             if (!ds_cu_launched(cb, "markov_greedy")) return;
         } else {

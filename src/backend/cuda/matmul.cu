@@ -65,6 +65,7 @@ template <int DT, int MT, bool VEC>
 __global__ void __launch_bounds__(MV_THREADS)
     linear_narrow_kernel(float *__restrict__ out, int64_t os, const float *__restrict__ x, int64_t xs,
                          const void *__restrict__ w, int64_t ws, const void *bias, int bdt, int M, int N, int K) {
+    ds_cu_grid_wait();
     __shared__ float red[MV_THREADS / 32][MT][MV_NB];
     const int n0 = blockIdx.x * MV_NB, m0 = blockIdx.y * MT;
     float acc[MT][MV_NB];
@@ -157,11 +158,11 @@ template <int DT, int MT>
 static void launch_narrow(cudaStream_t st, bool vec, dim3 grid, ds_tensor out, ds_tensor x, ds_tensor w,
                           ds_tensor bias, int M, int N, int K) {
     if (vec)
-        linear_narrow_kernel<DT, MT, true><<<grid, MV_THREADS, 0, st>>>(
+        ds_cu_launch(linear_narrow_kernel<DT, MT, true>,grid, MV_THREADS, st, 
             (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M,
             N, K);
     else
-        linear_narrow_kernel<DT, MT, false><<<grid, MV_THREADS, 0, st>>>(
+        ds_cu_launch(linear_narrow_kernel<DT, MT, false>,grid, MV_THREADS, st, 
             (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M,
             N, K);
 }
@@ -183,6 +184,7 @@ static void narrow_dt(cudaStream_t st, bool vec, ds_tensor out, ds_tensor x, ds_
 /* dst[r][c] = w[n0 + r][c] widened to fp32, r < rows. */
 __global__ void widen_kernel(float *__restrict__ dst, const void *__restrict__ w, int dt, int64_t ws, int64_t n0,
                              int64_t rows, int64_t K) {
+    ds_cu_grid_wait();
     const int64_t total = rows * K;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / K, c = i % K;
@@ -191,6 +193,7 @@ __global__ void widen_kernel(float *__restrict__ dst, const void *__restrict__ w
 }
 
 __global__ void add_bias_kernel(float *out, int64_t os, const void *bias, int bdt, int64_t M, int64_t N) {
+    ds_cu_grid_wait();
     const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const float b = ds_cu_load(bias, bdt, n);
@@ -200,6 +203,7 @@ __global__ void add_bias_kernel(float *out, int64_t os, const void *bias, int bd
 /* hi[r][c] = bf16(x[r][c]), lo[r][c] = bf16(x[r][c] - hi[r][c]) (contiguous [M, K]). */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t xs, int64_t M,
                                   int64_t K) {
+    ds_cu_grid_wait();
     const int64_t total = M * K;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = x[(i / K) * xs + i % K];
@@ -220,7 +224,7 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
     if (!hi) return false;
     __nv_bfloat16 *lo = hi + M * K;
     const int64_t blocks = (M * K + 255) / 256;
-    split_bf16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, cb->stream>>>(hi, lo, (const float *)x.data,
+    ds_cu_launch(split_bf16_kernel,(unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo, (const float *)x.data,
                                                                                           x.stride, M, K);
     if (!ds_cu_launched(cb, "linear")) return false;
     const float one = 1.0f, zero = 0.0f;
@@ -244,7 +248,7 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
         if (!linear_wide_bf16(cb, out, x, w)) return;
         if (bias.data) {
             dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-            add_bias_kernel<<<grid, 256, 0, cb->stream>>>((float *)out.data, out.stride, bias.data, bias.dtype, M, N);
+            ds_cu_launch(add_bias_kernel,grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M, N);
             ds_cu_launched(cb, "linear");
         }
         return;
@@ -265,7 +269,7 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
         const int64_t tn = N - n0 < tile ? N - n0 : tile;
         if (buf) {
             int64_t blocks = (tn * K + 255) / 256;
-            widen_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, cb->stream>>>(buf, w.data, w.dtype,
+            ds_cu_launch(widen_kernel,(unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, buf, w.data, w.dtype,
                                                                                                 w.stride, n0, tn, K);
             if (!ds_cu_launched(cb, "linear")) return;
             wt = buf;
@@ -284,7 +288,7 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
     }
     if (bias.data) {
         dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-        add_bias_kernel<<<grid, 256, 0, cb->stream>>>((float *)out.data, out.stride, bias.data, bias.dtype, M, N);
+        ds_cu_launch(add_bias_kernel,grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M, N);
         ds_cu_launched(cb, "linear");
     }
 }

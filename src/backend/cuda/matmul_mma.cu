@@ -134,6 +134,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 template <int MT, int MODE, bool NORM>
 __global__ void __launch_bounds__(MMA_THREADS)
     linear_mma_kernel(ds_mma_args s, const float *__restrict__ x, int64_t xs, int M, int K, int xvec) {
+    ds_cu_grid_wait();
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     constexpr int UNR = MMA_UNROLL;
     __shared__ float red[MMA_WARPS][NW][4][32];
@@ -263,11 +264,11 @@ void ds_cu_mma_launch(ds_cuda_backend *cb, const char *op, int mode, ds_mma_args
 #define LAUNCH(MT_, MODE_)                                                                                        \
     do {                                                                                                          \
         if (a->norm_w)                                                                                            \
-            linear_mma_kernel<MT_, MODE_, true>                                                                   \
-                <<<(unsigned)blocks, MMA_THREADS, 0, cb->stream>>>(*a, xp, x.stride, M, K, xvec);                 \
+            ds_cu_launch(linear_mma_kernel<MT_, MODE_, true>, (unsigned)blocks, MMA_THREADS, cb->stream, *a, xp,   \
+                         x.stride, M, K, xvec);                                                                   \
         else                                                                                                      \
-            linear_mma_kernel<MT_, MODE_, false>                                                                  \
-                <<<(unsigned)blocks, MMA_THREADS, 0, cb->stream>>>(*a, xp, x.stride, M, K, xvec);                 \
+            ds_cu_launch(linear_mma_kernel<MT_, MODE_, false>, (unsigned)blocks, MMA_THREADS, cb->stream, *a, xp,  \
+                         x.stride, M, K, xvec);                                                                   \
     } while (0)
 #define BY_MT(MODE_)                  \
     switch (mt) {                     \

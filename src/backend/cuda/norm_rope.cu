@@ -10,6 +10,7 @@ template <int T>
 __global__ void __launch_bounds__(T)
     rmsnorm_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int64_t groups,
                    int dim, float eps) {
+    ds_cu_grid_wait();
     __shared__ float part[T / 32];
     const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xr = x + r * xs + g * dim;
@@ -41,10 +42,10 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
      * norm is one block, bound by its own memory latency. By dim only, so
      * a row's reduction order never depends on the rows beside it. */
     if (dim >= 2048)
-        rmsnorm_kernel<512><<<(unsigned)(x.rows * groups), 512, 0, cb->stream>>>(
+        ds_cu_launch(rmsnorm_kernel<512>,(unsigned)(x.rows * groups), 512, cb->stream, 
             (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
     else
-        rmsnorm_kernel<NORM_THREADS><<<(unsigned)(x.rows * groups), NORM_THREADS, 0, cb->stream>>>(
+        ds_cu_launch(rmsnorm_kernel<NORM_THREADS>,(unsigned)(x.rows * groups), NORM_THREADS, cb->stream, 
             (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
     ds_cu_launched(cb, "rmsnorm");
 }
@@ -59,6 +60,7 @@ typedef struct {
  * of every head: angle = pos * inv_freq[i] in fp32, then cos/sin (as the
  * reference). */
 __global__ void rope_kernel(float *x, int64_t xs, int64_t heads, int head_dim, rope_arg a) {
+    ds_cu_grid_wait();
     const int half = head_dim / 2, r = blockIdx.x;
     float *row = x + (int64_t)r * xs;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -91,7 +93,7 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        rope_kernel<<<(unsigned)n, threads, 0, cb->stream>>>((float *)x.data + r0 * x.stride, x.stride,
+        ds_cu_launch(rope_kernel,(unsigned)n, threads, cb->stream, (float *)x.data + r0 * x.stride, x.stride,
                                                              x.cols / head_dim, head_dim, a);
         if (!ds_cu_launched(cb, "rope")) return;
     }
@@ -103,6 +105,7 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
 __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_rope_kernel(float *x, int64_t xs, const void *w, int wdtype, int heads, int head_dim, float eps,
                         rope_arg a) {
+    ds_cu_grid_wait();
     __shared__ float part[NORM_THREADS / 32];
     const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
     float *v = x + (int64_t)r * xs + (int64_t)h * head_dim;
@@ -148,7 +151,7 @@ void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, 
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        rmsnorm_rope_kernel<<<(unsigned)(n * heads), NORM_THREADS, 0, cb->stream>>>(
+        ds_cu_launch(rmsnorm_rope_kernel,(unsigned)(n * heads), NORM_THREADS, cb->stream, 
             (float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, heads, head_dim, eps, a);
         if (!ds_cu_launched(cb, "rmsnorm_rope")) return;
     }
