@@ -75,6 +75,32 @@ __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i)
 /* DS_CUDA_PROFILE=1: wraps every op with GPU timing (cuda_profile.cu). */
 void ds_cu_profile_wrap(ds_cuda_backend *cb);
 
+/* 8 consecutive elements from a 16-byte-aligned address, as fp32. */
+template <int DT> __device__ __forceinline__ void ds_cu_load8(const void *p, int64_t i, float f[8]);
+template <> __device__ __forceinline__ void ds_cu_load8<DS_F32>(const void *p, int64_t i, float f[8]) {
+    const float4 *q = (const float4 *)((const float *)p + i);
+    const float4 a = __ldg(q), b = __ldg(q + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+template <> __device__ __forceinline__ void ds_cu_load8<DS_BF16>(const void *p, int64_t i, float f[8]) {
+    const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+template <> __device__ __forceinline__ void ds_cu_load8<DS_F16>(const void *p, int64_t i, float f[8]) {
+    const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __half2float(__ushort_as_half((unsigned short)(w[j] & 0xffffu)));
+        f[2 * j + 1] = __half2float(__ushort_as_half((unsigned short)(w[j] >> 16)));
+    }
+}
+
 /* Kernel launches. Every kernel of this backend is started with
  * programmatic dependent launch (Hopper): it may be scheduled while the
  * kernel before it in the stream drains, and its first statement is

@@ -19,26 +19,38 @@ static ds_mma_seg seg_of(ds_tensor out, ds_tensor w, ds_tensor bias) {
     return s;
 }
 
-void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
-                        const ds_tensor *biases) {
-    ds_cuda_backend *cb = ds_cu(be);
+/* Checks n projections of x; true (and a's segments filled) when one
+ * tensor-core launch can compute them all. */
+static bool multi_plan(ds_cuda_backend *cb, const char *op, int n, const ds_tensor *outs, ds_tensor x,
+                       const ds_tensor *ws, const ds_tensor *biases, bool *ok, ds_mma_args *a) {
+    *ok = false;
     if (n < 1 || n > DS_MMA_MAX_SEG) {
-        ds_cu_fail(cb, "linear_multi", "%d projections (1..%d supported)", n, DS_MMA_MAX_SEG);
-        return;
+        ds_cu_fail(cb, op, "%d projections (1..%d supported)", n, DS_MMA_MAX_SEG);
+        return false;
     }
     bool fused = true;
     for (int i = 0; i < n; i++) {
-        if (!ds_cu_linear_ok(cb, "linear_multi", outs[i], x, ws[i], biases[i])) return;
+        if (!ds_cu_linear_ok(cb, op, outs[i], x, ws[i], biases[i])) return false;
         fused &= ds_cu_mma_eligible(ws[i], x.rows) && ws[i].rows > 0;
     }
-    if (!fused) {
-        for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], x, ws[i], biases[i]);
+    *ok = true;
+    *a = ds_mma_args{};
+    a->nseg = n;
+    for (int i = 0; i < n; i++) a->seg[i] = seg_of(outs[i], ws[i], biases[i]);
+    return fused;
+}
+
+void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                        const ds_tensor *biases) {
+    ds_cuda_backend *cb = ds_cu(be);
+    bool ok;
+    ds_mma_args a;
+    if (multi_plan(cb, "linear_multi", n, outs, x, ws, biases, &ok, &a)) {
+        ds_cu_mma_launch(cb, "linear_multi", DS_MMA_PLAIN, &a, x);
         return;
     }
-    ds_mma_args a = {};
-    a.nseg = n;
-    for (int i = 0; i < n; i++) a.seg[i] = seg_of(outs[i], ws[i], biases[i]);
-    ds_cu_mma_launch(cb, "linear_multi", DS_MMA_PLAIN, &a, x);
+    if (ok)
+        for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], x, ws[i], biases[i]);
 }
 
 void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res) {
@@ -116,27 +128,18 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
                                 const ds_tensor *ws, const ds_tensor *biases) {
     ds_cuda_backend *cb = ds_cu(be);
     if (x.rows <= 0 || !norm_ok(cb, "rmsnorm_linear_multi", x, nw)) return;
-    if (n < 1 || n > DS_MMA_MAX_SEG) {
-        ds_cu_fail(cb, "rmsnorm_linear_multi", "%d projections (1..%d supported)", n, DS_MMA_MAX_SEG);
+    bool ok;
+    ds_mma_args a;
+    if (multi_plan(cb, "rmsnorm_linear_multi", n, outs, x, ws, biases, &ok, &a) && norm_aligned(nw)) {
+        a.norm_w = nw.data;
+        a.norm_dtype = (int)nw.dtype;
+        a.eps = eps;
+        ds_cu_mma_launch(cb, "rmsnorm_linear_multi", DS_MMA_PLAIN, &a, x);
         return;
     }
-    bool fused = true;
-    for (int i = 0; i < n; i++) {
-        if (!ds_cu_linear_ok(cb, "rmsnorm_linear_multi", outs[i], x, ws[i], biases[i])) return;
-        fused &= ds_cu_mma_eligible(ws[i], x.rows) && ws[i].rows > 0;
-    }
-    if (!fused || !norm_aligned(nw)) {
-        ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps);
-        if (xn.data) ds_cu_linear_multi(be, n, outs, xn, ws, biases);
-        return;
-    }
-    ds_mma_args a = {};
-    a.nseg = n;
-    for (int i = 0; i < n; i++) a.seg[i] = seg_of(outs[i], ws[i], biases[i]);
-    a.norm_w = nw.data;
-    a.norm_dtype = (int)nw.dtype;
-    a.eps = eps;
-    ds_cu_mma_launch(cb, "rmsnorm_linear_multi", DS_MMA_PLAIN, &a, x);
+    if (!ok) return;
+    ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps);
+    if (xn.data) ds_cu_linear_multi(be, n, outs, xn, ws, biases);
 }
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,

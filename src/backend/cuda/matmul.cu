@@ -24,32 +24,6 @@
 #define MV_NB 4                        /* weight rows (outputs) per block */
 #define WIDE_TILE_BYTES ((size_t)64 << 20) /* fp32 weight tile for cuBLAS */
 
-/* 8 consecutive elements from a 16-byte-aligned address, as fp32. */
-template <int DT> __device__ __forceinline__ void load8(const void *p, int64_t i, float f[8]);
-template <> __device__ __forceinline__ void load8<DS_F32>(const void *p, int64_t i, float f[8]) {
-    const float4 *q = (const float4 *)((const float *)p + i);
-    const float4 a = __ldg(q), b = __ldg(q + 1);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-template <> __device__ __forceinline__ void load8<DS_BF16>(const void *p, int64_t i, float f[8]) {
-    const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-template <> __device__ __forceinline__ void load8<DS_F16>(const void *p, int64_t i, float f[8]) {
-    const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __half2float(__ushort_as_half((unsigned short)(w[j] & 0xffffu)));
-        f[2 * j + 1] = __half2float(__ushort_as_half((unsigned short)(w[j] >> 16)));
-    }
-}
-
 /* The one accumulation step every path shares: acc += x[j] * w[j], j = 0..7. */
 __device__ __forceinline__ float fma8(const float x[8], const float w[8], float acc) {
 #pragma unroll
@@ -85,14 +59,14 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
             for (int b = 0; b < MV_NB; b++) {
                 const int64_t r = (int64_t)(n0 + b < N ? n0 + b : N - 1) * ws; /* rows past N: any valid row, unused */
-                load8<DT>(w, r + k0, w0[b]);
-                load8<DT>(w, r + k1, w1[b]);
+                ds_cu_load8<DT>(w, r + k0, w0[b]);
+                ds_cu_load8<DT>(w, r + k1, w1[b]);
             }
 #pragma unroll
             for (int a = 0; a < MT; a++) {
                 if (m0 + a >= M) break;
-                load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k0, x0);
-                load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k1, x1);
+                ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k0, x0);
+                ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k1, x1);
 #pragma unroll
                 for (int b = 0; b < MV_NB; b++) acc[a][b] = fma8(x1, w1[b], fma8(x0, w0[b], acc[a][b]));
             }
@@ -104,7 +78,7 @@ __global__ void __launch_bounds__(MV_THREADS)
         if (VEC && k + 8 <= K) {
 #pragma unroll
             for (int b = 0; b < MV_NB; b++) {
-                if (n0 + b < N) load8<DT>(w, (int64_t)(n0 + b) * ws + k, wf[b]);
+                if (n0 + b < N) ds_cu_load8<DT>(w, (int64_t)(n0 + b) * ws + k, wf[b]);
                 else
 #pragma unroll
                     for (int j = 0; j < 8; j++) wf[b][j] = 0.0f;
@@ -112,7 +86,7 @@ __global__ void __launch_bounds__(MV_THREADS)
 #pragma unroll
             for (int a = 0; a < MT; a++) {
                 if (m0 + a >= M) break;
-                load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k, xf);
+                ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k, xf);
 #pragma unroll
                 for (int b = 0; b < MV_NB; b++) acc[a][b] = fma8(xf, wf[b], acc[a][b]);
             }

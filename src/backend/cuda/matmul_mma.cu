@@ -92,16 +92,9 @@ __device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs,
          * launcher checks the alignment). */
         float nf[8];
         if (nwdt == DS_BF16) {
-            const uint4 u = __ldg((const uint4 *)((const uint16_t *)nw + k));
-            const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                nf[2 * i] = __uint_as_float(wv[i] << 16);
-                nf[2 * i + 1] = __uint_as_float(wv[i] & 0xffff0000u);
-            }
+            ds_cu_load8<DS_BF16>(nw, k, nf);
         } else if (nwdt == DS_F32) {
-            const float4 a = __ldg((const float4 *)((const float *)nw + k)), b = __ldg((const float4 *)((const float *)nw + k) + 1);
-            nf[0] = a.x, nf[1] = a.y, nf[2] = a.z, nf[3] = a.w, nf[4] = b.x, nf[5] = b.y, nf[6] = b.z, nf[7] = b.w;
+            ds_cu_load8<DS_F32>(nw, k, nf);
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) nf[i] = ds_cu_load(nw, nwdt, k + i);

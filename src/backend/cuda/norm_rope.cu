@@ -5,6 +5,20 @@
 
 #define NORM_THREADS 128
 
+/* 1 / rms(v[0..dim)) over a block of T threads, in an order fixed by T and
+ * dim: threads take strided elements, a warp butterfly, warps in order. */
+template <int T>
+__device__ __forceinline__ float block_inv_rms(const float *v, int dim, float eps, float *part) {
+    float ss = 0;
+    for (int i = threadIdx.x; i < dim; i += T) ss = fmaf(v[i], v[i], ss);
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = part[0];
+    for (int i = 1; i < T / 32; i++) total += part[i];
+    return 1.0f / sqrtf(total / (float)dim + eps);
+}
+
 /* Block b normalizes group b % groups of row b / groups with T threads. */
 template <int T>
 __global__ void __launch_bounds__(T)
@@ -15,14 +29,7 @@ __global__ void __launch_bounds__(T)
     const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xr = x + r * xs + g * dim;
     float *orow = out + r * os + g * dim;
-    float ss = 0;
-    for (int i = threadIdx.x; i < dim; i += T) ss = fmaf(xr[i], xr[i], ss);
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = part[0];
-    for (int i = 1; i < T / 32; i++) total += part[i];
-    const float rs = 1.0f / sqrtf(total / (float)dim + eps);
+    const float rs = block_inv_rms<T>(xr, dim, eps, part);
     if (w)
         for (int i = threadIdx.x; i < dim; i += T) orow[i] = xr[i] * rs * ds_cu_load(w, wdtype, i);
     else
@@ -109,14 +116,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     __shared__ float part[NORM_THREADS / 32];
     const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
     float *v = x + (int64_t)r * xs + (int64_t)h * head_dim;
-    float ss = 0;
-    for (int i = threadIdx.x; i < head_dim; i += NORM_THREADS) ss = fmaf(v[i], v[i], ss);
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = part[0];
-    for (int i = 1; i < NORM_THREADS / 32; i++) total += part[i];
-    const float rs = 1.0f / sqrtf(total / (float)head_dim + eps);
+    const float rs = block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
         float p = v[i] * rs, q = v[i + half] * rs;
         if (w) {
