@@ -14,7 +14,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-#define ATT_THREADS 128
+#define ATT_THREADS 256 /* 16..64 keys in flight per block: decode is latency-bound */
 #define ATT_CHUNK 256
 /* Largest partial buffer one launch may use; rows per launch shrink to fit. */
 #define ATT_PART_BYTES ((size_t)256 << 20)
