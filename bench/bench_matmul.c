@@ -27,11 +27,15 @@ int main(int argc, char **argv) {
     ds_error *e = ds_backend_cpu_new(threads, &be);
     if (e) return 1;
     ds_tensor w, x, y;
-    be->ops->alloc(be, DS_BF16, N, K, &w);
+    /* W comes in through weight(), as a checkpoint's tensors do (the backend
+     * may keep a repacked copy of weights). */
+    uint16_t *wd = malloc((size_t)N * K * sizeof *wd);
+    for (int64_t i = 0; i < (int64_t)N * K; i++) wd[i] = ds_f32_to_bf16((float)((i * 7919) % 1000) / 1000.0f - 0.5f);
+    ds_st_tensor src = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {N, K}, .data = wd,
+                        .nbytes = (size_t)N * K * sizeof *wd};
+    if (be->ops->weight(be, &src, N, K, &w)) return 1;
     be->ops->alloc(be, DS_F32, 64, K, &x);
     be->ops->alloc(be, DS_F32, 64, N, &y);
-    uint16_t *wd = w.data;
-    for (int64_t i = 0; i < (int64_t)N * K; i++) wd[i] = ds_f32_to_bf16((float)((i * 7919) % 1000) / 1000.0f - 0.5f);
     float *xd = x.data;
     for (int i = 0; i < 64 * K; i++) xd[i] = (float)(i % 97) / 97.0f;
     printf("# linear y[M,%d] = x[M,%d] W^T, W bf16 (%.2f MB), %d threads\n", N, K, N * K * 2 / 1e6, threads);
@@ -53,5 +57,6 @@ int main(int argc, char **argv) {
     be->ops->release(be, &x);
     be->ops->release(be, &y);
     be->ops->destroy(be);
+    free(wd);
     return 0;
 }

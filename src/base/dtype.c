@@ -31,6 +31,17 @@ float ds_f16_to_f32(uint16_t h) {
     return f;
 }
 
+void ds_round_bf16_n(float *x, size_t n) {
+    uint32_t *u = (uint32_t *)(void *)x;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t v = u[i];
+        const uint32_t rounded = (v + 0x7fff + ((v >> 16) & 1)) & 0xffff0000u;
+        const uint32_t quiet = (v & 0xffff0000u) | 0x00400000u; /* NaN stays NaN */
+        const uint32_t is_nan = -(uint32_t)((v & 0x7fffffffu) > 0x7f800000u);
+        u[i] = (rounded & ~is_nan) | (quiet & is_nan);
+    }
+}
+
 void ds_to_f32(ds_dtype t, const void *src, float *dst, size_t n) {
     switch (t) {
     case DS_F32: memcpy(dst, src, n * 4); break;

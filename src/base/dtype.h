@@ -31,6 +31,10 @@ static inline uint16_t ds_f32_to_bf16(float f) {
 
 float ds_f16_to_f32(uint16_t h);
 
+/* x[i] = the bf16 nearest x[i] (ds_f32_to_bf16, NaN handling included),
+ * widened back to fp32, for n values: branch-free, so it vectorises. */
+void ds_round_bf16_n(float *x, size_t n);
+
 /* Converts n elements of type t at src to fp32. */
 void ds_to_f32(ds_dtype t, const void *src, float *dst, size_t n);
 

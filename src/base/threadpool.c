@@ -5,13 +5,19 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* The claim word packs the job generation (high 24 bits) with the next
  * index (low 40 bits): a late worker that still holds an old generation can
  * never claim work of a newer job. */
 #define IDX_BITS 40
 #define IDX_MASK ((UINT64_C(1) << IDX_BITS) - 1)
-#define SPIN_ITERS 20000
+/* An idle worker spins this long before it sleeps. Decoding leaves gaps of
+ * tens to hundreds of microseconds between parallel ops (host-side sampling,
+ * the drafter's Markov walk, single-threaded small ops); a worker that fell
+ * asleep in such a gap takes a futex wake-up, often longer than the op
+ * itself on a VM, and the op then runs at one thread's speed or worse. */
+#define SPIN_NS 2000000
 
 typedef struct {
     ds_pool *pool;
@@ -51,22 +57,39 @@ static void work(ds_pool *p, uint32_t g, ds_pool_fn fn, void *ctx, int64_t n, in
     }
 }
 
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *arg) {
     worker_arg *wa = arg;
     ds_pool *p = wa->pool;
     uint32_t seen = 0;
     for (;;) {
         uint32_t g;
-        int spins = 0;
+        unsigned spins = 0;
+        int64_t since = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
-            if (++spins < SPIN_ITERS) continue;
+            cpu_relax();
+            if (++spins % 1024) continue; /* the clock only now and then */
+            if (!since) since = now_ns();
+            if (now_ns() - since < SPIN_NS) continue;
             pthread_mutex_lock(&p->mu);
             p->sleepers++;
             while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
             p->sleepers--;
             pthread_mutex_unlock(&p->mu);
             spins = 0;
+            since = 0;
         }
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
         seen = g;

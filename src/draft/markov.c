@@ -124,9 +124,11 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
             float *e = d->host_prev + (size_t)k * r;
             prev_embedding(d, prev, e);
             markov_bias(d, e, d->host_hidden + (size_t)k * H, d->host_bias);
-            if (d->logits_bf16) /* bias and sum in bf16, as the reference */
-                for (int i = 0; i < V; i++) logits[i] = round_bf16(logits[i] + round_bf16(d->host_bias[i]));
-            else
+            if (d->logits_bf16) { /* bias and sum in bf16, as the reference */
+                ds_round_bf16_n(d->host_bias, (size_t)V);
+                for (int i = 0; i < V; i++) logits[i] += d->host_bias[i];
+                ds_round_bf16_n(logits, (size_t)V);
+            } else
                 for (int i = 0; i < V; i++) logits[i] += d->host_bias[i];
         }
         if (ds_sampling_greedy(s)) {

@@ -1,14 +1,12 @@
 #include "spec/sampler.h"
 
+#include "base/argmax.h"
+#include "base/vmath.h"
+
 #include <math.h>
 #include <stdlib.h>
 
-int32_t ds_argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
+int32_t ds_argmax(const float *x, int n) { return (int32_t)ds_argmax_f32(x, n); }
 
 typedef struct {
     float p;
@@ -53,14 +51,24 @@ void ds_probs_from_logits(const float *logits, int V, const ds_sampling *s, floa
         probs[ds_argmax(logits, V)] = 1.0f;
         return;
     }
-    /* softmax(logits / T) in fp32, as the reference. */
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = fmaxf(mx, logits[i] / s->temperature);
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-        probs[i] = expf(logits[i] / s->temperature - mx);
-        sum += probs[i];
+    /* softmax(logits / T) in fp32, as the reference; max and exp 8 lanes at
+     * a time (a scalar expf per vocabulary entry made this cost as much as
+     * a forward pass on small models), the sum one left-to-right chain. */
+    const float T = s->temperature;
+    ds_v8f vmx = ds_v8f_set1(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= V; i += 8) {
+        const ds_v8f v = *(const ds_v8f *)(logits + i) / ds_v8f_set1(T);
+        vmx = ds_v8f_select(v > vmx, v, vmx); /* a NaN never wins, as with fmaxf */
     }
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++) mx = fmaxf(mx, vmx[l]);
+    for (; i < V; i++) mx = fmaxf(mx, logits[i] / T);
+    for (i = 0; i + 8 <= V; i += 8)
+        *(ds_v8f *)(probs + i) = ds_v8f_exp(*(const ds_v8f *)(logits + i) / ds_v8f_set1(T) - ds_v8f_set1(mx));
+    for (; i < V; i++) probs[i] = ds_v8f_exp(ds_v8f_set1(logits[i] / T - mx))[0];
+    double sum = 0;
+    for (i = 0; i < V; i++) sum += probs[i];
     for (int i = 0; i < V; i++) probs[i] = (float)(probs[i] / sum);
     bool use_k = s->top_k > 0 && s->top_k < V, use_p = s->top_p > 0 && s->top_p < 1.0f;
     if (!use_k && !use_p) return;

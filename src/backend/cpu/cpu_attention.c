@@ -1,13 +1,16 @@
-/* Attention over a KV cache on the CPU: one (query row, head) pair per
- * task, scores and softmax in fp32, keys visited in position order so the
- * result for a row never depends on the other rows of the call. */
+/* Attention over a KV cache on the CPU: scores and softmax in fp32, keys
+ * visited in position order, every (query row, head) computed on its own,
+ * so the result for a row never depends on the other rows of the call. */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "base/vmath.h"
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
 /* q . k over d elements: 8-lane partial sums (fixed order), then a fixed reduction. */
 static inline float dot(const float *a, const float *b, int d) {
@@ -17,6 +20,35 @@ static inline float dot(const float *a, const float *b, int d) {
     float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < d; i++) s += a[i] * b[i];
     return s;
+}
+
+/* dot() of q with 8 keys at once: the same per-key arithmetic (8-lane
+ * FMA chain over d, then the tree ((0+4)+(1+5))+((2+6)+(3+7)), then the
+ * scalar tail), so a key's score does not depend on whether it fell in a
+ * block of 8 or in the remainder; 8 independent chains instead of one, and
+ * the 8 reductions done together by shuffles. */
+static inline void dot8(const float *q, const float *const *k, int d, float *s) {
+    v8f a[8];
+    for (int j = 0; j < 8; j++) a[j] = (v8f){0};
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const v8f qv = *(const v8f *)(q + i);
+        for (int j = 0; j < 8; j++) a[j] += qv * *(const v8f *)(k[j] + i);
+    }
+    const v8i lo_hi0 = {0, 1, 2, 3, 8, 9, 10, 11}, lo_hi1 = {4, 5, 6, 7, 12, 13, 14, 15};
+    const v8i even = {0, 2, 4, 6, 8, 10, 12, 14}, odd = {1, 3, 5, 7, 9, 11, 13, 15};
+    v8f b[4]; /* b[j/2] = [a_j[l] + a_j[l+4], a_{j+1}[l] + a_{j+1}[l+4]] */
+    for (int j = 0; j < 4; j++)
+        b[j] = __builtin_shuffle(a[2 * j], a[2 * j + 1], lo_hi0) + __builtin_shuffle(a[2 * j], a[2 * j + 1], lo_hi1);
+    v8f c[2];
+    for (int j = 0; j < 2; j++)
+        c[j] = __builtin_shuffle(b[2 * j], b[2 * j + 1], even) + __builtin_shuffle(b[2 * j], b[2 * j + 1], odd);
+    v8f r = __builtin_shuffle(c[0], c[1], even) + __builtin_shuffle(c[0], c[1], odd);
+    for (int j = 0; j < 8; j++) {
+        float t = r[j];
+        for (int e = i; e < d; e++) t += q[e] * k[j][e];
+        s[j] = t;
+    }
 }
 
 /* o += w * v over d elements. */
@@ -32,50 +64,123 @@ typedef struct {
     ds_backend *be;
 } attn_job;
 
-/* Items are (query row, head) pairs. */
+#define UNIT_QUERIES 16 /* (row, head) queries per work item, all of one KV head */
+#define KEY_BLOCK 32    /* keys per pass: their K or V rows stay in L1 across the item's queries */
+
+typedef struct {
+    const float *q;
+    float *o, *sc; /* output row slice, scores */
+    int64_t lo, hi; /* keys [lo, hi) */
+} query;
+
+static inline const float *key_row(const ds_tensor *t, const ds_attn_params *p, int64_t jj, int64_t col) {
+    const int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
+    return (const float *)t->data + row * t->stride + col;
+}
+
+/* Items are (KV head, block of rows): the item's queries are every head of
+ * that KV group for those rows, so each K and V row is read from L2 once
+ * per item, not once per query. Every query is still computed on its own,
+ * in a fixed order: scores key by key (dot and dot8 agree bit for bit),
+ * max, exp, a left-to-right sum, then o accumulated over the keys in
+ * order; which rows share the item changes nothing in a row's result. */
 static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
     const attn_job *j = ctx;
     const ds_attn_params *p = j->p;
-    const int H = p->n_heads, group = p->n_heads / p->n_kv_heads, D = p->head_dim, Dv = p->v_head_dim;
-    float *scores = ds_cpu_scratch(j->be, tid, DS_SCRATCH_SCORES, (size_t)(p->n_keys > 0 ? p->n_keys : 1));
+    const int H = p->n_heads, KVH = p->n_kv_heads, group = H / KVH, D = p->head_dim, Dv = p->v_head_dim;
+    const int rows_per = UNIT_QUERIES / group > 0 ? UNIT_QUERIES / group : 1;
+    const int64_t M = j->q.rows, nkeys = p->n_keys > 0 ? p->n_keys : 1;
+    float *scratch = ds_cpu_scratch(j->be, tid, DS_SCRATCH_SCORES, (size_t)(rows_per * group * nkeys));
+    if (!scratch) return; /* out of memory: no error path for ops on the CPU */
+    query local[UNIT_QUERIES], *qs = local;
+    if (rows_per * group > UNIT_QUERIES && !(qs = malloc((size_t)(rows_per * group) * sizeof *qs))) return;
     for (int64_t it = i0; it < i1; it++) {
-        const int64_t m = it / H;
-        const int h = (int)(it % H);
-        const float *qv = (const float *)j->q.data + m * j->q.stride + (int64_t)h * D;
-        float *o = (float *)j->out.data + m * j->out.stride + (int64_t)h * Dv;
-        const int kvh = h / group;
-        int64_t lo = 0, hi = p->n_keys; /* keys [lo, hi) */
-        if (p->causal) {
-            if (p->q_pos[m] + 1 < hi) hi = p->q_pos[m] + 1;
-            if (p->window > 0 && p->q_pos[m] - p->window + 1 > lo) lo = p->q_pos[m] - p->window + 1;
+        const int kvh = (int)(it % KVH);
+        const int64_t m0 = it / KVH * rows_per, m1 = m0 + rows_per < M ? m0 + rows_per : M;
+        int nq = 0;
+        int64_t kmin = INT64_MAX, kmax = 0;
+        for (int64_t m = m0; m < m1; m++)
+            for (int h = kvh * group; h < (kvh + 1) * group; h++, nq++) {
+                query *qq = &qs[nq];
+                qq->q = (const float *)j->q.data + m * j->q.stride + (int64_t)h * D;
+                qq->o = (float *)j->out.data + m * j->out.stride + (int64_t)h * Dv;
+                qq->sc = scratch + (size_t)nq * (size_t)nkeys;
+                qq->lo = 0, qq->hi = p->n_keys;
+                if (p->causal) {
+                    if (p->q_pos[m] + 1 < qq->hi) qq->hi = p->q_pos[m] + 1;
+                    if (p->window > 0 && p->q_pos[m] - p->window + 1 > qq->lo) qq->lo = p->q_pos[m] - p->window + 1;
+                }
+                for (int d = 0; d < Dv; d++) qq->o[d] = 0;
+                if (qq->hi <= qq->lo) qq->hi = qq->lo; /* no keys: o stays 0 */
+                if (qq->lo < kmin) kmin = qq->lo;
+                if (qq->hi > kmax) kmax = qq->hi;
+            }
+        /* scores, a block of keys at a time for all queries */
+        for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK)
+            for (int qi = 0; qi < nq; qi++) {
+                query *qq = &qs[qi];
+                const int64_t a = qq->lo > kb ? qq->lo : kb, b = qq->hi < kb + KEY_BLOCK ? qq->hi : kb + KEY_BLOCK;
+                int64_t jj = a;
+                for (; jj + 8 <= b; jj += 8) {
+                    const float *kv[8];
+                    for (int t = 0; t < 8; t++) kv[t] = key_row(&j->k, p, jj + t, (int64_t)kvh * D);
+                    dot8(qq->q, kv, D, qq->sc + (jj - qq->lo));
+                }
+                for (; jj < b; jj++) qq->sc[jj - qq->lo] = dot(qq->q, key_row(&j->k, p, jj, (int64_t)kvh * D), D);
+            }
+        /* softmax per query */
+        for (int qi = 0; qi < nq; qi++) {
+            float *sc = qs[qi].sc;
+            const int64_t nk = qs[qi].hi - qs[qi].lo;
+            if (nk <= 0) continue;
+            float mx = -FLT_MAX;
+            for (int64_t jj = 0; jj < nk; jj++) {
+                const float sv = sc[jj] * p->scale;
+                sc[jj] = sv;
+                if (sv > mx) mx = sv;
+            }
+            /* e = exp(s - max) 8 at a time; the sum stays one left-to-right chain. */
+            int64_t jj = 0;
+            for (; jj + 8 <= nk; jj += 8) *(ds_v8f *)(sc + jj) = ds_v8f_exp(*(const ds_v8f *)(sc + jj) - ds_v8f_set1(mx));
+            for (; jj < nk; jj++) sc[jj] = ds_v8f_exp(ds_v8f_set1(sc[jj] - mx))[0];
+            float sum = 0;
+            for (jj = 0; jj < nk; jj++) sum += sc[jj];
+            const float inv = 1.0f / sum;
+            for (jj = 0; jj < nk; jj++) sc[jj] *= inv;
         }
-        for (int d = 0; d < Dv; d++) o[d] = 0;
-        if (hi <= lo) continue;
-        float mx = -FLT_MAX;
-        for (int64_t jj = lo; jj < hi; jj++) {
-            int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
-            const float *kv = (const float *)j->k.data + row * j->k.stride + (int64_t)kvh * D;
-            float s = dot(qv, kv, D) * p->scale;
-            scores[jj - lo] = s;
-            if (s > mx) mx = s;
-        }
-        float sum = 0;
-        for (int64_t jj = lo; jj < hi; jj++) {
-            float e = expf(scores[jj - lo] - mx);
-            scores[jj - lo] = e;
-            sum += e;
-        }
-        float inv = 1.0f / sum;
-        for (int64_t jj = lo; jj < hi; jj++) {
-            int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
-            const float *vv = (const float *)j->v.data + row * j->v.stride + (int64_t)kvh * Dv;
-            axpy(o, scores[jj - lo] * inv, vv, Dv);
-        }
+        /* o = sum over keys, in order, of w_j v_j: 64 columns at a time in
+         * registers over a block of keys, the partial sums kept in o between
+         * blocks (exact: a float stored and loaded is the same float). */
+        int d0 = 0;
+        for (; d0 + 64 <= Dv; d0 += 64)
+            for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK)
+                for (int qi = 0; qi < nq; qi++) {
+                    query *qq = &qs[qi];
+                    const int64_t a = qq->lo > kb ? qq->lo : kb, b = qq->hi < kb + KEY_BLOCK ? qq->hi : kb + KEY_BLOCK;
+                    if (a >= b) continue;
+                    v8f acc[8];
+                    for (int t = 0; t < 8; t++) acc[t] = *(const v8f *)(qq->o + d0 + 8 * t);
+                    for (int64_t jj = a; jj < b; jj++) {
+                        const float *vv = key_row(&j->v, p, jj, (int64_t)kvh * Dv + d0);
+                        const float w = qq->sc[jj - qq->lo];
+                        const v8f wv = {w, w, w, w, w, w, w, w};
+                        for (int t = 0; t < 8; t++) acc[t] += wv * *(const v8f *)(vv + 8 * t);
+                    }
+                    for (int t = 0; t < 8; t++) *(v8f *)(qq->o + d0 + 8 * t) = acc[t];
+                }
+        if (d0 < Dv)
+            for (int qi = 0; qi < nq; qi++)
+                for (int64_t jj = qs[qi].lo; jj < qs[qi].hi; jj++)
+                    axpy(qs[qi].o + d0, qs[qi].sc[jj - qs[qi].lo], key_row(&j->v, p, jj, (int64_t)kvh * Dv + d0),
+                         Dv - d0);
     }
+    if (qs != local) free(qs);
 }
 
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p) {
     attn_job j = {.out = out, .q = q, .k = k, .v = v, .p = p, .be = be};
-    ds_pool_run(ds_cpu_pool(be), q.rows * p->n_heads, 1, attn_chunk, &j);
+    const int group = p->n_heads / p->n_kv_heads;
+    const int64_t rows_per = UNIT_QUERIES / group > 0 ? UNIT_QUERIES / group : 1;
+    ds_pool_run(ds_cpu_pool(be), (q.rows + rows_per - 1) / rows_per * p->n_kv_heads, 1, attn_chunk, &j);
 }

@@ -1,6 +1,7 @@
 /* CPU backend: fp32 activations, weights used in place from the mmap'd
- * checkpoint (bf16 stays bf16 in memory and is widened on the fly), OpenMP
- * across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
+ * checkpoint (bf16 stays bf16 in memory and is widened on the fly; the narrow
+ * matmul keeps a repacked copy of what it multiplies, cpu_panel.c), our own
+ * thread pool across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -8,6 +9,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "base/argmax.h"
+#include "base/vmath.h"
 
 static ds_error *cpu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out) {
     size_t bytes = (size_t)(rows * cols) * ds_dtype_size(dtype);
@@ -29,14 +32,17 @@ static ds_error *cpu_weight(ds_backend *be, const ds_st_tensor *src, int64_t row
                          (long long)cols);
     if (((uintptr_t)src->data % es) == 0) {
         *out = (ds_tensor){.dtype = src->dtype, .data = (void *)src->data, .rows = rows, .cols = cols, .stride = cols};
-        return NULL;
+    } else {
+        DS_TRY(cpu_alloc(be, src->dtype, rows, cols, out));
+        memcpy(out->data, src->data, src->nbytes);
     }
-    DS_TRY(cpu_alloc(be, src->dtype, rows, cols, out));
-    memcpy(out->data, src->data, src->nbytes);
+    /* A weight's contents are fixed: the narrow matmul may cache it repacked. */
+    ds_cpu_pack_register(&((ds_cpu_backend *)be)->packs, *out);
     return NULL;
 }
 
 static void cpu_release(ds_backend *be, ds_tensor *t) {
+    ds_cpu_pack_forget(&((ds_cpu_backend *)be)->packs, t->data);
     if (t->owned) free(t->data);
     *t = ds_no_tensor();
 }
@@ -100,7 +106,7 @@ static void cpu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *p
     }
 }
 
-static void cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) {
+void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) {
     for (int64_t r = 0; r < out.rows; r++) {
         float *o = (float *)out.data + r * out.stride;
         const float *x = (const float *)a.data + r * a.stride, *y = (const float *)b.data + r * b.stride;
@@ -115,12 +121,39 @@ static void cpu_scale(ds_backend *be, ds_tensor x, float s) {
     }
 }
 
-static void cpu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
-    for (int64_t r = 0; r < out.rows; r++) {
-        float *o = (float *)out.data + r * out.stride;
-        const float *g = (const float *)gate.data + r * gate.stride, *u = (const float *)up.data + r * up.stride;
-        for (int64_t c = 0; c < out.cols; c++) o[c] = g[c] / (1.0f + expf(-g[c])) * u[c];
+typedef struct {
+    ds_tensor out, gate, up;
+} swiglu_job;
+
+/* Items are (row, 256-column slice) pairs. */
+#define SWIGLU_SLICE 256
+static void swiglu_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
+    const swiglu_job *j = ctx;
+    const int64_t slices = (j->out.cols + SWIGLU_SLICE - 1) / SWIGLU_SLICE;
+    for (int64_t it = i0; it < i1; it++) {
+        const int64_t r = it / slices, c0 = it % slices * SWIGLU_SLICE;
+        const int64_t c1 = c0 + SWIGLU_SLICE < j->out.cols ? c0 + SWIGLU_SLICE : j->out.cols;
+        float *o = (float *)j->out.data + r * j->out.stride;
+        const float *g = (const float *)j->gate.data + r * j->gate.stride;
+        const float *u = (const float *)j->up.data + r * j->up.stride;
+        int64_t c = c0;
+        for (; c + 8 <= c1; c += 8) {
+            const ds_v8f gv = *(const ds_v8f *)(g + c);
+            *(ds_v8f *)(o + c) = gv / (ds_v8f_set1(1.0f) + ds_v8f_exp(-gv)) * *(const ds_v8f *)(u + c);
+        }
+        for (; c < c1; c++) {
+            const ds_v8f gv = ds_v8f_set1(g[c]); /* the same exp as the vector lanes */
+            o[c] = g[c] / (1.0f + ds_v8f_exp(-gv)[0]) * u[c];
+        }
     }
+}
+
+/* Across the pool: one exp per element makes this the costliest
+ * elementwise op of a verify pass (8 x 768 per layer on pico). */
+void ds_cpu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
+    swiglu_job j = {.out = out, .gate = gate, .up = up};
+    const int64_t slices = (out.cols + SWIGLU_SLICE - 1) / SWIGLU_SLICE;
+    ds_pool_run(ds_cpu_pool(be), out.rows * slices, 2, swiglu_chunk, &j);
 }
 
 static void cpu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up) {
@@ -143,10 +176,7 @@ static void cpu_softcap(ds_backend *be, ds_tensor x, float cap) {
 }
 
 static void cpu_round_bf16(ds_backend *be, ds_tensor x) {
-    for (int64_t r = 0; r < x.rows; r++) {
-        float *o = (float *)x.data + r * x.stride;
-        for (int64_t c = 0; c < x.cols; c++) o[c] = ds_bf16_to_f32(ds_f32_to_bf16(o[c]));
-    }
+    for (int64_t r = 0; r < x.rows; r++) ds_round_bf16_n((float *)x.data + r * x.stride, (size_t)x.cols);
 }
 
 float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n) {
@@ -161,18 +191,13 @@ float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n) {
 }
 
 static void cpu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
-    for (int64_t r = 0; r < x.rows; r++) {
-        const float *v = (const float *)x.data + r * x.stride;
-        int32_t best = 0;
-        for (int64_t c = 1; c < x.cols; c++)
-            if (v[c] > v[best]) best = (int32_t)c;
-        out[r] = best;
-    }
+    for (int64_t r = 0; r < x.rows; r++) out[r] = (int32_t)ds_argmax_f32((const float *)x.data + r * x.stride, x.cols);
 }
 
 static void cpu_destroy(ds_backend *be) {
     ds_cpu_backend *cb = (ds_cpu_backend *)be;
     ds_pool_free(cb->pool);
+    ds_cpu_pack_free(&cb->packs);
     for (int t = 0; t < DS_CPU_MAX_THREADS; t++)
         for (int s = 0; s < DS_SCRATCH_SLOTS; s++) free(cb->scratch[t][s]);
     free(cb);
@@ -192,13 +217,16 @@ static const ds_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = ds_cpu_attention,
-    .add = cpu_add,
+    .add = ds_cpu_add,
     .scale = cpu_scale,
-    .swiglu = cpu_swiglu,
+    .swiglu = ds_cpu_swiglu,
     .geglu_tanh = cpu_geglu_tanh,
     .softcap = cpu_softcap,
     .round_bf16 = cpu_round_bf16,
     .argmax = cpu_argmax,
+    .linear_residual = ds_cpu_linear_residual,
+    .linear_swiglu = ds_cpu_linear_swiglu,
+    .linear_multi = ds_cpu_linear_multi,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {

@@ -11,9 +11,38 @@
 /* Per-thread scratch slots, grown on demand by the thread that owns the tid. */
 enum { DS_SCRATCH_WEIGHTS, DS_SCRATCH_SCORES, DS_SCRATCH_NORM, DS_SCRATCH_SLOTS };
 
+/* Narrow-matmul weight panels (cpu_panel.c): DS_PANEL output features per
+ * panel, k-major. */
+#define DS_PANEL 16
+
+typedef struct {
+    const void *data; /* key (NULL: empty slot) */
+    int64_t rows, cols, stride;
+    ds_dtype dtype;
+    void *panels; /* NULL until first used */
+} ds_cpu_packed;
+
+typedef struct {
+    ds_cpu_packed *slots;
+    size_t cap, used;
+} ds_cpu_pack_cache;
+
+static inline int64_t ds_cpu_panels(int64_t n) { return (n + DS_PANEL - 1) / DS_PANEL; }
+/* Remembers a weight tensor (contents fixed from now on) for packing. */
+void ds_cpu_pack_register(ds_cpu_pack_cache *c, ds_tensor w);
+/* Drops every cached packing of this data. */
+void ds_cpu_pack_forget(ds_cpu_pack_cache *c, const void *data);
+void ds_cpu_pack_free(ds_cpu_pack_cache *c);
+/* The panels of a registered weight, packed on first use (NULL: not
+ * registered or out of memory). *bf16: bf16 pair panels, else fp32. */
+const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, bool *bf16);
+/* Panels [p0, p1) of any weight as fp32 panels into dst. */
+void ds_cpu_pack_f32(ds_tensor w, int64_t p0, int64_t p1, float *dst);
+
 typedef struct {
     ds_backend base;
     ds_pool *pool;
+    ds_cpu_pack_cache packs;
     float *scratch[DS_CPU_MAX_THREADS][DS_SCRATCH_SLOTS];
     size_t scratch_cap[DS_CPU_MAX_THREADS][DS_SCRATCH_SLOTS];
 } ds_cpu_backend;
@@ -23,6 +52,25 @@ static inline ds_pool *ds_cpu_pool(ds_backend *be) { return ((ds_cpu_backend *)b
 float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n);
 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+/* Calls with at most this many input rows (decode, verify, drafter blocks)
+ * run the row-invariant panel kernels; wider ones (prefill) OpenBLAS. */
+#define DS_CPU_NARROW_M 32
+/* What a narrow call does with its results. */
+typedef enum {
+    DS_EPI_STORE,    /* outs[i] = x ws[i]^T (+ biases[i]), n <= 3 */
+    DS_EPI_RESIDUAL, /* outs[0] = res + (x ws[0]^T (+ biases[0])), n = 1 */
+    DS_EPI_SWIGLU,   /* outs[0] = silu(x ws[0]^T) * (x ws[1]^T), n = 2, no biases */
+} ds_cpu_epilogue;
+/* The narrow matmul (cpu_matmul.c); biases may be NULL. */
+void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                          const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res);
+/* The fused ops of ds_backend_ops (cpu_linear_fused.c). */
+void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
+void ds_cpu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
+void ds_cpu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                         const ds_tensor *biases);
+void ds_cpu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
+void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);

@@ -1,160 +1,279 @@
 /* y = x W^T on the CPU.
  *
  * Narrow calls (decode, verify, drafter blocks: M <= DS_CPU_NARROW_M rows)
- * use our own dot-product kernel: memory-bound on the weights, threads split
- * the output columns, and every output element is one dot product in a fixed
- * order, so a row's result does not depend on how many rows share the call
- * (the row invariance that lossless greedy verification needs).
+ * use our own outer-product micro-kernels over weight panels (cpu_panel.c):
+ * x[m][k] is broadcast against 16 output features at a time, and every
+ * output element (m, n) is one fused multiply-add chain over k = 0..K-1 in
+ * order, whatever kernel shape, row count or thread computed it. So a row's
+ * result does not depend on how many rows share the call (the row
+ * invariance that lossless greedy verification needs), and the extra rows
+ * of a verify pass reuse each weight load instead of re-reading it.
  * Wide calls (prefill) widen a tile of weight rows to fp32 and hand it to
  * OpenBLAS sgemm: bf16 weights never exist as a whole fp32 copy. */
 #include <cblas.h>
 #include <stdlib.h>
+#include <string.h>
+#if defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "backend/cpu/cpu_kernels.h"
+#include "base/vmath.h"
 
-#define DS_CPU_NARROW_M 32
 #define WIDE_TILE_ROWS 128
-#define NB 4 /* weight rows per micro-kernel call */
+#define GROUP 4        /* panels per work item: 64 output features */
+#define MAX_MR 6       /* input rows per micro-kernel call */
+#define MIN_CHUNK_MACS 32768 /* below this a chunk is not worth a thread hand-off */
+#define PREFETCH_K 96  /* k steps ahead: 3 KB of a bf16 panel */
 
-/* 8 floats; aligned(4) allows unaligned loads through it. */
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef ds_v8f v8f;
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 
-static inline v8f load8(const float *p) { return *(const v8f *)p; }
-
-
-typedef uint16_t v8u16 __attribute__((vector_size(16), aligned(2)));
-typedef uint32_t v8u32 __attribute__((vector_size(32)));
-
-/* 8 bf16 weights widened to fp32 (exact: bf16 is the top half of an fp32). */
-static inline v8f load8_bf16(const uint16_t *p) {
-    v8u32 u = __builtin_convertvector(*(const v8u16 *)p, v8u32) << 16;
-    return (v8f)u;
+/* An explicit fused multiply-add where the machine has one, so that every
+ * kernel shape rounds the same way whatever the optimizer contracts. */
+static inline __attribute__((always_inline)) v8f fma8(v8f a, v8f b, v8f c) {
+#if defined(__FMA__)
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
 }
 
-/* The micro-kernels. Every output element (m, n) is computed the same way
- * in all of them: one 8-lane fused multiply-add accumulator over k in steps
- * of 8, a fixed reduction tree, then the scalar tail. So results do not
- * depend on which kernel (how many rows share the call, fp32 or bf16 weight
- * reads) produced them: the matmul is row-invariant, bit for bit. */
-#define DEFINE_KERNELS(sfx, wtype, load, widen1)                                                      \
-    /* 4 weight rows x 2 input rows */                                                                \
-    static inline void k4x2_##sfx(const float *x0, const float *x1, const wtype *w, int64_t ldw,      \
-                                  int64_t k, float *o0, float *o1) {                                  \
-        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};           \
-        int64_t i = 0;                                                                                \
-        for (; i + 8 <= k; i += 8) {                                                                  \
-            v8f u = load8(x0 + i), v = load8(x1 + i), w0 = load(w + i), w1 = load(w + ldw + i);       \
-            a0 += u * w0;                                                                             \
-            b0 += v * w0;                                                                             \
-            a1 += u * w1;                                                                             \
-            b1 += v * w1;                                                                             \
-            v8f w2 = load(w + 2 * ldw + i), w3 = load(w + 3 * ldw + i);                               \
-            a2 += u * w2;                                                                             \
-            b2 += v * w2;                                                                             \
-            a3 += u * w3;                                                                             \
-            b3 += v * w3;                                                                             \
-        }                                                                                             \
-        float ta[4] = {0}, tb[4] = {0};                                                               \
-        for (; i < k; i++)                                                                            \
-            for (int r = 0; r < 4; r++) {                                                             \
-                ta[r] += x0[i] * widen1(w[r * ldw + i]);                                              \
-                tb[r] += x1[i] * widen1(w[r * ldw + i]);                                              \
-            }                                                                                         \
-        o0[0] = hsum8(a0) + ta[0], o0[1] = hsum8(a1) + ta[1], o0[2] = hsum8(a2) + ta[2];              \
-        o0[3] = hsum8(a3) + ta[3];                                                                    \
-        o1[0] = hsum8(b0) + tb[0], o1[1] = hsum8(b1) + tb[1], o1[2] = hsum8(b2) + tb[2];              \
-        o1[3] = hsum8(b3) + tb[3];                                                                    \
-    }                                                                                                 \
-    /* nb <= 4 weight rows x 1 input row */                                                           \
-    static inline void kNx1_##sfx(const float *x0, const wtype *w, int64_t ldw, int64_t k, int nb,    \
-                                  float *o0) {                                                        \
-        v8f a[4] = {{0}, {0}, {0}, {0}};                                                              \
-        int64_t i = 0;                                                                                \
-        if (nb == 4) {                                                                                \
-            for (; i + 8 <= k; i += 8) {                                                              \
-                v8f u = load8(x0 + i);                                                                \
-                a[0] += u * load(w + i);                                                              \
-                a[1] += u * load(w + ldw + i);                                                        \
-                a[2] += u * load(w + 2 * ldw + i);                                                    \
-                a[3] += u * load(w + 3 * ldw + i);                                                    \
-            }                                                                                         \
-        } else {                                                                                      \
-            for (; i + 8 <= k; i += 8) {                                                              \
-                v8f u = load8(x0 + i);                                                                \
-                for (int r = 0; r < nb; r++) a[r] += u * load(w + r * ldw + i);                       \
-            }                                                                                         \
-        }                                                                                             \
-        for (int r = 0; r < nb; r++) {                                                                \
-            float t = 0;                                                                              \
-            for (int64_t j = i; j < k; j++) t += x0[j] * widen1(w[r * ldw + j]);                      \
-            o0[r] = hsum8(a[r]) + t;                                                                  \
-        }                                                                                             \
+/* The 16 weights of panel column k as fp32, lanes 0-7 and 8-15. */
+static inline __attribute__((always_inline)) void panel_k(const void *pan, bool bf16, int64_t k, v8f *lo,
+                                                         v8f *hi) {
+    if (bf16) {
+        v8u u = *(const v8u *)((const uint32_t *)pan + k * (DS_PANEL / 2));
+        *lo = (v8f)(u << 16);
+        *hi = (v8f)(u & 0xffff0000u);
+    } else {
+        *lo = *(const v8f *)((const float *)pan + k * DS_PANEL);
+        *hi = *(const v8f *)((const float *)pan + k * DS_PANEL + 8);
     }
-
-static inline float hsum8(v8f s) {
-    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
-static inline float widen_f32(float v) { return v; }
-DEFINE_KERNELS(f32, float, load8, widen_f32)
-DEFINE_KERNELS(bf16, uint16_t, load8_bf16, ds_bf16_to_f32)
 
+/* MR input rows x NP panels; res[r][p*16 + c]. pstep: elements (of the
+ * panel's type) from one panel to the next. MR * NP * 2 accumulators stay in
+ * registers (at most 12 of the 16). */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, const void *pan, int64_t pstep,
+                                                      bool bf16, int64_t K, int MR, int NP,
+                                                      float res[MAX_MR][GROUP * DS_PANEL]) {
+    v8f acc[MAX_MR][GROUP][2];
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) acc[r][p][0] = acc[r][p][1] = (v8f){0};
+    const size_t es = bf16 ? 2 : 4;
+    for (int64_t k = 0; k < K; k++) {
+        v8f lo[GROUP], hi[GROUP];
+        for (int p = 0; p < NP; p++) {
+            const char *pp = (const char *)pan + (size_t)(p * pstep) * es;
+            /* Weights come from L3 (a model's layers do not fit in L2):
+             * ask for them PREFETCH_K steps ahead. */
+            __builtin_prefetch(pp + (size_t)(k + PREFETCH_K) * DS_PANEL * es);
+            panel_k(pp, bf16, k, &lo[p], &hi[p]);
+        }
+        for (int r = 0; r < MR; r++) {
+            const float xv = x[r * ldx + k];
+            const v8f xb = {xv, xv, xv, xv, xv, xv, xv, xv};
+            for (int p = 0; p < NP; p++) {
+                acc[r][p][0] = fma8(xb, lo[p], acc[r][p][0]);
+                acc[r][p][1] = fma8(xb, hi[p], acc[r][p][1]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) {
+            memcpy(&res[r][p * DS_PANEL], &acc[r][p][0], sizeof(v8f));
+            memcpy(&res[r][p * DS_PANEL + 8], &acc[r][p][1], sizeof(v8f));
+        }
+}
+
+typedef void tile_fn(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,
+                     float res[MAX_MR][GROUP * DS_PANEL]);
+
+#define TILE(MR, NP)                                                                                               \
+    static void tile_bf16_##MR##x##NP(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,      \
+                                      float res[MAX_MR][GROUP * DS_PANEL]) {                                       \
+        tile(x, ldx, pan, pstep, true, K, MR, NP, res);                                                            \
+    }                                                                                                              \
+    static void tile_f32_##MR##x##NP(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,       \
+                                     float res[MAX_MR][GROUP * DS_PANEL]) {                                        \
+        tile(x, ldx, pan, pstep, false, K, MR, NP, res);                                                           \
+    }
+/* Shapes with enough independent chains (>= 8 where possible) to hide the
+ * FMA latency without spilling accumulators. */
+TILE(1, 4)
+TILE(1, 1)
+TILE(2, 2)
+TILE(2, 1)
+TILE(3, 1)
+TILE(4, 1)
+TILE(5, 1)
+TILE(6, 1)
+
+/* Panels per call for MR rows, and the kernel for (MR, NP). */
+static int panels_for(int mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
+
+static tile_fn *kernel_for(bool bf16, int mr, int np) {
+#define PICK(MR, NP) return bf16 ? tile_bf16_##MR##x##NP : tile_f32_##MR##x##NP
+    switch (mr * 8 + np) {
+    case 1 * 8 + 4: PICK(1, 4);
+    case 1 * 8 + 1: PICK(1, 1);
+    case 2 * 8 + 2: PICK(2, 2);
+    case 2 * 8 + 1: PICK(2, 1);
+    case 3 * 8 + 1: PICK(3, 1);
+    case 4 * 8 + 1: PICK(4, 1);
+    case 5 * 8 + 1: PICK(5, 1);
+    default: PICK(6, 1);
+    }
+#undef PICK
+}
+
+/* One weight of a narrow call and what its results go to. */
 typedef struct {
-    ds_tensor out, x, w;
-    const float *bias;
-    ds_backend *be;
-    float **tiles; /* per thread, wide path only */
-} linear_job;
+    ds_tensor out, w;
+    float *bias;        /* fp32 copy, or NULL */
+    const void *packed; /* cached panels, or NULL: packed per call into scratch */
+    bool bf16;          /* packed holds bf16 pair panels */
+    int64_t groups;     /* of GROUP panels */
+} narrow_part;
 
-static inline void store_rows(const linear_job *j, int64_t m, int64_t n, int nb, const float *res) {
-    float *o = (float *)j->out.data + m * j->out.stride + n;
-    for (int r = 0; r < nb; r++) o[r] = j->bias ? res[r] + j->bias[n + r] : res[r];
+/* Narrow calls: up to 3 weights against the same x (q/k/v), or gate and up
+ * combined by SiLU, or one weight added to a residual. */
+typedef struct {
+    ds_tensor x;
+    ds_backend *be;
+    int n;
+    narrow_part part[3];
+    ds_cpu_epilogue epi;
+    ds_tensor res; /* DS_EPI_RESIDUAL: out = res + x W^T (+ bias); may be out */
+} narrow_job;
+
+typedef float tile_res[MAX_MR][GROUP * DS_PANEL];
+
+/* silu(g) * u as cpu_swiglu computes it (the same exp, the same order). */
+static inline void silu_mul(float *o, const float *g, const float *u, int64_t n) {
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const ds_v8f gv = *(const ds_v8f *)(g + c);
+        *(ds_v8f *)(o + c) = gv / (ds_v8f_set1(1.0f) + ds_v8f_exp(-gv)) * *(const ds_v8f *)(u + c);
+    }
+    for (; c < n; c++) o[c] = g[c] / (1.0f + ds_v8f_exp(-ds_v8f_set1(g[c]))[0]) * u[c];
 }
 
-/* All input rows against NB weight rows w (fp32 or bf16 reads). */
-#define DEFINE_BLOCK(sfx, wtype)                                                                   \
-    static void block_##sfx(const linear_job *j, const wtype *w, int64_t ldw, int64_t n, int nb) {   \
-        const int64_t M = j->x.rows, K = j->x.cols;                                                \
-        const float *x = j->x.data;                                                                \
-        float r0[NB], r1[NB];                                                                      \
-        int64_t m = 0;                                                                             \
-        if (nb == NB)                                                                              \
-            for (; m + 2 <= M; m += 2) {                                                           \
-                k4x2_##sfx(x + m * j->x.stride, x + (m + 1) * j->x.stride, w, ldw, K, r0, r1);     \
-                store_rows(j, m, n, nb, r0);                                                       \
-                store_rows(j, m + 1, n, nb, r1);                                                   \
-            }                                                                                      \
-        for (; m < M; m++) {                                                                       \
-            kNx1_##sfx(x + m * j->x.stride, w, ldw, K, nb, r0);                                    \
-            store_rows(j, m, n, nb, r0);                                                           \
-        }                                                                                          \
-    }
-DEFINE_BLOCK(f32, float)
-DEFINE_BLOCK(bf16, uint16_t)
-
-/* Rows [n0, n1) of W, NB at a time. bf16 weights are read directly when a
- * block serves one or two input rows, and widened once into a buffer when
- * it serves more (exact either way, so the results are the same). */
-static void narrow_chunk(void *ctx, int64_t n0, int64_t n1, int tid) {
-    const linear_job *j = ctx;
-    const int64_t M = j->x.rows, K = j->x.cols;
-    const size_t es = ds_dtype_size(j->w.dtype);
-    const bool direct = j->w.dtype == DS_BF16 && M <= 2;
-    float *buf = j->w.dtype == DS_F32 || direct ? NULL
-                                               : ds_cpu_scratch(j->be, tid, DS_SCRATCH_WEIGHTS, (size_t)(NB * K));
-    for (int64_t n = n0; n < n1; n += NB) {
-        int nb = n1 - n < NB ? (int)(n1 - n) : NB;
-        if (direct) {
-            block_bf16(j, (const uint16_t *)j->w.data + n * j->w.stride, j->w.stride, n, nb);
-        } else if (buf) {
-            for (int r = 0; r < nb; r++)
-                ds_to_f32(j->w.dtype, (const char *)j->w.data + (size_t)((n + r) * j->w.stride) * es, buf + r * K,
-                          (size_t)K);
-            block_f32(j, buf, K, n, nb);
-        } else {
-            block_f32(j, (const float *)j->w.data + n * j->w.stride, j->w.stride, n, nb);
+/* Rows [m0, m0+mr) x features [n0, n0+nc) of part pt's result. */
+static void store(const narrow_job *j, const narrow_part *pt, int64_t m0, int mr, int64_t n0, int64_t nc,
+                  tile_res res, tile_res res2) {
+    for (int r = 0; r < mr; r++) {
+        float *o = (float *)pt->out.data + (m0 + r) * pt->out.stride + n0;
+        float *v = res[r];
+        if (pt->bias)
+            for (int64_t c = 0; c < nc; c++) v[c] += pt->bias[n0 + c];
+        switch (j->epi) {
+        case DS_EPI_STORE: memcpy(o, v, (size_t)nc * sizeof *o); break;
+        case DS_EPI_RESIDUAL: {
+            const float *rr = (const float *)j->res.data + (m0 + r) * j->res.stride + n0;
+            for (int64_t c = 0; c < nc; c++) o[c] = rr[c] + v[c]; /* as cpu_add(res, tmp) */
+            break;
+        }
+        case DS_EPI_SWIGLU: silu_mul(o, v, res2[r], nc); break;
         }
     }
 }
+
+/* The panels of groups [p0, p0 + np) of a part: cached, or packed now. */
+static const void *part_panels(const narrow_job *j, const narrow_part *pt, int64_t p0, int64_t np, float *buf,
+                               bool *bf16) {
+    const int64_t pstep = DS_PANEL * j->x.cols;
+    *bf16 = pt->bf16;
+    if (pt->packed) return (const char *)pt->packed + (size_t)(p0 * pstep) * (pt->bf16 ? 2 : 4);
+    ds_cpu_pack_f32(pt->w, p0, p0 + np, buf);
+    *bf16 = false;
+    return buf;
+}
+
+/* Work items are groups of GROUP panels, numbered across the parts (under
+ * DS_EPI_SWIGLU an item is a group of gate and the same group of up). The
+ * input rows go in blocks of at most MAX_MR, as even as possible (8 rows:
+ * 4 + 4). */
+static void narrow_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
+    const narrow_job *j = ctx;
+    const int64_t M = j->x.rows, K = j->x.cols, pstep = DS_PANEL * K;
+    const int nblk = (int)((M + MAX_MR - 1) / MAX_MR);
+    const int np_max = panels_for((int)(M / nblk));
+    float *buf = NULL;
+    tile_res res, res2;
+    for (int64_t g = g0; g < g1; g++) {
+        int pi = 0;
+        int64_t lg = g;
+        while (j->epi != DS_EPI_SWIGLU && lg >= j->part[pi].groups) lg -= j->part[pi++].groups;
+        const narrow_part *pt = &j->part[pi], *up = j->epi == DS_EPI_SWIGLU ? &j->part[1] : NULL;
+        const int64_t N = pt->w.rows, P = ds_cpu_panels(N), p0 = lg * GROUP;
+        const int64_t np_all = P - p0 < GROUP ? P - p0 : GROUP;
+        if ((!pt->packed || (up && !up->packed)) && !buf) {
+            buf = ds_cpu_scratch(j->be, tid, DS_SCRATCH_WEIGHTS, (size_t)(2 * GROUP * pstep));
+            if (!buf) return; /* out of memory: no error path here; rows are left as they were */
+        }
+        bool bf16, bf16u = false;
+        const void *pan = part_panels(j, pt, p0, np_all, buf, &bf16);
+        const void *panu = up ? part_panels(j, up, p0, np_all, buf + GROUP * pstep, &bf16u) : NULL;
+        /* Several row blocks (M > MAX_MR) take one panel at a time, so that
+         * the panel is still in L1 for the next block. */
+        for (int64_t p = 0; p < np_all;) {
+            const int np = np_max <= np_all - p ? np_max : 1;
+            const int64_t n0 = (p0 + p) * DS_PANEL, nc = N - n0 < np * DS_PANEL ? N - n0 : np * DS_PANEL;
+            for (int64_t b = 0, m0 = 0; b < nblk; b++) {
+                const int mr = (int)(M / nblk + (b < M % nblk));
+                const float *x = (const float *)j->x.data + m0 * j->x.stride;
+                kernel_for(bf16, mr, np)(x, j->x.stride, (const char *)pan + (size_t)(p * pstep) * (bf16 ? 2 : 4),
+                                         pstep, K, res);
+                if (up)
+                    kernel_for(bf16u, mr, np)(x, j->x.stride,
+                                              (const char *)panu + (size_t)(p * pstep) * (bf16u ? 2 : 4), pstep, K,
+                                              res2);
+                store(j, pt, m0, mr, n0, nc, res, res2);
+                m0 += mr;
+            }
+            p += np;
+        }
+    }
+}
+
+static float *bias_f32(ds_tensor bias, int64_t n) {
+    if (!bias.data) return NULL;
+    float *b = malloc((size_t)n * sizeof *b);
+    if (b) ds_to_f32(bias.dtype, bias.data, b, (size_t)n);
+    return b;
+}
+
+void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+                          const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res) {
+    if (x.rows <= 0) return;
+    ds_pool *pool = ds_cpu_pool(be);
+    narrow_job j = {.x = x, .be = be, .n = n, .epi = epi, .res = res};
+    int64_t groups = 0, macs = 0;
+    for (int i = 0; i < n; i++) {
+        narrow_part *pt = &j.part[i];
+        *pt = (narrow_part){.out = outs[i], .w = ws[i], .bias = biases ? bias_f32(biases[i], ws[i].rows) : NULL};
+        pt->packed = ds_cpu_pack_get(&((ds_cpu_backend *)be)->packs, ws[i], &pt->bf16);
+        pt->groups = (ds_cpu_panels(ws[i].rows) + GROUP - 1) / GROUP;
+        if (epi != DS_EPI_SWIGLU || i == 0) groups += pt->groups;
+        macs += x.rows * pt->groups * GROUP * DS_PANEL * x.cols;
+    }
+    /* A few chunks per thread (a late thread does not hold the others up),
+     * none smaller than MIN_CHUNK_MACS. */
+    const int64_t item_macs = macs / (groups ? groups : 1) + 1;
+    int64_t grain = groups / (4 * ds_pool_threads(pool));
+    if (grain * item_macs < MIN_CHUNK_MACS) grain = (MIN_CHUNK_MACS + item_macs - 1) / item_macs;
+    ds_pool_run(pool, groups, grain, narrow_chunk, &j);
+    for (int i = 0; i < n; i++) free(j.part[i].bias);
+}
+
+/* The wide (prefill) path's job. */
+typedef struct {
+    ds_tensor out, x, w;
+    const float *bias;
+    float **tiles; /* per thread */
+} linear_job;
 
 /* Each thread widens its own tiles of weight rows and runs a
  * single-threaded sgemm on them. */
@@ -183,26 +302,19 @@ static void wide_chunk(void *ctx, int64_t t0, int64_t t1, int tid) {
 }
 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
-    float *b = NULL;
-    if (bias.data) {
-        b = malloc((size_t)w.rows * sizeof *b);
-        ds_to_f32(bias.dtype, bias.data, b, (size_t)w.rows);
-    }
-    linear_job j = {.out = out, .x = x, .w = w, .bias = b, .be = be};
-    ds_pool *pool = ds_cpu_pool(be);
     if (x.rows <= DS_CPU_NARROW_M) {
-        /* ~32 KB of weights per chunk (a multiple of NB rows): enough work to amortise a claim. */
-        int64_t grain = (32768 / (int64_t)(w.cols * ds_dtype_size(w.dtype) + 1)) + 1;
-        grain = (grain + NB - 1) / NB * NB;
-        ds_pool_run(pool, w.rows, grain, narrow_chunk, &j);
-    } else {
-        int nt = ds_pool_threads(pool);
-        float *tiles[64] = {0};
-        if (w.dtype != DS_F32)
-            for (int t = 0; t < nt && t < 64; t++) tiles[t] = malloc((size_t)(WIDE_TILE_ROWS * x.cols) * sizeof(float));
-        j.tiles = tiles;
-        ds_pool_run(pool, (w.rows + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS, 1, wide_chunk, &j);
-        for (int t = 0; t < nt && t < 64; t++) free(tiles[t]);
+        ds_cpu_linear_narrow(be, 1, &out, x, &w, &bias, DS_EPI_STORE, ds_no_tensor());
+        return;
     }
+    float *b = bias_f32(bias, w.rows);
+    linear_job j = {.out = out, .x = x, .w = w, .bias = b};
+    ds_pool *pool = ds_cpu_pool(be);
+    int nt = ds_pool_threads(pool);
+    float *tiles[64] = {0};
+    if (w.dtype != DS_F32)
+        for (int t = 0; t < nt && t < 64; t++) tiles[t] = malloc((size_t)(WIDE_TILE_ROWS * x.cols) * sizeof(float));
+    j.tiles = tiles;
+    ds_pool_run(pool, (w.rows + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS, 1, wide_chunk, &j);
+    for (int t = 0; t < nt && t < 64; t++) free(tiles[t]);
     free(b);
 }

@@ -1,0 +1,35 @@
+#include "base/argmax.h"
+
+#include <math.h>
+
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* Two passes instead of one: the maximum (a lane-wise running "strictly
+ * larger" max, so NaNs never enter it), then the first index holding a
+ * value equal to it. The scalar pass's loop-carried compare-and-branch on
+ * the best index is what made greedy decoding's argmax over a 150k (or
+ * even 8k) vocabulary cost as much as a small matmul. */
+int64_t ds_argmax_f32(const float *x, int64_t n) {
+    if (n <= 0 || isnan(x[0])) return 0;
+    float m = x[0];
+    int64_t i = 0;
+    if (n >= 8) {
+        v8f acc = {m, m, m, m, m, m, m, m}; /* not x[0..7]: a NaN lane would stick */
+        for (; i + 8 <= n; i += 8) {
+            const v8f v = *(const v8f *)(x + i);
+            const v8i gt = v > acc;
+            acc = (v8f)(((v8i)v & gt) | ((v8i)acc & ~gt));
+        }
+        for (int l = 0; l < 8; l++)
+            if (acc[l] > m) m = acc[l];
+    }
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i];
+    /* m is x[0] or a non-NaN value that some x[j] equals; the first such j
+     * is the scalar pass's answer (values equal as floats, +0 and -0
+     * included, tie). */
+    for (i = 0; i < n; i++)
+        if (x[i] == m) return i;
+    return 0;
+}
