@@ -21,8 +21,7 @@ typedef struct {
     ds_drafter base;
     ds_gemma4_config c;
     ds_tensor final_norm;
-    ds_gemma4_layer *layers;
-    ds_tensor *k_cache, *v_cache; /* [max_ctx + gamma, kv]: context rows, then the block's */
+    ds_gemma4_stack st; /* K/V [max_ctx + gamma, kv]: context rows, then the block's */
     ds_tensor x;
     ds_gemma4_scratch s;
     float embed_scale;
@@ -38,8 +37,8 @@ static void gd_context(ds_drafter *d, ds_tensor ctx, int pos0) {
     const int n = (int)ctx.rows;
     set_positions(g->pos, pos0, n);
     for (int l = 0; l < g->c.n_layers; l++)
-        ds_gemma4_key_value(d->be, &g->c, &g->layers[l], ctx, ds_rows(g->k_cache[l], pos0, n),
-                            ds_rows(g->v_cache[l], pos0, n), g->pos);
+        ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, ds_rows(g->st.k[l], pos0, n),
+                            ds_rows(g->st.v[l], pos0, n), g->pos);
 }
 
 static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
@@ -51,7 +50,7 @@ static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
     ds_tensor x = ds_rows(g->x, 0, G), xn = ds_rows(g->s.xn, 0, G);
     be->ops->embed(be, x, d->embed, ids, g->embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
-        const ds_gemma4_layer *L = &g->layers[l];
+        const ds_gemma4_layer *L = &g->st.layers[l];
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, G), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, G);
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
@@ -60,8 +59,8 @@ static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
         ds_gemma4_query(be, c, L, xn, q, g->pos);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_gemma4_key_value(be, c, L, xn, ds_rows(g->k_cache[l], start, G), ds_rows(g->v_cache[l], start, G), g->pos);
-        be->ops->attention(be, attn, q, g->k_cache[l], g->v_cache[l], &ap);
+        ds_gemma4_key_value(be, c, L, xn, ds_rows(g->st.k[l], start, G), ds_rows(g->st.v[l], start, G), g->pos);
+        be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
     }
     be->ops->rmsnorm(be, d->block_hidden, x, g->final_norm, c->hidden, c->eps);
@@ -70,14 +69,7 @@ static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
 static void gd_destroy(ds_drafter *d) {
     gemma4_drafter *g = (gemma4_drafter *)d;
     ds_backend *be = d->be;
-    for (int l = 0; g->layers && g->k_cache && g->v_cache && l < g->c.n_layers; l++) {
-        ds_gemma4_layer_release(be, &g->layers[l]);
-        be->ops->release(be, &g->k_cache[l]);
-        be->ops->release(be, &g->v_cache[l]);
-    }
-    free(g->layers);
-    free(g->k_cache);
-    free(g->v_cache);
+    ds_gemma4_stack_release(be, &g->st);
     be->ops->release(be, &g->final_norm);
     be->ops->release(be, &g->x);
     ds_gemma4_scratch_release(be, &g->s);
@@ -123,10 +115,8 @@ static ds_error *load_layers(gemma4_drafter *g) {
         ds_gemma4_config lc = *c; /* shallow: only the MLP width differs */
         if (first_doubled > 0 && l >= first_doubled) lc.inter = 2 * c->inter;
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->layers[l]));
-        const int64_t kvd = (int64_t)g->layers[l].n_kv_heads * g->layers[l].head_dim;
-        DS_TRY(be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &g->k_cache[l]));
-        DS_TRY(be->ops->alloc(be, DS_F32, d->max_ctx + d->gamma, kvd, &g->v_cache[l]));
+        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->st.layers[l]));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->max_ctx + d->gamma));
     }
     return NULL;
 }
@@ -142,12 +132,10 @@ static ds_error *gd_init(gemma4_drafter *g, const ds_target *target) {
     DS_TRY(ds_drafter_load_common(d, target));
     d->logit_softcap = c->softcap;
     g->embed_scale = ds_gemma4_embed_scale(d->embed.dtype, c->hidden);
-    g->layers = calloc((size_t)c->n_layers, sizeof *g->layers);
-    g->k_cache = calloc((size_t)c->n_layers, sizeof *g->k_cache);
-    g->v_cache = calloc((size_t)c->n_layers, sizeof *g->v_cache);
+    DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
     const int rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
     g->pos = calloc((size_t)rows, sizeof *g->pos);
-    if (!g->layers || !g->k_cache || !g->v_cache || !g->pos) return ds_errorf("out of memory");
+    if (!g->pos) return ds_errorf("out of memory");
     DS_TRY(ds_load_vector(be, ck, "norm.weight", c->hidden, &g->final_norm));
     DS_TRY(be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &g->x));
     /* Sized for the widest MLP (double_wide doubles it). */

@@ -22,8 +22,7 @@ typedef struct {
     ds_tensor embed, final_norm, lm_head;
     ds_tensor ple_embed, ple_model_proj, ple_proj_norm; /* per-layer inputs (c.ple_dim > 0) */
     float embed_scale, ple_embed_scale;
-    ds_gemma4_layer *layers;
-    ds_tensor *k_cache, *v_cache; /* per layer with its own K/V; row = position, or position % ring for sliding */
+    ds_gemma4_stack st;           /* K/V rows: position, or position % ring for sliding layers */
     int *ring;                    /* per layer: ring size (0 = indexed by position) */
     int ring_size;                /* sliding layers' ring (0 = none: the context fits) */
     int32_t *ring_pos;            /* [ring_size]: the position each ring row holds (-1 = none) */
@@ -38,14 +37,7 @@ typedef struct {
 static void gemma4_destroy(ds_target *t) {
     gemma4_target *g = (gemma4_target *)t;
     ds_backend *be = t->be;
-    for (int l = 0; g->layers && g->k_cache && g->v_cache && l < g->c.n_layers; l++) {
-        ds_gemma4_layer_release(be, &g->layers[l]);
-        be->ops->release(be, &g->k_cache[l]);
-        be->ops->release(be, &g->v_cache[l]);
-    }
-    free(g->layers);
-    free(g->k_cache);
-    free(g->v_cache);
+    ds_gemma4_stack_release(be, &g->st);
     free(g->ring);
     free(g->ring_pos);
     ds_tensor *all[] = {&g->embed,          &g->final_norm,    &g->lm_head, &g->ple_embed,
@@ -87,21 +79,21 @@ static ds_error *check_ring(const gemma4_target *g, int pos0) {
 /* Computes layer l's K/V for rows at pos0.. into its cache. */
 static void write_kv(gemma4_target *g, int l, ds_tensor xn, int pos0, int n) {
     ds_backend *be = g->base.be;
-    const ds_gemma4_layer *L = &g->layers[l];
+    const ds_gemma4_layer *L = &g->st.layers[l];
     const int R = g->ring[l];
     if (!R) {
-        ds_gemma4_key_value(be, &g->c, L, xn, ds_rows(g->k_cache[l], pos0, n), ds_rows(g->v_cache[l], pos0, n), g->pos);
+        ds_gemma4_key_value(be, &g->c, L, xn, ds_rows(g->st.k[l], pos0, n), ds_rows(g->st.v[l], pos0, n), g->pos);
         return;
     }
     const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
     ds_tensor kb = ds_rows(ds_cols(g->kbuf, 0, kvd), 0, n), vb = ds_rows(ds_cols(g->vbuf, 0, kvd), 0, n);
     ds_gemma4_key_value(be, &g->c, L, xn, kb, vb, g->pos);
     const int r0 = pos0 % R, first = n < R - r0 ? n : R - r0;
-    be->ops->copy(be, ds_rows(g->k_cache[l], r0, first), ds_rows(kb, 0, first));
-    be->ops->copy(be, ds_rows(g->v_cache[l], r0, first), ds_rows(vb, 0, first));
+    be->ops->copy(be, ds_rows(g->st.k[l], r0, first), ds_rows(kb, 0, first));
+    be->ops->copy(be, ds_rows(g->st.v[l], r0, first), ds_rows(vb, 0, first));
     if (n > first) {
-        be->ops->copy(be, ds_rows(g->k_cache[l], 0, n - first), ds_rows(kb, first, n - first));
-        be->ops->copy(be, ds_rows(g->v_cache[l], 0, n - first), ds_rows(vb, first, n - first));
+        be->ops->copy(be, ds_rows(g->st.k[l], 0, n - first), ds_rows(kb, first, n - first));
+        be->ops->copy(be, ds_rows(g->st.v[l], 0, n - first), ds_rows(vb, first, n - first));
     }
 }
 
@@ -121,7 +113,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
     ds_target_tap(t, -1, x, n);
     if (c->ple_dim) per_layer_inputs(g, ids, x, n);
     for (int l = 0; l < c->n_layers; l++) {
-        const ds_gemma4_layer *L = &g->layers[l];
+        const ds_gemma4_layer *L = &g->st.layers[l];
         const int src = c->kv_source[l];
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, n), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, n);
@@ -139,7 +131,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
                              .ring_size = g->ring[src],
                              .scale = 1.0f,
                              .q_pos = g->pos};
-        be->ops->attention(be, attn, q, g->k_cache[src], g->v_cache[src], &ap);
+        be->ops->attention(be, attn, q, g->st.k[src], g->st.v[src], &ap);
         ds_tensor ple =
             c->ple_dim ? ds_rows(ds_cols(g->ple, (int64_t)l * c->ple_dim, c->ple_dim), 0, n) : ds_no_tensor();
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, n, ple);
@@ -200,14 +192,12 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
     char prefix[64];
     for (int l = 0; l < c->n_layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        ds_gemma4_layer *L = &g->layers[l];
+        ds_gemma4_layer *L = &g->st.layers[l];
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
         if (!L->has_kv) continue;
         const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
         g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
-        const int64_t rows = g->ring[l] ? g->ring[l] : g->base.max_ctx;
-        DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &g->k_cache[l]));
-        DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &g->v_cache[l]));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.max_ctx));
         if (g->ring[l] && kvd > widest) widest = kvd;
     }
     if (g->ring_size) {
@@ -237,12 +227,10 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     t->hidden = c->hidden;
     t->n_layers = c->n_layers;
     t->max_ctx = c->max_pos;
-    g->layers = calloc((size_t)c->n_layers, sizeof *g->layers);
-    g->k_cache = calloc((size_t)c->n_layers, sizeof *g->k_cache);
-    g->v_cache = calloc((size_t)c->n_layers, sizeof *g->v_cache);
+    DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
     g->ring = calloc((size_t)c->n_layers, sizeof *g->ring);
     g->pos = calloc((size_t)t->max_rows, sizeof *g->pos);
-    if (!g->layers || !g->k_cache || !g->v_cache || !g->ring || !g->pos) return ds_errorf("out of memory");
+    if (!g->ring || !g->pos) return ds_errorf("out of memory");
     DS_TRY(load_embeddings(g, ck));
     t->logits_bf16 = g->lm_head.dtype == DS_BF16;
     DS_TRY(load_layers(g, ck));

@@ -1,6 +1,8 @@
 /* Gemma 4 decoder layer weights and compute (see gemma4_layer.h). */
 #include "model/gemma4_layer.h"
 
+#include <stdlib.h>
+
 #include <stdio.h>
 
 #include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
@@ -83,6 +85,33 @@ void ds_gemma4_layer_release(ds_backend *be, ds_gemma4_layer *L) {
                         &L->q_bias,  &L->k_bias,         &L->v_bias,      &L->o_bias,       &L->gate,
                         &L->up,      &L->down,           &L->ple_gate,    &L->ple_proj,     &L->ple_post_norm};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
+}
+
+ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n) {
+    *st = (ds_gemma4_stack){.n = n};
+    st->layers = calloc((size_t)n, sizeof *st->layers);
+    st->k = calloc((size_t)n, sizeof *st->k);
+    st->v = calloc((size_t)n, sizeof *st->v);
+    if (!st->layers || !st->k || !st->v) return ds_errorf("out of memory");
+    return NULL;
+}
+
+ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows) {
+    const int64_t kvd = (int64_t)st->layers[l].n_kv_heads * st->layers[l].head_dim;
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &st->k[l]));
+    return be->ops->alloc(be, DS_F32, rows, kvd, &st->v[l]);
+}
+
+void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st) {
+    for (int l = 0; st->layers && st->k && st->v && l < st->n; l++) {
+        ds_gemma4_layer_release(be, &st->layers[l]);
+        be->ops->release(be, &st->k[l]);
+        be->ops->release(be, &st->v[l]);
+    }
+    free(st->layers);
+    free(st->k);
+    free(st->v);
+    *st = (ds_gemma4_stack){0};
 }
 
 ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, ds_gemma4_scratch *s) {

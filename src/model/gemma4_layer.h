@@ -47,6 +47,21 @@ typedef struct {
     ds_tensor ple_gate, ple_proj, ple_post_norm; /* per-layer input block (ple_dim > 0) */
 } ds_gemma4_layer;
 
+/* The layers and their K/V caches, as the target and the drafter hold
+ * them (a KV-shared layer has no cache of its own; a sliding layer's cache
+ * may be a ring, so the rows are the holder's choice). */
+typedef struct {
+    int n;
+    ds_gemma4_layer *layers;
+    ds_tensor *k, *v;
+} ds_gemma4_stack;
+
+/* Room for n layers (nothing loaded yet). */
+ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n);
+/* Allocates layer l's K and V caches: rows x its n_kv_heads * head_dim. */
+ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows);
+void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st);
+
 /* Per-call scratch for up to `rows` rows, sized for the widest layer. */
 typedef struct {
     ds_tensor xn, q, attn, tmp, gate, up, ple;
