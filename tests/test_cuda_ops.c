@@ -537,6 +537,73 @@ static void test_argmax(void) {
     free(v);
 }
 
+/* A bf16 weight from given values (each exactly representable in bf16). */
+static ds_tensor gpu_bf16_weight(const float *v, int64_t rows, int64_t cols, uint16_t *buf) {
+    for (int64_t i = 0; i < rows * cols; i++) buf[i] = ds_f32_to_bf16(v[i]);
+    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = buf,
+                       .nbytes = (size_t)(rows * cols) * 2};
+    ds_tensor t = ds_no_tensor();
+    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &t);
+    if (e) {
+        CHECK(0, "weight: %s", ds_error_message(e));
+        ds_error_free(e);
+    }
+    return t;
+}
+
+/* The device Markov walk against the walk done by hand on the host. The
+ * values are small multiples of powers of two, so every product and sum is
+ * exact in fp32 whatever the order: both sides must agree to the bit, in
+ * the corrected logits and in every drawn token (ties included). */
+static void test_markov_greedy(void) {
+    const int G = 7, V = 3000, r = 64;
+    float *base = malloc((size_t)G * V * sizeof *base), *w1 = malloc((size_t)V * r * sizeof *w1);
+    float *w2 = malloc((size_t)V * r * sizeof *w2), *want = malloc((size_t)G * V * sizeof *want);
+    float *got = malloc((size_t)G * V * sizeof *got), *e = malloc((size_t)r * sizeof *e);
+    uint16_t *b1 = malloc((size_t)V * r * 2), *b2 = malloc((size_t)V * r * 2);
+    for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / 64.0f; /* ties happen */
+    for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
+    for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
+    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
+        ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
+        const int32_t anchor = 1234;
+        int32_t tok[8] = {0}, want_tok[8] = {0};
+        gpu->ops->markov_greedy(gpu, pb.g, po.g, tw1, tw2, bf16, anchor, emb, tok);
+        check_gpu_ok("markov_greedy");
+        gpu->ops->download(gpu, po.g, got);
+        int32_t prev = anchor;
+        for (int k = 0; k < G; k++) {
+            for (int i = 0; i < r; i++) e[i] = w1[(size_t)prev * r + i];
+            float *row = want + (size_t)k * V;
+            for (int j = 0; j < V; j++) {
+                float b = 0;
+                for (int i = 0; i < r; i++) b += e[i] * w2[(size_t)j * r + i];
+                row[j] = bf16 ? ds_bf16_to_f32(ds_f32_to_bf16(base[(size_t)k * V + j] +
+                                                              ds_bf16_to_f32(ds_f32_to_bf16(b))))
+                              : base[(size_t)k * V + j] + b;
+            }
+            int32_t best = 0;
+            for (int j = 1; j < V; j++)
+                if (row[j] > row[best]) best = j;
+            want_tok[k] = prev = best;
+        }
+        int same = 0;
+        for (int k = 0; k < G; k++) same += tok[k] == want_tok[k];
+        printf("  markov_greedy (%s): %d/%d tokens equal the host walk's, logits %s\n", bf16 ? "bf16" : "fp32", same,
+               G, memcmp(got, want, (size_t)G * V * 4) ? "DIFFER" : "bit-identical");
+        CHECK(same == G, "markov_greedy: %d of %d tokens differ", G - same, G);
+        CHECK(!memcmp(got, want, (size_t)G * V * 4), "markov_greedy: corrected logits differ");
+        release(&pb);
+        release(&po);
+        release(&pe);
+    }
+    gpu->ops->release(gpu, &tw1);
+    gpu->ops->release(gpu, &tw2);
+    free(base), free(w1), free(w2), free(want), free(got), free(e), free(b1), free(b2);
+}
+
 static void test_errors(void) {
     pair x = act_rand(2, 64, 1.0f);
     int32_t pos[2] = {0, 1};
@@ -597,7 +664,8 @@ static void teardown(void) {
 
 #define CUDA_TESTS                                                                                           \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
-        test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise, test_argmax, test_errors, test_linear_bandwidth, teardown
+        test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
+        test_argmax, test_markov_greedy, test_errors, test_linear_bandwidth, teardown
 
 int main(void) {
     const char *dev = getenv("DS_CUDA_DEVICE");
