@@ -2,8 +2,7 @@
 
 #include <math.h>
 
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
-typedef int32_t v8i __attribute__((vector_size(32)));
+#include "base/vmath.h"
 
 /* Two passes instead of one: the maximum (a lane-wise running "strictly
  * larger" max, so NaNs never enter it), then the first index holding a
@@ -15,11 +14,10 @@ int64_t ds_argmax_f32(const float *x, int64_t n) {
     float m = x[0];
     int64_t i = 0;
     if (n >= 8) {
-        v8f acc = {m, m, m, m, m, m, m, m}; /* not x[0..7]: a NaN lane would stick */
+        ds_v8f acc = ds_v8f_set1(m); /* not x[0..7]: a NaN lane would stick */
         for (; i + 8 <= n; i += 8) {
-            const v8f v = *(const v8f *)(x + i);
-            const v8i gt = v > acc;
-            acc = (v8f)(((v8i)v & gt) | ((v8i)acc & ~gt));
+            const ds_v8f v = *(const ds_v8f *)(x + i);
+            acc = ds_v8f_select(v > acc, v, acc);
         }
         for (int l = 0; l < 8; l++)
             if (acc[l] > m) m = acc[l];

@@ -9,7 +9,6 @@
 #include "draft/drafter.h"
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float round_bf16(float x) { return ds_bf16_to_f32(ds_f32_to_bf16(x)); }
 
 /* y[w.rows] = w @ x[k] (+ b), on the backend, through the step buffers. */
 static void small_linear(ds_drafter *d, ds_tensor w, ds_tensor b, const float *x, int k, float *y) {
@@ -60,7 +59,19 @@ static void markov_bias(ds_drafter *d, const float *e, const float *h, float *bi
     }
 }
 
-/* c_k = proj([h_k ; w1[prev_k]]) + b for every block position, one call. */
+/* c_k = proj([h_k ; w1[prev_k]]) + b for every block position, one call,
+ * over the features already in the rows of step_in. */
+static void score_confidence(ds_drafter *d, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int F = d->hidden + (d->confidence_with_markov ? d->markov_rank : 0);
+    ds_tensor col = ds_cols(d->step_out, 0, 1);
+    be->ops->linear(be, col, ds_cols(d->step_in, 0, F), d->conf_w, d->conf_b);
+    be->ops->download(be, col, out->conf_logit);
+    if (d->logits_bf16) /* the linear runs in bf16, then is cast to fp32 */
+        ds_round_bf16_n(out->conf_logit, (size_t)d->gamma);
+}
+
+/* The host walk's features go up row by row. */
 static void confidence(ds_drafter *d, ds_proposal *out) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden, r = d->markov_rank;
@@ -71,11 +82,7 @@ static void confidence(ds_drafter *d, ds_proposal *out) {
         if (d->confidence_with_markov) memcpy(feat + H, d->host_prev + (size_t)k * r, (size_t)r * sizeof *feat);
         be->ops->upload(be, ds_cols(ds_rows(d->step_in, k, 1), 0, F), feat);
     }
-    ds_tensor col = ds_cols(d->step_out, 0, 1);
-    be->ops->linear(be, col, ds_cols(d->step_in, 0, F), d->conf_w, d->conf_b);
-    be->ops->download(be, col, out->conf_logit);
-    if (d->logits_bf16) /* the linear runs in bf16, then is cast to fp32 */
-        for (int k = 0; k < G; k++) out->conf_logit[k] = round_bf16(out->conf_logit[k]);
+    score_confidence(d, out);
 }
 
 /* Greedy walks with a vanilla (or no) head run on the backend when it can
@@ -97,13 +104,8 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     }
     out->probs = NULL;
     if (!d->confidence) return;
-    const int F = H + (d->confidence_with_markov ? r : 0);
     be->ops->copy(be, ds_cols(ds_rows(d->step_in, 0, G), 0, H), d->block_hidden);
-    ds_tensor col = ds_cols(d->step_out, 0, 1);
-    be->ops->linear(be, col, ds_cols(ds_rows(d->step_in, 0, G), 0, F), d->conf_w, d->conf_b);
-    be->ops->download(be, col, out->conf_logit);
-    if (d->logits_bf16)
-        for (int k = 0; k < G; k++) out->conf_logit[k] = round_bf16(out->conf_logit[k]);
+    score_confidence(d, out);
 }
 
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {

@@ -59,10 +59,10 @@ bool ds_cu_argmax_dev(ds_cuda_backend *cb, ds_tensor x, int32_t *d_out) {
     if (!buf) return false;
     float *pv = (float *)buf;
     int *pi = (int *)(buf + np * sizeof(float));
-    ds_cu_launch(argmax_slice_kernel,dim3((unsigned)slices, (unsigned)x.rows), ARGMAX_THREADS, cb->stream, 
-        (const float *)x.data, x.stride, x.cols, pv, pi);
+    ds_cu_launch(argmax_slice_kernel, dim3((unsigned)slices, (unsigned)x.rows), ARGMAX_THREADS, cb->stream,
+                 (const float *)x.data, x.stride, x.cols, pv, pi);
     if (!ds_cu_launched(cb, "argmax")) return false;
-    ds_cu_launch(argmax_combine_kernel,(unsigned)x.rows, 1, cb->stream, pv, pi, slices, d_out);
+    ds_cu_launch(argmax_combine_kernel, (unsigned)x.rows, 1, cb->stream, pv, pi, slices, d_out);
     return ds_cu_launched(cb, "argmax");
 }
 

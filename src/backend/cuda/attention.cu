@@ -245,14 +245,14 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
         /* Few lanes per key, many keys per block in flight: decode is bound
          * by the latency of fetching keys, not by arithmetic. The choice
          * depends on the head size alone (rows stay invariant). */
-        if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8>,grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 64) ds_cu_launch(attn_chunk_kernel<4, 16>,grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 128) ds_cu_launch(attn_chunk_kernel<8, 16>,grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16>,grid, ATT_THREADS, cb->stream, g, pa);
-        else ds_cu_launch(attn_chunk_kernel<32, 16>,grid, ATT_THREADS, cb->stream, g, pa);
+        if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8>, grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 64) ds_cu_launch(attn_chunk_kernel<4, 16>, grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 128) ds_cu_launch(attn_chunk_kernel<8, 16>, grid, ATT_THREADS, cb->stream, g, pa);
+        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16>, grid, ATT_THREADS, cb->stream, g, pa);
+        else ds_cu_launch(attn_chunk_kernel<32, 16>, grid, ATT_THREADS, cb->stream, g, pa);
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
-            ds_cu_launch(attn_combine_kernel,(unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
+            ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
             if (!ds_cu_launched(cb, "attention")) return;
         }
         r0 += n;

@@ -35,8 +35,8 @@ static void ew(ds_backend *be, const char *name, int op, ds_tensor out, ds_tenso
     if (out.rows <= 0 || out.cols <= 0) return;
     const int threads = 256;
     dim3 grid((unsigned)((out.cols + threads - 1) / threads), (unsigned)(out.rows < 65535 ? out.rows : 65535));
-    ds_cu_launch(ew_kernel,grid, threads, cb->stream, op, (float *)out.data, out.stride, (const float *)a.data, a.stride,
-                                               (const float *)b.data, b.stride, out.rows, out.cols, s);
+    ds_cu_launch(ew_kernel, grid, threads, cb->stream, op, (float *)out.data, out.stride, (const float *)a.data,
+                 a.stride, (const float *)b.data, b.stride, out.rows, out.cols, s);
     ds_cu_launched(cb, name);
 }
 
@@ -85,9 +85,8 @@ void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *
         int n = (int)(out.rows - r0 < DS_CU_ROWS ? out.rows - r0 : DS_CU_ROWS);
         ids_arg a;
         for (int i = 0; i < n; i++) a.v[i] = ids[r0 + i];
-        ds_cu_launch(embed_kernel,dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride, out.stride,
-                                                                       table.data, table.dtype, table.stride, out.cols,
-                                                                       a, scale);
+        ds_cu_launch(embed_kernel, dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride,
+                     out.stride, table.data, table.dtype, table.stride, out.cols, a, scale);
         if (!ds_cu_launched(cb, "embed")) return;
     }
 }

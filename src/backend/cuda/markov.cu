@@ -46,12 +46,13 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_tensor ok = ds_rows(out, k, 1);
         if (markov) {
             ds_tensor ek = ds_rows(emb, k, 1);
-            ds_cu_launch(gather_row_kernel,1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype, w1.stride, r, idx + k);
+            ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype, w1.stride, r,
+                         idx + k);
             if (!ds_cu_launched(cb, "markov_greedy")) return;
             ds_tensor bt = {DS_F32, bias, 1, V, V, false};
             ds_cu_linear(be, bt, ek, w2, ds_no_tensor());
-            ds_cu_launch(markov_add_kernel,(unsigned)((V + 255) / 256), 256, cb->stream, 
-                (float *)ok.data, (const float *)ds_rows(base, k, 1).data, bias, V, bf16);
+            ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, (float *)ok.data,
+                         (const float *)ds_rows(base, k, 1).data, bias, V, bf16);
             if (!ds_cu_launched(cb, "markov_greedy")) return;
         } else {
             be->ops->copy(be, ok, ds_rows(base, k, 1));

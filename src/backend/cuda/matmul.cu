@@ -132,13 +132,11 @@ template <int DT, int MT>
 static void launch_narrow(cudaStream_t st, bool vec, dim3 grid, ds_tensor out, ds_tensor x, ds_tensor w,
                           ds_tensor bias, int M, int N, int K) {
     if (vec)
-        ds_cu_launch(linear_narrow_kernel<DT, MT, true>,grid, MV_THREADS, st, 
-            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M,
-            N, K);
+        ds_cu_launch(linear_narrow_kernel<DT, MT, true>, grid, MV_THREADS, st, (float *)out.data, out.stride,
+                     (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M, N, K);
     else
-        ds_cu_launch(linear_narrow_kernel<DT, MT, false>,grid, MV_THREADS, st, 
-            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M,
-            N, K);
+        ds_cu_launch(linear_narrow_kernel<DT, MT, false>, grid, MV_THREADS, st, (float *)out.data, out.stride,
+                     (const float *)x.data, x.stride, w.data, w.stride, bias.data, bias.dtype, M, N, K);
 }
 
 template <int DT>
@@ -198,8 +196,8 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
     if (!hi) return false;
     __nv_bfloat16 *lo = hi + M * K;
     const int64_t blocks = (M * K + 255) / 256;
-    ds_cu_launch(split_bf16_kernel,(unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo, (const float *)x.data,
-                                                                                          x.stride, M, K);
+    ds_cu_launch(split_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo,
+                 (const float *)x.data, x.stride, M, K);
     if (!ds_cu_launched(cb, "linear")) return false;
     const float one = 1.0f, zero = 0.0f;
     for (int part = 0; part < 2; part++) {
@@ -216,17 +214,10 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
     return true;
 }
 
-static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
+/* fp32 weights straight into sgemm (plain fp32, no TF32); f16 weights
+ * widened a tile of rows at a time into scratch first. */
+static bool linear_wide_sgemm(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w) {
     const int64_t M = x.rows, K = x.cols, N = w.rows;
-    if (w.dtype == DS_BF16) {
-        if (!linear_wide_bf16(cb, out, x, w)) return;
-        if (bias.data) {
-            dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-            ds_cu_launch(add_bias_kernel,grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M, N);
-            ds_cu_launched(cb, "linear");
-        }
-        return;
-    }
     const float one = 1.0f, zero = 0.0f;
     const float *wt = (const float *)w.data;
     int64_t tile = N, ldw = w.stride;
@@ -236,16 +227,16 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
         if (tile < 1) tile = 1;
         if (tile > N) tile = N;
         buf = (float *)ds_cu_scratch(cb, "linear", (size_t)(tile * K) * sizeof(float));
-        if (!buf) return;
+        if (!buf) return false;
         ldw = K;
     }
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
         const int64_t tn = N - n0 < tile ? N - n0 : tile;
         if (buf) {
             int64_t blocks = (tn * K + 255) / 256;
-            ds_cu_launch(widen_kernel,(unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, buf, w.data, w.dtype,
-                                                                                                w.stride, n0, tn, K);
-            if (!ds_cu_launched(cb, "linear")) return;
+            ds_cu_launch(widen_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, buf, w.data,
+                         w.dtype, w.stride, n0, tn, K);
+            if (!ds_cu_launched(cb, "linear")) return false;
             wt = buf;
         } else {
             wt = (const float *)w.data + n0 * w.stride;
@@ -257,12 +248,19 @@ static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tens
         if (s != CUBLAS_STATUS_SUCCESS) {
             ds_cu_fail(cb, "linear", "cublasSgemm %lldx%lldx%lld failed (status %d)", (long long)M, (long long)tn,
                        (long long)K, (int)s);
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
+    const int64_t M = x.rows, N = w.rows;
+    if (!(w.dtype == DS_BF16 ? linear_wide_bf16(cb, out, x, w) : linear_wide_sgemm(cb, out, x, w))) return;
     if (bias.data) {
         dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-        ds_cu_launch(add_bias_kernel,grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M, N);
+        ds_cu_launch(add_bias_kernel, grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M,
+                     N);
         ds_cu_launched(cb, "linear");
     }
 }

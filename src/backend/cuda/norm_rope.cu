@@ -49,11 +49,11 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
      * norm is one block, bound by its own memory latency. By dim only, so
      * a row's reduction order never depends on the rows beside it. */
     if (dim >= 2048)
-        ds_cu_launch(rmsnorm_kernel<512>,(unsigned)(x.rows * groups), 512, cb->stream, 
-            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+        ds_cu_launch(rmsnorm_kernel<512>, (unsigned)(x.rows * groups), 512, cb->stream, (float *)out.data, out.stride,
+                     (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
     else
-        ds_cu_launch(rmsnorm_kernel<NORM_THREADS>,(unsigned)(x.rows * groups), NORM_THREADS, cb->stream, 
-            (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+        ds_cu_launch(rmsnorm_kernel<NORM_THREADS>, (unsigned)(x.rows * groups), NORM_THREADS, cb->stream,
+                     (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
     ds_cu_launched(cb, "rmsnorm");
 }
 
@@ -100,8 +100,8 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        ds_cu_launch(rope_kernel,(unsigned)n, threads, cb->stream, (float *)x.data + r0 * x.stride, x.stride,
-                                                             x.cols / head_dim, head_dim, a);
+        ds_cu_launch(rope_kernel, (unsigned)n, threads, cb->stream, (float *)x.data + r0 * x.stride, x.stride,
+                     x.cols / head_dim, head_dim, a);
         if (!ds_cu_launched(cb, "rope")) return;
     }
 }
@@ -151,8 +151,8 @@ void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, 
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        ds_cu_launch(rmsnorm_rope_kernel,(unsigned)(n * heads), NORM_THREADS, cb->stream, 
-            (float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, heads, head_dim, eps, a);
+        ds_cu_launch(rmsnorm_rope_kernel, (unsigned)(n * heads), NORM_THREADS, cb->stream,
+                     (float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, heads, head_dim, eps, a);
         if (!ds_cu_launched(cb, "rmsnorm_rope")) return;
     }
 }
