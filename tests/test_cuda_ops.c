@@ -474,6 +474,18 @@ static void test_rmsnorm_rope(void) {
         char what[64];
         snprintf(what, sizeof what, "rmsnorm_rope head_dim %d, 70 rows", hd);
         compare(x.g, x.c, 2e-6, what);
+        /* q (4 heads) and k (2 heads) in one launch against two CPU passes. */
+        pair q = act_rand(rows, (int64_t)4 * hd, 3.0f), k = act_rand(rows, (int64_t)2 * hd, 2.0f);
+        pair kw = weight(t == 2 ? DS_F32 : DS_BF16, 1, hd);
+        gpu->ops->qk_norm_rope(gpu, q.g, w.g, k.g, kw.g, hd, 1e-6f, pos, inv);
+        ds_qk_norm_rope(cpu, q.c, w.c, k.c, kw.c, hd, 1e-6f, pos, inv);
+        snprintf(what, sizeof what, "qk_norm_rope q, head_dim %d, 70 rows", hd);
+        compare(q.g, q.c, 2e-6, what);
+        snprintf(what, sizeof what, "qk_norm_rope k, head_dim %d, 70 rows", hd);
+        compare(k.g, k.c, 2e-6, what);
+        release(&q);
+        release(&k);
+        release(&kw);
         release(&x);
         release(&w);
         free(inv);
@@ -551,57 +563,86 @@ static ds_tensor gpu_bf16_weight(const float *v, int64_t rows, int64_t cols, uin
     return t;
 }
 
-/* The device Markov walk against the walk done by hand on the host. The
- * values are small multiples of powers of two, so every product and sum is
- * exact in fp32 whatever the order: both sides must agree to the bit, in
- * the corrected logits and in every drawn token (ties included). */
+/* The greedy Markov walk done by hand on the host: corrected logits want
+ * [G, V] and tokens (argmax starting at column 0, first strict maximum). */
+static void host_markov_walk(const float *base, const float *w1, const float *w2, int G, int V, int r, bool bf16,
+                             int32_t anchor, float *want, int32_t *tok) {
+    int32_t prev = anchor;
+    for (int k = 0; k < G; k++) {
+        const float *e = w1 + (size_t)prev * r;
+        float *row = want + (size_t)k * V;
+        for (int j = 0; j < V; j++) {
+            float b = 0;
+            for (int i = 0; i < r; i++) b += e[i] * w2[(size_t)j * r + i];
+            const float x = base[(size_t)k * V + j];
+            row[j] = bf16 ? ds_bf16_to_f32(ds_f32_to_bf16(x + ds_bf16_to_f32(ds_f32_to_bf16(b)))) : x + b;
+        }
+        int32_t best = 0;
+        for (int j = 1; j < V; j++)
+            if (row[j] > row[best]) best = j;
+        tok[k] = prev = best;
+    }
+}
+
+/* The device Markov walk against the host walk. The values are small
+ * multiples of powers of two, so every product and sum is exact in fp32
+ * whatever the order: both sides must agree to the bit, in the corrected
+ * logits and in every drawn token (ties included). Without the logits
+ * (tokens only) the device skips rows whose bound |w2[n]| |e| says they
+ * cannot win: the tokens must still be the same, with the base logits as
+ * close as the bias (many candidates, ties), spread wide (few candidates),
+ * and with a NaN at column 0 (no pruning; the host scan returns 0). */
 static void test_markov_greedy(void) {
     const int G = 7, V = 3000, r = 64;
     float *base = malloc((size_t)G * V * sizeof *base), *w1 = malloc((size_t)V * r * sizeof *w1);
     float *w2 = malloc((size_t)V * r * sizeof *w2), *want = malloc((size_t)G * V * sizeof *want);
-    float *got = malloc((size_t)G * V * sizeof *got), *e = malloc((size_t)r * sizeof *e);
+    float *got = malloc((size_t)G * V * sizeof *got), *norms = malloc((size_t)V * sizeof *norms);
     uint16_t *b1 = malloc((size_t)V * r * 2), *b2 = malloc((size_t)V * r * 2);
-    for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / 64.0f; /* ties happen */
     for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
     for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
-    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
-        ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
-        const int32_t anchor = 1234;
-        int32_t tok[8] = {0}, want_tok[8] = {0};
-        gpu->ops->markov_greedy(gpu, pb.g, po.g, tw1, tw2, bf16, anchor, emb, tok);
-        check_gpu_ok("markov_greedy");
-        gpu->ops->download(gpu, po.g, got);
-        int32_t prev = anchor;
-        for (int k = 0; k < G; k++) {
-            for (int i = 0; i < r; i++) e[i] = w1[(size_t)prev * r + i];
-            float *row = want + (size_t)k * V;
-            for (int j = 0; j < V; j++) {
-                float b = 0;
-                for (int i = 0; i < r; i++) b += e[i] * w2[(size_t)j * r + i];
-                row[j] = bf16 ? ds_bf16_to_f32(ds_f32_to_bf16(base[(size_t)k * V + j] +
-                                                              ds_bf16_to_f32(ds_f32_to_bf16(b))))
-                              : base[(size_t)k * V + j] + b;
-            }
-            int32_t best = 0;
-            for (int j = 1; j < V; j++)
-                if (row[j] > row[best]) best = j;
-            want_tok[k] = prev = best;
-        }
-        int same = 0;
-        for (int k = 0; k < G; k++) same += tok[k] == want_tok[k];
-        printf("  markov_greedy (%s): %d/%d tokens equal the host walk's, logits %s\n", bf16 ? "bf16" : "fp32", same,
-               G, memcmp(got, want, (size_t)G * V * 4) ? "DIFFER" : "bit-identical");
-        CHECK(same == G, "markov_greedy: %d of %d tokens differ", G - same, G);
-        CHECK(!memcmp(got, want, (size_t)G * V * 4), "markov_greedy: corrected logits differ");
-        release(&pb);
-        release(&po);
-        release(&pe);
+    for (int n = 0; n < V; n++) {
+        double ss = 0;
+        for (int i = 0; i < r; i++) ss += (double)w2[(size_t)n * r + i] * w2[(size_t)n * r + i];
+        norms[n] = (float)sqrt(ss);
     }
+    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
+    pair pn = act(1, V, norms);
+    const char *names[] = {"close", "spread", "NaN at column 0"};
+    for (int data = 0; data < 3; data++) {
+        for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
+        if (data == 2) base[(size_t)3 * V] = NAN;
+        for (int mode = 0; mode < 4; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned) */
+            const bool bf16 = mode & 1, pruned = mode & 2;
+            if (data > 0 && !pruned) continue; /* the full walk is covered by the first data set */
+            pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
+            ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
+            const int32_t anchor = 1234;
+            int32_t tok[8] = {0}, want_tok[8] = {0};
+            gpu->ops->markov_greedy(gpu, pb.g, pruned ? ds_no_tensor() : po.g, tw1, tw2,
+                                    pruned ? pn.g : ds_no_tensor(), bf16, anchor, emb, tok);
+            check_gpu_ok("markov_greedy");
+            host_markov_walk(base, w1, w2, G, V, r, bf16, anchor, want, want_tok);
+            int same = 0;
+            for (int k = 0; k < G; k++) same += tok[k] == want_tok[k];
+            bool logits_ok = true;
+            if (!pruned) {
+                gpu->ops->download(gpu, po.g, got);
+                logits_ok = !memcmp(got, want, (size_t)G * V * 4);
+            }
+            printf("  markov_greedy (%s, %s, %s): %d/%d tokens equal the host walk's%s\n", names[data],
+                   bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits", same, G,
+                   pruned ? "" : logits_ok ? ", logits bit-identical" : ", logits DIFFER");
+            CHECK(same == G, "markov_greedy (%s): %d of %d tokens differ", names[data], G - same, G);
+            CHECK(logits_ok, "markov_greedy: corrected logits differ");
+            release(&pb);
+            release(&po);
+            release(&pe);
+        }
+    }
+    release(&pn);
     gpu->ops->release(gpu, &tw1);
     gpu->ops->release(gpu, &tw2);
-    free(base), free(w1), free(w2), free(want), free(got), free(e), free(b1), free(b2);
+    free(base), free(w1), free(w2), free(want), free(got), free(norms), free(b1), free(b2);
 }
 
 static void test_errors(void) {

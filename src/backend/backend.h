@@ -118,15 +118,21 @@ typedef struct {
     /* rmsnorm(x, w, head_dim, eps) then rope(x, head_dim, pos, inv_freq), in place. */
     void (*rmsnorm_rope)(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                          const float *inv_freq);
+    /* rmsnorm_rope of q (weights qw) and of k (kw) at the same positions,
+     * in one pass (q and k have the same rows). */
+    void (*qk_norm_rope)(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,
+                         float eps, const int32_t *pos, const float *inv_freq);
     /* Greedy Markov walk over a drafted block (DSpark's vanilla head, or
      * none when w1.data is NULL), without a host round trip per position:
      * prev_0 = anchor; emb[k] = w1[prev_k]; out[k] = base[k] + emb[k] @ w2^T
      * (with bf16: round(base + round(bias)), as the reference computes it);
      * prev_{k+1} = argmax(out[k]) (ties to the lowest id) = tokens[k], on
-     * the host when the call returns. Optional: NULL runs the walk on the
-     * host (draft/markov.c) with the same results. */
-    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, bool bf16,
-                          int32_t anchor, ds_tensor emb, int32_t *tokens);
+     * the host when the call returns. out.data NULL: only the tokens are
+     * wanted; then w2n ([1, V] fp32 row norms of w2, or no tensor) lets
+     * the backend skip rows that provably cannot win. Optional: NULL runs
+     * the walk on the host (draft/markov.c) with the same results. */
+    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor w2n,
+                          bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
     /* Ops queue work and have no error return: a backend that can fail (a
      * GPU) records the first failure, naming the op. check() waits for the
      * queued work and returns that error (NULL when none), clearing it.
@@ -213,6 +219,15 @@ static inline void ds_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int
     }
     be->ops->rmsnorm(be, x, x, w, head_dim, eps);
     be->ops->rope(be, x, head_dim, pos, inv_freq);
+}
+static inline void ds_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
+                                   int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
+    if (be->ops->qk_norm_rope) {
+        be->ops->qk_norm_rope(be, q, qw, k, kw, head_dim, eps, pos, inv_freq);
+        return;
+    }
+    ds_rmsnorm_rope(be, q, qw, head_dim, eps, pos, inv_freq);
+    ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
 }
 
 #endif

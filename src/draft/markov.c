@@ -4,9 +4,34 @@
  * (DeepSpec markov_head.py and draft_ops.py). The r-dimensional head state
  * is tiny and lives on the host; the V x r projections run on the backend. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "draft/drafter.h"
+#include "io/checkpoint.h"
+
+/* |markov_w2[n]| for every row, from the checkpoint's values (widened
+ * exactly, summed in double), uploaded once: the device walk bounds each
+ * row's bias by it and skips the rows that cannot win. */
+ds_error *ds_markov_load_norms(ds_drafter *d) {
+    const int V = d->vocab, r = d->markov_rank;
+    const ds_st_tensor *t = ds_checkpoint_find(d->ck, "markov_head.markov_w2.weight");
+    if (!t) return ds_errorf("%s: markov_head.markov_w2.weight is missing", d->ck->dir);
+    float *row = malloc((size_t)r * sizeof *row), *norms = malloc((size_t)V * sizeof *norms);
+    ds_error *e = NULL;
+    if (!row || !norms) e = ds_errorf("out of memory");
+    for (int n = 0; !e && n < V; n++) {
+        ds_to_f32(t->dtype, (const char *)t->data + (size_t)n * r * ds_dtype_size(t->dtype), row, (size_t)r);
+        double ss = 0;
+        for (int i = 0; i < r; i++) ss += (double)row[i] * row[i];
+        norms[n] = (float)sqrt(ss);
+    }
+    if (!e) e = d->be->ops->alloc(d->be, DS_F32, 1, V, &d->markov_w2_norm);
+    if (!e) d->be->ops->upload(d->be, d->markov_w2_norm, norms);
+    free(row);
+    free(norms);
+    return e;
+}
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -95,8 +120,10 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     const bool markov = d->markov == DS_MARKOV_VANILLA;
     /* step_in rows: [h_k ; w1[prev_k]], the confidence head's features. */
     ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
-    be->ops->markov_greedy(be, d->logits, d->mlogits, markov ? d->markov_w1 : ds_no_tensor(),
-                           markov ? d->markov_w2 : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
+    /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
+    be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
+                           markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
+                           markov ? d->markov_w2_norm : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
     out->logits = NULL;
     if (d->keep_logits) {
         be->ops->download(be, d->mlogits, d->host_logits);

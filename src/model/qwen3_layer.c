@@ -183,8 +183,7 @@ void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer
     const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
     const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
     ds_rmsnorm_linear_multi(be, 3, outs, x, L->in_norm, c->eps, ws, bs, xn);
-    ds_rmsnorm_rope(be, q, L->q_norm, c->head_dim, c->eps, pos, c->inv_freq);
-    ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
+    ds_qk_norm_rope(be, q, L->q_norm, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
 }
 
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,

@@ -197,6 +197,7 @@ static const ds_backend_ops cuda_ops = {
     .rmsnorm_linear_multi = ds_cu_rmsnorm_linear_multi,
     .rmsnorm_linear_swiglu = ds_cu_rmsnorm_linear_swiglu,
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
+    .qk_norm_rope = ds_cu_qk_norm_rope,
     .markov_greedy = ds_cu_markov_greedy,
     .check = cu_check,
 };

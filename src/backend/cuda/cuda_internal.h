@@ -110,11 +110,12 @@ template <> __device__ __forceinline__ void ds_cu_load8<DS_F16>(const void *p, i
 bool ds_cu_pdl_enabled(void);
 
 template <typename... P, typename... A>
-static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A &&...args) {
+static inline void ds_cu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                     A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -122,6 +123,10 @@ static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cud
     cfg.attrs = attr;
     cfg.numAttrs = ds_cu_pdl_enabled() ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
+}
+template <typename... P, typename... A>
+static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A &&...args) {
+    ds_cu_launch_smem(kernel, grid, block, 0, stream, static_cast<A &&>(args)...);
 }
 
 /* Waits for the previous kernel in the stream (its results are visible
@@ -160,14 +165,16 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
 void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                         const ds_tensor *biases);
-void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, bool bf16,
-                         int32_t anchor, ds_tensor emb, int32_t *tokens);
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor w2n,
+                         bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
                                 const ds_tensor *ws, const ds_tensor *biases);
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
                                  ds_tensor wu);
 void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                         const float *inv_freq);
+void ds_cu_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,
+                        float eps, const int32_t *pos, const float *inv_freq);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 

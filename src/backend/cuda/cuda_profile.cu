@@ -130,9 +130,13 @@ static void p_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int hd, flo
                            const float *f) {
     PROF("rmsnorm_rope", prof_of(be)->inner->rmsnorm_rope(be, x, w, hd, eps, pos, f));
 }
-static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2, bool bf, int32_t a,
-                     ds_tensor e, int32_t *t) {
-    PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bf, a, e, t));
+static void p_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int hd, float eps,
+                           const int32_t *pos, const float *f) {
+    PROF("qk_norm_rope", prof_of(be)->inner->qk_norm_rope(be, q, qw, k, kw, hd, eps, pos, f));
+}
+static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2, ds_tensor w2n, bool bf,
+                     int32_t a, ds_tensor e, int32_t *t) {
+    PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, w2n, bf, a, e, t));
     prof_flush(be);
 }
 static void p_rl_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, ds_tensor nw, float eps,
@@ -201,6 +205,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.linear_swiglu = p_linear_swiglu;
     ops.linear_multi = p_linear_multi;
     ops.rmsnorm_rope = p_rmsnorm_rope;
+    ops.qk_norm_rope = p_qk_norm_rope;
     ops.markov_greedy = p_markov;
     ops.rmsnorm_linear_multi = p_rl_multi;
     ops.rmsnorm_linear_swiglu = p_rl_swiglu;

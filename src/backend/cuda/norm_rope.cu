@@ -106,22 +106,35 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
     }
 }
 
-/* Per-head RMSNorm then RoPE in one pass (Qwen3's q/k path): block b takes
- * head b % heads of row b / heads. The sum of squares has rmsnorm_kernel's
- * order; thread i < half then rotates the normed pair (i, i + half). */
+/* One tensor of heads for rmsnorm_rope_kernel: x rows of `heads` heads. */
+typedef struct {
+    float *x;
+    int64_t xs;
+    const void *w;
+    int wdtype, heads;
+} rope_part;
+
+/* Per-head RMSNorm then RoPE in one pass (Qwen3's q/k path), over one or
+ * two tensors that share the positions (q and k in one launch): block b
+ * takes head b % heads of row b / heads of part 0, the blocks after those
+ * part 1. The sum of squares has rmsnorm_kernel's order; thread i < half
+ * then rotates the normed pair (i, i + half). */
 __global__ void __launch_bounds__(NORM_THREADS)
-    rmsnorm_rope_kernel(float *x, int64_t xs, const void *w, int wdtype, int heads, int head_dim, float eps,
-                        rope_arg a) {
+    rmsnorm_rope_kernel(rope_part p0, rope_part p1, int rows, int head_dim, float eps, rope_arg a) {
     ds_cu_grid_wait();
     __shared__ float part[NORM_THREADS / 32];
-    const int r = blockIdx.x / heads, h = blockIdx.x % heads, half = head_dim / 2;
-    float *v = x + (int64_t)r * xs + (int64_t)h * head_dim;
+    int b = blockIdx.x;
+    const bool second = b >= rows * p0.heads;
+    const rope_part &P = second ? p1 : p0;
+    if (second) b -= rows * p0.heads;
+    const int r = b / P.heads, h = b % P.heads, half = head_dim / 2;
+    float *v = P.x + (int64_t)r * P.xs + (int64_t)h * head_dim;
     const float rs = block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
         float p = v[i] * rs, q = v[i + half] * rs;
-        if (w) {
-            p *= ds_cu_load(w, wdtype, i);
-            q *= ds_cu_load(w, wdtype, i + half);
+        if (P.w) {
+            p *= ds_cu_load(P.w, P.wdtype, i);
+            q *= ds_cu_load(P.w, P.wdtype, i + half);
         }
         const float ang = (float)a.pos[r] * a.inv_freq[i];
         const float c = cosf(ang), s = sinf(ang);
@@ -130,29 +143,51 @@ __global__ void __launch_bounds__(NORM_THREADS)
     }
 }
 
-void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
-                        const float *inv_freq) {
-    ds_cuda_backend *cb = ds_cu(be);
-    if (x.rows <= 0 || x.cols <= 0) return;
-    const int half = head_dim / 2;
+static bool rope_heads_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor w, int head_dim) {
     if (head_dim <= 0 || head_dim % 2 || x.cols % head_dim) {
-        ds_cu_fail(cb, "rmsnorm_rope", "%lld columns are not whole heads of even size %d", (long long)x.cols,
-                   head_dim);
+        ds_cu_fail(cb, op, "%lld columns are not whole heads of even size %d", (long long)x.cols, head_dim);
+        return false;
+    }
+    if (head_dim / 2 > DS_CU_MAX_HALF) {
+        ds_cu_fail(cb, op, "head_dim %d is over the supported %d", head_dim, 2 * DS_CU_MAX_HALF);
+        return false;
+    }
+    return !w.data || ds_cu_float_dtype(cb, op, w.dtype);
+}
+
+/* x2 may be empty (rows 0): one tensor. Otherwise both have x's rows. */
+static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor w, ds_tensor x2,
+                             ds_tensor w2, int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
+    if (x.rows <= 0 || x.cols <= 0) return;
+    if (!rope_heads_ok(cb, op, x, w, head_dim) || (x2.rows > 0 && !rope_heads_ok(cb, op, x2, w2, head_dim))) return;
+    if (x2.rows > 0 && x2.rows != x.rows) {
+        ds_cu_fail(cb, op, "q has %lld rows, k %lld", (long long)x.rows, (long long)x2.rows);
         return;
     }
-    if (half > DS_CU_MAX_HALF) {
-        ds_cu_fail(cb, "rmsnorm_rope", "head_dim %d is over the supported %d", head_dim, 2 * DS_CU_MAX_HALF);
-        return;
-    }
-    if (w.data && !ds_cu_float_dtype(cb, "rmsnorm_rope", w.dtype)) return;
+    const int half = head_dim / 2;
     rope_arg a;
     for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
-    const int heads = (int)(x.cols / head_dim);
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        ds_cu_launch(rmsnorm_rope_kernel, (unsigned)(n * heads), NORM_THREADS, cb->stream,
-                     (float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, heads, head_dim, eps, a);
-        if (!ds_cu_launched(cb, "rmsnorm_rope")) return;
+        rope_part p0 = {(float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, (int)(x.cols / head_dim)};
+        rope_part p1 = {NULL, 0, NULL, 0, 1};
+        unsigned blocks = (unsigned)(n * p0.heads);
+        if (x2.rows > 0) {
+            p1 = {(float *)x2.data + r0 * x2.stride, x2.stride, w2.data, w2.dtype, (int)(x2.cols / head_dim)};
+            blocks += (unsigned)(n * p1.heads);
+        }
+        ds_cu_launch(rmsnorm_rope_kernel, blocks, NORM_THREADS, cb->stream, p0, p1, n, head_dim, eps, a);
+        if (!ds_cu_launched(cb, op)) return;
     }
+}
+
+void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
+                        const float *inv_freq) {
+    norm_rope_launch(ds_cu(be), "rmsnorm_rope", x, w, ds_no_tensor(), ds_no_tensor(), head_dim, eps, pos, inv_freq);
+}
+
+void ds_cu_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,
+                        float eps, const int32_t *pos, const float *inv_freq) {
+    norm_rope_launch(ds_cu(be), "qk_norm_rope", q, qw, k, kw, head_dim, eps, pos, inv_freq);
 }
