@@ -588,8 +588,8 @@ static void host_markov_walk(const float *base, const float *w1, const float *w2
  * multiples of powers of two, so every product and sum is exact in fp32
  * whatever the order: both sides must agree to the bit, in the corrected
  * logits and in every drawn token (ties included). Without the logits
- * (tokens only) the device skips rows whose bound |w2[n]| |e| says they
- * cannot win: the tokens must still be the same, with the base logits as
+ * (tokens only) the device skips rows whose bound |w2[n]| max |w1| says
+ * they cannot win: the tokens must still be the same, with the base logits as
  * close as the bias (many candidates, ties), spread wide (few candidates),
  * and with a NaN at column 0 (no pruning; the host scan returns 0). */
 static void test_markov_greedy(void) {
@@ -600,11 +600,18 @@ static void test_markov_greedy(void) {
     uint16_t *b1 = malloc((size_t)V * r * 2), *b2 = malloc((size_t)V * r * 2);
     for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
     for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
+    /* bound[n] = |w2[n]| max_m |w1[m]|, as the drafter computes it */
+    double w1max = 0;
     for (int n = 0; n < V; n++) {
-        double ss = 0;
-        for (int i = 0; i < r; i++) ss += (double)w2[(size_t)n * r + i] * w2[(size_t)n * r + i];
-        norms[n] = (float)sqrt(ss);
+        double s1 = 0, s2 = 0;
+        for (int i = 0; i < r; i++) {
+            s1 += (double)w1[(size_t)n * r + i] * w1[(size_t)n * r + i];
+            s2 += (double)w2[(size_t)n * r + i] * w2[(size_t)n * r + i];
+        }
+        norms[n] = (float)sqrt(s2);
+        if (sqrt(s1) > w1max) w1max = sqrt(s1);
     }
+    for (int n = 0; n < V; n++) norms[n] = (float)(norms[n] * w1max);
     ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
     pair pn = act(1, V, norms);
     const char *names[] = {"close", "spread", "NaN at column 0"};

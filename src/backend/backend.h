@@ -128,10 +128,11 @@ typedef struct {
      * (with bf16: round(base + round(bias)), as the reference computes it);
      * prev_{k+1} = argmax(out[k]) (ties to the lowest id) = tokens[k], on
      * the host when the call returns. out.data NULL: only the tokens are
-     * wanted; then w2n ([1, V] fp32 row norms of w2, or no tensor) lets
-     * the backend skip rows that provably cannot win. Optional: NULL runs
-     * the walk on the host (draft/markov.c) with the same results. */
-    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor w2n,
+     * wanted; then bound ([1, V] fp32, bound[n] >= |w1[m] . w2[n]| for
+     * every m; or no tensor) lets the backend skip rows that provably
+     * cannot win. Optional: NULL runs the walk on the host
+     * (draft/markov.c) with the same results. */
+    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
                           bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
     /* Ops queue work and have no error return: a backend that can fail (a
      * GPU) records the first failure, naming the op. check() waits for the

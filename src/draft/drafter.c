@@ -103,7 +103,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     if (r > 0) {
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
-        if (d->markov == DS_MARKOV_VANILLA && be->ops->markov_greedy) DS_TRY(ds_markov_load_norms(d));
+        if (d->markov == DS_MARKOV_VANILLA && be->ops->markov_greedy) DS_TRY(ds_markov_load_bound(d));
     }
     if (d->markov == DS_MARKOV_GATED) {
         DS_TRY(ds_load_weight(be, ck, "markov_head.gate_proj.weight", r, H + r, &d->gate_w));
@@ -143,7 +143,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
 void ds_drafter_release_common(ds_drafter *d) {
     ds_backend *be = d->be;
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
-                        &d->markov_w2_norm, &d->gate_w, &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
+                        &d->markov_bias_bound, &d->gate_w, &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
                         &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->step_in, &d->step_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);

@@ -42,7 +42,7 @@ struct ds_drafter {
     bool confidence, confidence_with_markov;
     ds_tensor embed, fc, hidden_norm, lm_head;
     ds_tensor markov_w1, markov_w2, gate_w, gate_b, joint_w, joint_b;
-    ds_tensor markov_w2_norm; /* [1, vocab] row norms of markov_w2 (device walks: rows that cannot win are skipped) */
+    ds_tensor markov_bias_bound; /* [1, vocab] bound of |w1[m] . w2[n]| over m (device walks skip rows by it) */
     ds_tensor conf_w, conf_b;
     /* Work buffers. */
     ds_tensor ctx;          /* [max_rows, hidden] projected context rows */
@@ -96,7 +96,7 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
 ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target,
                                 const ds_drafter_opts *opts, ds_drafter **out);
 /* Markov chain + confidence over the block (markov.c). */
-ds_error *ds_markov_load_norms(ds_drafter *d);
+ds_error *ds_markov_load_bound(ds_drafter *d);
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);
 
 #endif

@@ -10,26 +10,40 @@
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
 
-/* |markov_w2[n]| for every row, from the checkpoint's values (widened
- * exactly, summed in double), uploaded once: the device walk bounds each
- * row's bias by it and skips the rows that cannot win. */
-ds_error *ds_markov_load_norms(ds_drafter *d) {
+/* Largest row norm of a V x r checkpoint tensor, or every row's (norms != NULL). */
+static ds_error *row_norms(const ds_drafter *d, const char *name, float *norms, double *max) {
     const int V = d->vocab, r = d->markov_rank;
-    const ds_st_tensor *t = ds_checkpoint_find(d->ck, "markov_head.markov_w2.weight");
-    if (!t) return ds_errorf("%s: markov_head.markov_w2.weight is missing", d->ck->dir);
-    float *row = malloc((size_t)r * sizeof *row), *norms = malloc((size_t)V * sizeof *norms);
-    ds_error *e = NULL;
-    if (!row || !norms) e = ds_errorf("out of memory");
-    for (int n = 0; !e && n < V; n++) {
+    const ds_st_tensor *t = ds_checkpoint_find(d->ck, name);
+    if (!t) return ds_errorf("%s: %s is missing", d->ck->dir, name);
+    float *row = malloc((size_t)r * sizeof *row);
+    if (!row) return ds_errorf("out of memory");
+    *max = 0;
+    for (int n = 0; n < V; n++) {
         ds_to_f32(t->dtype, (const char *)t->data + (size_t)n * r * ds_dtype_size(t->dtype), row, (size_t)r);
         double ss = 0;
         for (int i = 0; i < r; i++) ss += (double)row[i] * row[i];
-        norms[n] = (float)sqrt(ss);
+        if (norms) norms[n] = (float)sqrt(ss);
+        if (sqrt(ss) > *max) *max = sqrt(ss);
     }
-    if (!e) e = d->be->ops->alloc(d->be, DS_F32, 1, V, &d->markov_w2_norm);
-    if (!e) d->be->ops->upload(d->be, d->markov_w2_norm, norms);
     free(row);
-    free(norms);
+    return NULL;
+}
+
+/* bound[n] = |markov_w2[n]| max_m |markov_w1[m]| >= |w1[m] . w2[n]| for any
+ * previous token m, from the checkpoint's values (widened exactly, summed in
+ * double), uploaded once: the device walk skips the rows this bound says
+ * cannot win. */
+ds_error *ds_markov_load_bound(ds_drafter *d) {
+    const int V = d->vocab;
+    float *bound = malloc((size_t)V * sizeof *bound);
+    if (!bound) return ds_errorf("out of memory");
+    double w1max = 0, w2max = 0;
+    ds_error *e = row_norms(d, "markov_head.markov_w1.weight", NULL, &w1max);
+    if (!e) e = row_norms(d, "markov_head.markov_w2.weight", bound, &w2max);
+    for (int n = 0; !e && n < V; n++) bound[n] = (float)(bound[n] * w1max);
+    if (!e) e = d->be->ops->alloc(d->be, DS_F32, 1, V, &d->markov_bias_bound);
+    if (!e) d->be->ops->upload(d->be, d->markov_bias_bound, bound);
+    free(bound);
     return e;
 }
 
@@ -123,7 +137,7 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
     be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                            markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
-                           markov ? d->markov_w2_norm : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
+                           markov ? d->markov_bias_bound : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
     out->logits = NULL;
     if (d->keep_logits) {
         be->ops->download(be, d->mlogits, d->host_logits);

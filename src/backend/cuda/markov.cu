@@ -71,111 +71,82 @@ __device__ __forceinline__ float step_logit(const float *base, float bias, int64
     return bf16 ? ds_cu_rbf16(base[n] + ds_cu_rbf16(bias)) : base[n] + bias;
 }
 
-/* Pruning (when the logits themselves are not wanted): |w2[n] . e| <=
- * |w2[n]| |e|, so with B_n that bound, inflated by 2^-10 to cover fp32
- * rounding in the products and the norms, out[n] lies in [lo_n, hi_n] =
- * [f(base_n, -B_n), f(base_n, B_n)] (f is monotone in both arguments,
- * bf16 rounding included). L = max lo_n is reached by some row, so a row
- * with hi_n < L can neither win nor tie: only the others are computed.
- * The result is the full walk's, bit for bit; a NaN or infinity anywhere
- * in the bounds turns pruning off for the step. */
+/* Pruning (when the logits themselves are not wanted): with bound[n] >=
+ * |w1[m] . w2[n]| for every m (|w2[n]| max_m |w1[m]|, from the drafter),
+ * inflated by 2^-10 to cover fp32 rounding in the products and the norms,
+ * out[k][n] lies in [lo, hi] = [f(base[k][n], -B_n), f(base[k][n], B_n)]
+ * whatever token came before (f is monotone in both arguments, bf16
+ * rounding included). L_k = max_n lo is reached by some row, so a row with
+ * hi < L_k can neither win nor tie: step k computes only the others. The
+ * result is the full walk's, bit for bit. The bounds do not depend on the
+ * walk, so one launch finds L_k for every position up front; a NaN or
+ * infinity in a row's bounds turns pruning off for that step. */
 #define BOUND_THREADS 256
 #define BOUND_MARGIN (1.0f + 1.0f / 1024.0f)
 
-__device__ __forceinline__ float bound_b(const float *w2n, int64_t n, float enorm) {
-    return w2n[n] * enorm * BOUND_MARGIN;
-}
-
-/* lim[0] = L (NaN: do not prune), lim[1] = |e|, for prev = idx[0]. */
+/* lim[k] = L_k (NaN: do not prune) for row k = blockIdx.y of base. */
 __global__ void __launch_bounds__(BOUND_THREADS)
-    markov_bound_kernel(const float *__restrict__ base, const float *__restrict__ w2n, const void *w1, int w1dt,
-                        int64_t w1s, int r, int64_t V, int bf16, const int32_t *idx, float *part, unsigned *ticket,
-                        float *lim) {
+    markov_bound_kernel(const float *__restrict__ base, int64_t bs, const float *__restrict__ bound, int64_t V,
+                        int bf16, float *part, unsigned *tickets, float *lim) {
     ds_cu_grid_wait();
-    __shared__ float red[BOUND_THREADS / 32];
     __shared__ float wl[BOUND_THREADS / 32];
     __shared__ int wbad[BOUND_THREADS / 32];
     __shared__ bool last;
-    const int64_t row = (int64_t)idx[0] * w1s;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < r; i += blockDim.x) {
-        const float v = ds_cu_load(w1, w1dt, row + i);
-        ss = fmaf(v, v, ss);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float t = red[0];
-    for (int w = 1; w < BOUND_THREADS / 32; w++) t += red[w];
-    const float enorm = sqrtf(t);
+    const int k = blockIdx.y;
+    const float *row = base + (int64_t)k * bs;
     const int64_t n = (int64_t)blockIdx.x * BOUND_THREADS + threadIdx.x;
     float lo = -INFINITY;
-    int bad = !isfinite(enorm);
+    int bad = 0;
     if (n < V) {
-        const float b = bound_b(w2n, n, enorm);
-        lo = step_logit(base, -b, n, bf16);
-        const float hi = step_logit(base, b, n, bf16);
-        bad |= !isfinite(lo) || !isfinite(hi);
+        const float b = bound[n] * BOUND_MARGIN;
+        lo = step_logit(row, -b, n, bf16);
+        bad = !isfinite(lo) || !isfinite(step_logit(row, b, n, bf16));
     }
+    float *kpart = part + (int64_t)k * gridDim.x;
+    /* Block max (and any bad row), then the last block of row k merges the blocks'. */
+    for (int round = 0; round < 2; round++) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
-        bad |= __shfl_xor_sync(0xffffffffu, bad, off);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        wl[threadIdx.x >> 5] = lo;
-        wbad[threadIdx.x >> 5] = bad;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < BOUND_THREADS / 32; w++) {
-            lo = fmaxf(lo, wl[w]);
-            bad |= wbad[w];
+        for (int off = 16; off > 0; off >>= 1) {
+            lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+            bad |= __shfl_xor_sync(0xffffffffu, bad, off);
         }
-        part[blockIdx.x] = bad ? NAN : lo;
+        if ((threadIdx.x & 31) == 0) {
+            wl[threadIdx.x >> 5] = lo;
+            wbad[threadIdx.x >> 5] = bad;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < BOUND_THREADS / 32; w++) {
+                lo = fmaxf(lo, wl[w]);
+                bad |= wbad[w];
+            }
+            if (round == 0) {
+                kpart[blockIdx.x] = bad ? NAN : lo;
+                __threadfence();
+                last = atomicAdd(tickets + k, 1u) == gridDim.x - 1;
+            } else {
+                lim[k] = bad ? NAN : lo;
+                tickets[k] = 0; /* ready for the next walk */
+            }
+        }
+        __syncthreads();
+        if (round == 1 || !last) return;
         __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+        lo = -INFINITY;
+        bad = 0;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += BOUND_THREADS) {
+            const float v = __ldcg(kpart + b);
+            bad |= v != v;
+            lo = fmaxf(lo, v);
+        }
     }
-    __syncthreads();
-    if (!last) return;
-    /* The last block merges the blocks' maxima, all threads at once. */
-    __threadfence();
-    lo = -INFINITY;
-    bad = 0;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += BOUND_THREADS) {
-        const float v = __ldcg(part + b);
-        bad |= v != v;
-        lo = fmaxf(lo, v);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
-        bad |= __shfl_xor_sync(0xffffffffu, bad, off);
-    }
-    __syncthreads(); /* wl / wbad are reused */
-    if ((threadIdx.x & 31) == 0) {
-        wl[threadIdx.x >> 5] = lo;
-        wbad[threadIdx.x >> 5] = bad;
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    float L = wl[0];
-    for (int w = 1; w < BOUND_THREADS / 32; w++) {
-        L = fmaxf(L, wl[w]);
-        bad |= wbad[w];
-    }
-    if (bad) L = NAN;
-    lim[0] = L;
-    lim[1] = enorm;
-    *ticket = 0;
 }
 
 template <int DT>
 __global__ void __launch_bounds__(STEP_WARPS * 32)
     markov_step_kernel(const float *__restrict__ base, float *out, const void *w1, int w1dt, int64_t w1s,
                        const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
-                       float *pv, int *pi, unsigned *ticket, const float *w2n, const float *lim) {
+                       float *pv, int *pi, unsigned *ticket, const float *bound, const float *lim) {
     ds_cu_grid_wait();
     extern __shared__ float e[];
     __shared__ float sv[STEP_WARPS];
@@ -200,10 +171,8 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
     const int64_t n0 = ((int64_t)blockIdx.x * STEP_WARPS + warp) * STEP_ROWS;
     const float L = lim ? lim[0] : NAN;
     if (L == L) { /* pruned: the warp's rows that can still win, one at a time */
-        const float enorm = lim[1];
         const int64_t n = n0 + (lane & (STEP_ROWS - 1));
-        const bool cand = lane < STEP_ROWS && n < V &&
-                          step_logit(base, bound_b(w2n, n, enorm), n, bf16) >= L;
+        const bool cand = lane < STEP_ROWS && n < V && step_logit(base, bound[n] * BOUND_MARGIN, n, bf16) >= L;
         unsigned mask = __ballot_sync(0xffffffffu, cand);
         while (mask) {
             const int q = __ffs(mask) - 1;
@@ -278,7 +247,7 @@ static bool step_fits(ds_tensor w2, ds_tensor emb) {
            (w2.stride * esz) % 16 == 0 && (uintptr_t)w2.data % 16 == 0 && w2.cols <= 8192 && emb.dtype == DS_F32;
 }
 
-void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor w2n,
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
                          bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
     ds_cuda_backend *cb = ds_cu(be);
     const int G = (int)base.rows;
@@ -287,11 +256,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     const bool markov = w1.data != NULL, keep = out.data != NULL;
     if ((keep && (out.rows != G || out.cols != V)) ||
         (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols)) ||
-        (w2n.data && (w2n.dtype != DS_F32 || w2n.rows != 1 || w2n.cols != V))) {
+        (bound.data && (bound.dtype != DS_F32 || bound.rows != 1 || bound.cols != V))) {
         ds_cu_fail(cb, "markov_greedy", "shapes do not match: base %lldx%lld, out %lldx%lld, w1 %lldx%lld, "
-                   "w2 %lldx%lld, w2 norms %lldx%lld, emb %lldx%lld", (long long)base.rows, (long long)V,
+                   "w2 %lldx%lld, bias bound %lldx%lld, emb %lldx%lld", (long long)base.rows, (long long)V,
                    (long long)out.rows, (long long)out.cols, (long long)w1.rows, (long long)w1.cols,
-                   (long long)w2.rows, (long long)w2.cols, (long long)w2n.rows, (long long)w2n.cols,
+                   (long long)w2.rows, (long long)w2.cols, (long long)bound.rows, (long long)bound.cols,
                    (long long)emb.rows, (long long)emb.cols);
         return;
     }
@@ -300,41 +269,41 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_cu_fail(cb, "markov_greedy", "block of %d positions (at most %d)", G, DS_CU_ROWS);
         return;
     }
-    /* idx[0] = anchor, idx[1..G] = the drawn tokens, then the two kernels'
-     * tickets (zero between launches) and the pruning limits (2 floats):
-     * one upload sets them all. */
-    int32_t *idx = ds_cu_indices(cb, "markov_greedy", G + 5);
+    /* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
+     * kernel's ticket, then G tickets of the bound kernel (all zero between
+     * launches) and the G limits L_k: one upload sets them all. */
+    int32_t *idx = ds_cu_indices(cb, "markov_greedy", 3 * G + 2);
     if (!idx) return;
-    int32_t init[DS_CU_ROWS + 5] = {anchor};
-    if (!ds_cu_ok(cb, "markov_greedy",
-                  cudaMemcpyAsync(idx, init, (size_t)(G + 5) * sizeof(int32_t), cudaMemcpyHostToDevice, cb->stream)))
+    int32_t init[3 * DS_CU_ROWS + 2] = {anchor};
+    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(3 * G + 2) * sizeof(int32_t),
+                                                       cudaMemcpyHostToDevice, cb->stream)))
         return;
-    unsigned *ticket = (unsigned *)(idx + G + 1), *bticket = (unsigned *)(idx + G + 2);
-    float *lim = (float *)(idx + G + 3);
+    unsigned *ticket = (unsigned *)(idx + G + 1), *btickets = (unsigned *)(idx + G + 2);
+    float *lim = (float *)(idx + 2 * G + 2);
     const int r = (int)w1.cols;
     if (markov && step_fits(w2, emb)) {
         const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
         const unsigned bblocks = (unsigned)((V + BOUND_THREADS - 1) / BOUND_THREADS);
-        const bool prune = !keep && w2n.data;
+        const bool prune = !keep && bound.data;
         char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)) +
-                                                                    (size_t)bblocks * sizeof(float));
+                                                                    (size_t)G * bblocks * sizeof(float));
         if (!part) return;
         float *pv = (float *)part;
         int *pi = (int *)(part + (size_t)blocks * sizeof(float));
         float *bpart = (float *)(part + (size_t)blocks * (sizeof(float) + sizeof(int)));
-        const float *norms = (const float *)w2n.data;
+        const float *bnd = (const float *)bound.data;
+        if (prune) {
+            ds_cu_launch(markov_bound_kernel, dim3(bblocks, (unsigned)G), BOUND_THREADS, cb->stream,
+                         (const float *)base.data, base.stride, bnd, V, (int)bf16, bpart, btickets, lim);
+            if (!ds_cu_launched(cb, "markov_greedy")) return;
+        }
         for (int k = 0; k < G; k++) {
             float *ek = (float *)ds_rows(emb, k, 1).data, *ok = keep ? (float *)ds_rows(out, k, 1).data : NULL;
             const float *bk = (const float *)ds_rows(base, k, 1).data;
-            if (prune) {
-                ds_cu_launch(markov_bound_kernel, bblocks, BOUND_THREADS, cb->stream, bk, norms, w1.data,
-                             (int)w1.dtype, w1.stride, r, V, (int)bf16, idx + k, bpart, bticket, lim);
-                if (!ds_cu_launched(cb, "markov_greedy")) return;
-            }
 #define STEP(DT_)                                                                                                 \
     ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, (size_t)r * sizeof(float), cb->stream, bk, \
                       ok, w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, \
-                      pi, ticket, norms, prune ? lim : (const float *)NULL)
+                      pi, ticket, bnd, prune ? lim + k : (const float *)NULL)
             if (w2.dtype == DS_BF16) STEP(DS_BF16);
             else if (w2.dtype == DS_F16) STEP(DS_F16);
             else STEP(DS_F32);
