@@ -24,9 +24,9 @@ __global__ void markov_add_kernel(float *out, const float *base, const float *bi
  * elements, 16-byte aligned). Every block gathers e = w1[prev] itself
  * (prev = idx[0], written by the step before), each warp computes whole
  * rows of bias = w2 e with fp32 products (lane l takes elements 8l..8l+7
- * of every 256, in order, then a fixed butterfly; 8 rows in flight), adds the base logits,
- * writes the corrected row and keeps the best (value, column); the last
- * block to finish merges the blocks' bests into idx[1]. The argmax rule is
+ * of every 256, in order, then a fixed butterfly; 8 rows in flight), adds
+ * the base logits, writes the corrected row and keeps the best (value,
+ * column); the last block to finish merges the blocks' bests into idx[1]. The argmax rule is
  * the CPU scan's (ties to the lowest column, starting from column 0, so a
  * NaN never wins), which makes the merge order irrelevant. */
 #define STEP_WARPS 8
