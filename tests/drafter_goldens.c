@@ -22,13 +22,19 @@
 
 static double sigmoid(double x) { return 1 / (1 + exp(-x)); }
 
+ds_error *open_target_and_drafter(ds_backend *be, const char *target_dir, const ds_target_opts *topts,
+                                  const char *drafter_dir, const ds_drafter_opts *dopts, ds_target **t,
+                                  ds_drafter **d) {
+    DS_TRY(ds_target_open(be, target_dir, topts, t));
+    ds_error *e = ds_drafter_open(be, drafter_dir, *t, dopts, d);
+    if (e) ds_target_free(*t);
+    return e;
+}
+
 void check_drafter_round0(ds_backend *be, const char *target_dir, const char *drafter_dir, const char *golden) {
     ds_target *t;
     ds_drafter *d;
-    CHECK_OK(ds_target_open(be, target_dir, NULL, &t));
-    ds_error *e = ds_drafter_open(be, drafter_dir, t, NULL, &d);
-    if (e) ds_target_free(t);
-    CHECK_OK(e);
+    CHECK_OK(open_target_and_drafter(be, target_dir, NULL, drafter_dir, NULL, &t, &d));
     if (d) d->keep_logits = true; /* the Markov-corrected logits are compared below */
     ds_safetensors *g = golden_open(golden);
     size_t T, n;
@@ -155,10 +161,7 @@ void check_drafter_rounds(ds_backend *be, const char *target_dir, const char *dr
                           const ds_drafter_opts *dopts) {
     ds_target *t;
     ds_drafter *d;
-    CHECK_OK(ds_target_open(be, target_dir, NULL, &t));
-    ds_error *e = ds_drafter_open(be, drafter_dir, t, dopts, &d);
-    if (e) ds_target_free(t);
-    CHECK_OK(e);
+    CHECK_OK(open_target_and_drafter(be, target_dir, NULL, drafter_dir, dopts, &t, &d));
     if (d) d->keep_logits = true;
     ds_safetensors *g = golden_open(golden);
     rounds_golden gr = {0};
@@ -191,10 +194,7 @@ void check_drafter_rounds(ds_backend *be, const char *target_dir, const char *dr
 void check_drafter_spec_run(ds_backend *be, const char *target_dir, const char *drafter_dir, const char *golden) {
     ds_target *t;
     ds_drafter *d;
-    CHECK_OK(ds_target_open(be, target_dir, NULL, &t));
-    ds_error *e = ds_drafter_open(be, drafter_dir, t, NULL, &d);
-    if (e) ds_target_free(t);
-    CHECK_OK(e);
+    CHECK_OK(open_target_and_drafter(be, target_dir, NULL, drafter_dir, NULL, &t, &d));
     ds_safetensors *g = golden_open(golden);
     size_t T, N, R, NA;
     int32_t *ids = golden_i32(g, "prompt_ids", &T);
@@ -203,7 +203,7 @@ void check_drafter_spec_run(ds_backend *be, const char *target_dir, const char *
     int32_t *acc_want = golden_i32(g, "spec_accepted_draft_lengths", &R);
     ds_gen_params p = {.max_new = (int)N, .ignore_stop = true};
     ds_gen_result r, ar;
-    e = ds_generate(t, d, ids, (int)T, &p, NULL, NULL, &r);
+    ds_error *e = ds_generate(t, d, ids, (int)T, &p, NULL, NULL, &r);
     CHECK(e == NULL, "speculative run: %s", e ? ds_error_message(e) : "");
     if (!e && ids && want && acc_want) {
         CHECK(r.n_tokens == (int)N, "%d tokens, want %zu", r.n_tokens, N);

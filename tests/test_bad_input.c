@@ -155,6 +155,13 @@ static void write_st(const char *path, const char *header, size_t data_size) {
     write_st_len(path, strlen(header), header, data_size);
 }
 
+/* st = the path of a.safetensors in a new empty directory (the file cases' start). */
+static void fresh_st(char *st, const char *tag) {
+    char dir[PATH_LEN];
+    fresh_dir(dir, tag);
+    join(st, dir, "a.safetensors");
+}
+
 /* Rewrites a safetensors file's header, keeping its data: tensor `name`'s
  * `key` set to `value` (taken), or the whole entry removed when key is NULL. */
 static void edit_st(const char *path, const char *name, const char *key, cJSON *value) {
@@ -216,9 +223,8 @@ static void test_safetensors_truncated_in_header(void) {
 }
 
 static void test_safetensors_header_length_past_end(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "hlen");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "hlen");
     const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     write_st_len(st, 1000, h, 4);
     EXPECT_ST(st, "header length 1000 runs past the end", "a.safetensors");
@@ -229,9 +235,8 @@ static void test_safetensors_header_length_past_end(void) {
 }
 
 static void test_safetensors_bad_header_json(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "hjson");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "hjson");
     write_st(st, "not json at all", 0);
     EXPECT_ST(st, "header is not a JSON object", st);
     write_st(st, "[1, 2, 3]", 0);
@@ -251,9 +256,8 @@ static void test_safetensors_bad_header_json(void) {
 }
 
 static void test_safetensors_overlapping_offsets(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "overlap");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "overlap");
     write_st(st,
              "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
              "\"y\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[12,28]}}",
@@ -267,9 +271,8 @@ static void test_safetensors_overlapping_offsets(void) {
 }
 
 static void test_safetensors_offsets_outside_file(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "outside");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "outside");
     write_st(st, "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}", 16);
     EXPECT_ST(st, "tensor x: data_offsets [16, 32] outside the 16-byte data section", st);
     write_st(st, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 16);
@@ -281,9 +284,8 @@ static void test_safetensors_offsets_outside_file(void) {
 }
 
 static void test_safetensors_unknown_dtype(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "dtype");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "dtype");
     write_st(st, "{\"x\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16);
     EXPECT_ST(st, "tensor x: unknown dtype \"Q4_K\"", st);
     write_st(st, "{\"x\":{\"dtype\":7,\"shape\":[4],\"data_offsets\":[0,16]}}", 16);
@@ -291,9 +293,8 @@ static void test_safetensors_unknown_dtype(void) {
 }
 
 static void test_safetensors_shape_byte_mismatch(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "bytes");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "bytes");
     write_st(st, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,16]}}", 16);
     EXPECT_ST(st, "tensor x: 16 bytes stored but shape and dtype F32 need 24", st);
     write_st(st, "{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4);
@@ -312,9 +313,8 @@ static void test_safetensors_shape_byte_mismatch(void) {
 }
 
 static void test_safetensors_duplicate_name(void) {
-    char dir[PATH_LEN], st[PATH_LEN];
-    fresh_dir(dir, "dup");
-    join(st, dir, "a.safetensors");
+    char st[PATH_LEN];
+    fresh_st(st, "dup");
     write_st(st,
              "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
              "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",

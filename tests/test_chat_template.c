@@ -26,16 +26,6 @@ static void print_escaped(const char *what, const char *s) {
     fputs("\"\n", stderr);
 }
 
-static ds_tokenizer *load_tok(const char *name) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s/tokenizer.json", DS_TOKDATA, name);
-    ds_tokenizer *tok = NULL;
-    ds_error *e = ds_tokenizer_load(path, &tok);
-    CHECK(e == NULL, "loading %s: %s", path, ds_error_message(e));
-    ds_error_free(e);
-    return tok;
-}
-
 /* The rendered text must encode (add_special = false, as
  * apply_chat_template tokenizes) to the golden ids. */
 static void check_ids(ds_tokenizer *tok, const char *where, const char *text, const cJSON *golden) {
@@ -102,7 +92,7 @@ static void run_goldens(ds_chat_family f, const char *family, const char *tokeni
     char *data = read_text_file(path, NULL);
     CHECK(data != NULL, "cannot read %s", path);
     if (!data) return;
-    ds_tokenizer *tok = tokenizer ? load_tok(tokenizer) : NULL;
+    ds_tokenizer *tok = tokenizer ? load_test_tokenizer(tokenizer) : NULL;
     int n = 0, rendered = 0;
     char *save = NULL;
     for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save), n++) {
@@ -128,7 +118,7 @@ static void test_gemma4_goldens(void) { run_goldens(DS_CHAT_GEMMA4, "gemma4", NU
  * a second one. Qwen3 has none either way. */
 static void test_bos_comes_from_the_template(void) {
     ds_chat_message m[] = {{"user", "Hello"}};
-    ds_tokenizer *tok = load_tok("gemma3");
+    ds_tokenizer *tok = load_test_tokenizer("gemma3");
     if (!tok) return;
     char *text = NULL;
     int32_t *ids = NULL;
@@ -144,7 +134,7 @@ static void test_bos_comes_from_the_template(void) {
     free(text);
     ds_tokenizer_free(tok);
 
-    tok = load_tok("qwen3");
+    tok = load_test_tokenizer("qwen3");
     if (!tok) return;
     CHECK_OK(ds_chat_render(DS_CHAT_CHATML_QWEN3, m, 1, true, &text));
     int32_t *plain = NULL;

@@ -35,11 +35,8 @@ static ds_backend *be;
 static void check_lossless(const char *drafter_dir, const ds_target_opts *topts, float threshold, int gamma) {
     ds_target *t;
     ds_drafter *d;
-    CHECK_OK(ds_target_open(be, FIX "/target", topts, &t));
     ds_drafter_opts dopts = {.max_rows = topts ? topts->max_rows : 0};
-    ds_error *e = ds_drafter_open(be, drafter_dir, t, &dopts, &d);
-    if (e) ds_target_free(t);
-    CHECK_OK(e);
+    CHECK_OK(open_target_and_drafter(be, FIX "/target", topts, drafter_dir, &dopts, &t, &d));
     ds_safetensors *g = golden_open(FIX "/golden.safetensors");
     size_t T;
     int32_t *ids = golden_i32(g, "prompt_ids", &T);
@@ -123,17 +120,6 @@ static char *drafter_copy(const char *patch) {
     return dir;
 }
 
-static void remove_copy(char *dir) {
-    char path[512];
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-    free(dir);
-}
-
 /* Opens the drafter with its config patched; needle NULL = must open. */
 static void expect_drafter(ds_target *t, const char *patch, const char *needle) {
     char *dir = drafter_copy(patch);
@@ -148,7 +134,7 @@ static void expect_drafter(ds_target *t, const char *patch, const char *needle) 
         ds_error_free(e);
     }
     ds_drafter_free(d);
-    remove_copy(dir);
+    remove_model_dir(dir);
 }
 
 static void test_drafter_configs(void) {
@@ -176,10 +162,7 @@ static void test_drafter_configs(void) {
 static void test_drafter_identity(void) {
     ds_target *t;
     ds_drafter *d;
-    CHECK_OK(ds_target_open(be, FIX "/target", NULL, &t));
-    ds_error *e = ds_drafter_open(be, FIX "/drafter", t, NULL, &d);
-    if (e) ds_target_free(t);
-    CHECK_OK(e);
+    CHECK_OK(open_target_and_drafter(be, FIX "/target", NULL, FIX "/drafter", NULL, &t, &d));
     CHECK(!strcmp(d->arch, "Gemma4DSparkModel"), "arch %s", d->arch);
     CHECK(d->logit_softcap == 15.0f, "drafter soft-cap %g, want 15", d->logit_softcap);
     ds_drafter_free(d);

@@ -16,8 +16,7 @@
 #include "backend/backend.h"
 #include "io/checkpoint.h"
 #include "model/gemma4_layer.h"
-#include "model/target.h"
-#include "testlib.h"
+#include "target_goldens.h"
 
 #define TINY DS_TESTDATA "/fixtures/gemma4-tiny"
 #define ETINY DS_TESTDATA "/fixtures/gemma4-e-tiny"
@@ -28,13 +27,6 @@ static ds_backend *be;
 /* Small max_rows make the sliding ring (window 8 + max_rows) wrap many
  * times within the fixtures' sequences; prefill is then chunked. */
 static const ds_target_opts small_ring = {.max_rows = 6, .max_logit_rows = 6};
-
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
 
 /* Feeds ids[0..n) at positions pos0.. in max_rows chunks; logits for the last row. */
 static ds_error *feed(ds_target *t, const int32_t *ids, int n, int pos0) {
@@ -47,59 +39,10 @@ static ds_error *feed(ds_target *t, const int32_t *ids, int n, int pos0) {
 }
 
 static void check_prompt(const char *fix) {
-    char path[512];
     ds_target *t;
-    snprintf(path, sizeof path, "%s/target", fix);
-    CHECK_OK(ds_target_open(be, path, NULL, &t));
-    snprintf(path, sizeof path, "%s/golden.safetensors", fix);
-    ds_safetensors *g = golden_open(path);
-    size_t T;
-    int32_t *ids = golden_i32(g, "prompt_ids", &T);
-    float *logits = golden_f32(g, "target_logits_prompt", NULL);
-    float *layers = golden_f32(g, "target_layer_outputs", NULL);
-    float *hs = golden_f32(g, "target_hidden_states", NULL);
-    float *fnorm = golden_f32(g, "target_final_norm", NULL);
-    const int V = t->vocab, H = t->hidden, L = t->n_layers;
-    int taps[DS_MAX_TAPS];
-    for (int l = -1; l < L; l++) taps[l + 1] = l;
-    CHECK_OK(ds_target_set_taps(t, taps, L + 1));
-    CHECK_OK(ds_target_forward(t, ids, (int)T, 0, (int)T));
-
-    float *got = malloc(T * (size_t)V * sizeof *got);
-    be->ops->download(be, ds_rows(t->logits, 0, (int64_t)T), got);
-    double err = rel_err_max(got, logits, T * (size_t)V), worst = 0;
-    printf("  %s prompt logits: max rel err %.2e\n", strrchr(fix, '/') + 1, err);
-    CHECK(err < TOL, "prompt logits rel err %.3g", err);
-
-    float *tp = malloc(T * (size_t)(L + 1) * H * sizeof *tp), *one = malloc(T * (size_t)H * sizeof *one);
-    be->ops->download(be, ds_rows(t->taps, 0, (int64_t)T), tp);
-    for (int l = -1; l < L; l++) {
-        for (size_t r = 0; r < T; r++)
-            memcpy(one + r * H, tp + r * (size_t)(L + 1) * H + (size_t)(l + 1) * H, (size_t)H * 4);
-        /* hidden_states[0] = embeddings x sqrt(H); layer_outputs[l] = raw layer l output (after layer_scalar). */
-        err = rel_err_max(one, l < 0 ? hs : layers + (size_t)l * T * H, T * (size_t)H);
-        if (err > worst) worst = err;
-        CHECK(err < TOL, "layer %d output rel err %.3g", l, err);
-        if (l >= 0 && l < L - 1) {
-            err = rel_err_max(one, hs + (size_t)(l + 1) * T * H, T * (size_t)H);
-            CHECK(err < TOL, "hidden_states[%d] rel err %.3g", l + 1, err);
-        }
-    }
-    be->ops->download(be, ds_rows(t->final_hidden, 0, (int64_t)T), one);
-    err = rel_err_max(one, fnorm, T * (size_t)H);
-    printf("  hidden states: max rel err %.2e, final norm %.2e\n", worst, err);
-    CHECK(err < TOL, "final norm rel err %.3g", err);
-    err = rel_err_max(one, hs + (size_t)L * T * H, T * (size_t)H);
-    CHECK(err < TOL, "hidden_states[L] rel err %.3g", err);
-
-    free(got);
-    free(tp);
-    free(one);
-    free(ids);
-    free(logits);
-    free(layers);
-    free(hs);
-    free(fnorm);
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, fix, NULL, &t, &g));
+    check_target_prompt(t, g, TOL, strrchr(fix, '/') + 1);
     golden_close(g);
     ds_target_free(t);
 }
@@ -107,37 +50,14 @@ static void check_prompt(const char *fix) {
 /* Prefill, then one token at a time: every step's logits match the
  * reference's no-cache forward, and the greedy tokens are the reference's. */
 static void check_greedy(const char *fix, const ds_target_opts *opts) {
-    char path[512];
     ds_target *t;
-    snprintf(path, sizeof path, "%s/target", fix);
-    CHECK_OK(ds_target_open(be, path, opts, &t));
-    snprintf(path, sizeof path, "%s/golden.safetensors", fix);
-    ds_safetensors *g = golden_open(path);
-    size_t T, N;
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, fix, opts, &t, &g));
+    size_t T;
     int32_t *ids = golden_i32(g, "prompt_ids", &T);
-    int32_t *want = golden_i32(g, "ar_output_ids", &N);
-    float *full = golden_f32(g, "target_logits_full", NULL);
-    const int V = t->vocab;
-    float *row = malloc((size_t)V * sizeof *row);
     CHECK_OK(feed(t, ids, (int)T, 0));
-    int pos = (int)T;
-    double worst = 0;
-    for (size_t i = 0; i < N; i++) {
-        be->ops->download(be, ds_rows(t->logits, 0, 1), row);
-        double err = rel_err_max(row, full + (size_t)(pos - 1) * V, (size_t)V);
-        if (err > worst) worst = err;
-        int32_t next = argmax(row, V);
-        CHECK(next == want[i], "token %zu: got %d, want %d", i, next, want[i]);
-        if (next != want[i]) break;
-        CHECK_OK(ds_target_forward(t, &next, 1, pos++, 1));
-    }
-    printf("  %s greedy (max_rows %d): %zu tokens, step logits max rel err %.2e\n", strrchr(fix, '/') + 1, t->max_rows,
-           N, worst);
-    CHECK(worst < TOL, "decode logits rel err %.3g", worst);
-    free(row);
+    check_target_greedy(t, g, (int)T, TOL, strrchr(fix, '/') + 1);
     free(ids);
-    free(want);
-    free(full);
     golden_close(g);
     ds_target_free(t);
 }
@@ -145,12 +65,9 @@ static void check_greedy(const char *fix, const ds_target_opts *opts) {
 /* Verification's pattern: score k rows, keep only some, rewind the cache
  * and go on. Every row's logits still match the no-cache reference. */
 static void check_verify_and_crop(const char *fix, const ds_target_opts *opts) {
-    char path[512];
     ds_target *t;
-    snprintf(path, sizeof path, "%s/target", fix);
-    CHECK_OK(ds_target_open(be, path, opts, &t));
-    snprintf(path, sizeof path, "%s/golden.safetensors", fix);
-    ds_safetensors *g = golden_open(path);
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, fix, opts, &t, &g));
     size_t T, n_full;
     int32_t *prompt = golden_i32(g, "prompt_ids", &T);
     int32_t *ids = golden_i32(g, "full_ids", &n_full);
@@ -183,12 +100,9 @@ static void check_verify_and_crop(const char *fix, const ds_target_opts *opts) {
 /* A row's logits and taps must not depend on how many rows share the
  * forward, at every distance from the sliding window's edge. */
 static void check_row_invariance(const char *fix, const ds_target_opts *opts) {
-    char path[512];
     ds_target *t;
-    snprintf(path, sizeof path, "%s/target", fix);
-    CHECK_OK(ds_target_open(be, path, opts, &t));
-    snprintf(path, sizeof path, "%s/golden.safetensors", fix);
-    ds_safetensors *g = golden_open(path);
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, fix, opts, &t, &g));
     size_t T, N;
     int32_t *prompt = golden_i32(g, "prompt_ids", &T);
     int32_t *full = golden_i32(g, "full_ids", &N);
@@ -314,8 +228,8 @@ static void test_inv_freq(void) {
  * silently wrong attention. */
 static void test_ring_rewind_refused(void) {
     ds_target *t;
-    CHECK_OK(ds_target_open(be, TINY "/target", &small_ring, &t));
-    ds_safetensors *g = golden_open(TINY "/golden.safetensors");
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, TINY, &small_ring, &t, &g));
     size_t N;
     int32_t *full = golden_i32(g, "full_ids", &N);
     CHECK_OK(feed(t, full, 40, 0));
@@ -362,17 +276,6 @@ static char *make_dir(const cJSON *config, const char *weights) {
     return dir;
 }
 
-static void remove_dir(char *dir) {
-    char path[512];
-    if (!dir) return;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-    free(dir);
-}
-
 /* Opens a copy of gemma4-tiny whose config field `field` is replaced by
  * `value` (a JSON text; NULL deletes it) and expects an error with needle. */
 static void expect_config_error(const char *field, const char *value, const char *needle) {
@@ -384,7 +287,7 @@ static void expect_config_error(const char *field, const char *value, const char
     ds_target *t = NULL;
     if (dir) CHECK_ERR(ds_target_open(be, dir, NULL, &t), needle);
     CHECK(t == NULL, "%s: a target came back with the error", field);
-    remove_dir(dir);
+    remove_model_dir(dir);
     cJSON_Delete(c);
 }
 
@@ -488,7 +391,7 @@ static void test_multimodal_layout(void) {
     ds_target_free(b);
     free(ids);
     golden_close(g);
-    remove_dir(dir);
+    remove_model_dir(dir);
 }
 
 static void setup(void) { CHECK_OK(test_backend_new(&be)); }

@@ -21,16 +21,6 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static ds_tokenizer *load(const char *name) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s/tokenizer.json", DS_TOKDATA, name);
-    ds_tokenizer *tok = NULL;
-    ds_error *e = ds_tokenizer_load(path, &tok);
-    CHECK(e == NULL, "loading %s: %s", path, ds_error_message(e));
-    ds_error_free(e);
-    return tok;
-}
-
 /* ---- golden files ----------------------------------------------------------
  * The string fields are decoded by hand: cJSON strings end at the first NUL,
  * and one case contains "\u0000". */
@@ -256,7 +246,7 @@ static void golden_suite(int which) {
     memset(g, 0, sizeof g);
     int n = read_goldens(name, g);
     CHECK(n == N_CASES, "%s: %d golden lines, expected %d", name, n, N_CASES);
-    ds_tokenizer *tok = load(name);
+    ds_tokenizer *tok = load_test_tokenizer(name);
     if (tok) {
         for (int i = 0; i < n; i++) {
             check_encode(tok, name, &g[i]);
@@ -336,7 +326,7 @@ static void test_more_hf_cases(void) {
         for (size_t i = 0; i < sizeof EXTRA / sizeof *EXTRA; i++) {
             const extra_case *c = &EXTRA[i];
             if (strcmp(c->tok, TOKENIZERS[which])) continue;
-            if (!tok && !(tok = load(c->tok))) break;
+            if (!tok && !(tok = load_test_tokenizer(c->tok))) break;
             int32_t *ids;
             size_t n;
             CHECK_OK(ds_tokenizer_encode(tok, c->text, strlen(c->text), false, &ids, &n));
@@ -351,7 +341,7 @@ static void test_more_hf_cases(void) {
 /* ---- API details -------------------------------------------------------------- */
 
 static void test_vocab_and_lookup(void) {
-    ds_tokenizer *q = load("qwen3"), *g = load("gemma3"), *l2 = load("llama2"), *p = load("pico-qwen3");
+    ds_tokenizer *q = load_test_tokenizer("qwen3"), *g = load_test_tokenizer("gemma3"), *l2 = load_test_tokenizer("llama2"), *p = load_test_tokenizer("pico-qwen3");
     if (q) {
         CHECK(ds_tokenizer_vocab_size(q) == 151669, "qwen3 vocab %zu", ds_tokenizer_vocab_size(q));
         CHECK(ds_tokenizer_token_id(q, "<|im_start|>") == 151644, "im_start");
@@ -383,7 +373,7 @@ static void test_vocab_and_lookup(void) {
 
 /* A character split over byte tokens comes out whole, with the last byte. */
 static void test_stream_holds_partial_chars(void) {
-    ds_tokenizer *l2 = load("llama2"), *q = load("qwen3");
+    ds_tokenizer *l2 = load_test_tokenizer("llama2"), *q = load_test_tokenizer("qwen3");
     if (l2) {
         /* "▁", then 🍕 as <0xF0><0x9F><0x8D><0x95> (ids 243 162 144 152) */
         int32_t ids[] = {28705, 243, 162, 144, 152};
@@ -434,7 +424,7 @@ static void test_stream_holds_partial_chars(void) {
 
 /* Long inputs stay fast (priority-queue merges, no quadratic rescans). */
 static void test_long_inputs(void) {
-    ds_tokenizer *q = load("qwen3"), *g = load("gemma3");
+    ds_tokenizer *q = load_test_tokenizer("qwen3"), *g = load_test_tokenizer("gemma3");
     size_t n = 200000;
     char *s = malloc(n + 1);
     for (size_t i = 0; i < n; i++) s[i] = "ab"[i % 2];
@@ -502,7 +492,7 @@ static void test_random_roundtrip(void) {
     uint64_t r = 12345;
     char text[1024];
     for (int which = 0; which < N_TOKENIZERS; which++) {
-        ds_tokenizer *tok = load(TOKENIZERS[which]);
+        ds_tokenizer *tok = load_test_tokenizer(TOKENIZERS[which]);
         if (!tok) continue;
         for (int iter = 0; iter < 300; iter++) {
             size_t n = random_text(&r, text, sizeof text);
@@ -663,7 +653,7 @@ static void test_minimal_file(void) {
 }
 
 static void test_bad_input(void) {
-    ds_tokenizer *tok = load("pico-qwen3");
+    ds_tokenizer *tok = load_test_tokenizer("pico-qwen3");
     if (!tok) return;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -742,7 +732,7 @@ static void test_speed(void) {
     double t0 = now_s();
     CHECK_OK(ds_tokenizer_load(path, &g));
     double load_s = now_s() - t0;
-    ds_tokenizer *q = load("qwen3");
+    ds_tokenizer *q = load_test_tokenizer("qwen3");
     char cpath[1024];
     snprintf(cpath, sizeof cpath, "%s/tokenizers/cases.jsonl", DS_TESTDATA);
     size_t clen = 0;

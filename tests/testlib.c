@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int ds_test_failures = 0;
 
@@ -49,6 +50,27 @@ char *read_text_file(const char *path, size_t *len) {
     buf[n] = 0;
     if (len) *len = (size_t)n;
     return buf;
+}
+
+ds_tokenizer *load_test_tokenizer(const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", DS_TOKDATA, name);
+    ds_tokenizer *tok = NULL;
+    ds_error *e = ds_tokenizer_load(path, &tok);
+    CHECK(e == NULL, "loading %s: %s", path, ds_error_message(e));
+    ds_error_free(e);
+    return tok;
+}
+
+void remove_model_dir(char *dir) {
+    char path[512];
+    if (!dir) return;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
 }
 
 int run_tests(const char *suite, const test_fn *fns, const char *const *names, int n) {

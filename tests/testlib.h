@@ -45,6 +45,14 @@ double rel_err_max(const float *a, const float *b, size_t n);
 /* Reads a whole file (NUL-terminated); NULL if unreadable. */
 char *read_text_file(const char *path, size_t *len);
 
+/* Loads DS_TOKDATA/<name>/tokenizer.json, one of the unpacked real
+ * tokenizers several suites share; NULL plus a failure if it cannot. */
+ds_tokenizer *load_test_tokenizer(const char *name);
+
+/* Removes a scratch model directory (config.json, model.safetensors, the
+ * directory) that a config test made, and frees dir; NULL does nothing. */
+void remove_model_dir(char *dir);
+
 /* Runs test functions and prints a summary; returns the process exit code. */
 typedef void (*test_fn)(void);
 int run_tests(const char *suite, const test_fn *fns, const char *const *names, int n);
