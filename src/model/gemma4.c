@@ -139,15 +139,12 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
     }
     if (g->ring_size)
         for (int i = 0; i < n; i++) g->ring_pos[(pos0 + i) % g->ring_size] = pos0 + i;
-    ds_tensor fh = ds_rows(t->final_hidden, 0, n);
-    be->ops->rmsnorm(be, fh, x, g->final_norm, c->hidden, c->eps);
-    if (n_logits > 0) {
-        ds_tensor lg = ds_rows(t->logits, 0, n_logits);
-        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), g->lm_head, ds_no_tensor());
-        /* bf16 checkpoints: the reference's logits and its soft-cap are bf16 results. */
+    ds_tensor lg = ds_target_head(t, x, g->final_norm, c->eps, g->lm_head, n, n_logits);
+    /* bf16 checkpoints: the reference's logits and its soft-cap are bf16 results
+     * (ds_target_head has rounded the logits already). */
+    if (n_logits > 0 && c->softcap > 0) {
+        be->ops->softcap(be, lg, c->softcap);
         if (t->logits_bf16) be->ops->round_bf16(be, lg);
-        if (c->softcap > 0) be->ops->softcap(be, lg, c->softcap);
-        if (t->logits_bf16 && c->softcap > 0) be->ops->round_bf16(be, lg);
     }
     return NULL;
 }

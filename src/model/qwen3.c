@@ -50,13 +50,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);
     }
-    ds_tensor fh = ds_rows(t->final_hidden, 0, n);
-    be->ops->rmsnorm(be, fh, x, q->final_norm, c->hidden, c->eps);
-    if (n_logits > 0) {
-        ds_tensor lg = ds_rows(t->logits, 0, n_logits);
-        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), q->lm_head, ds_no_tensor());
-        if (t->logits_bf16) be->ops->round_bf16(be, lg);
-    }
+    ds_target_head(t, x, q->final_norm, c->eps, q->lm_head, n, n_logits);
     return NULL;
 }
 

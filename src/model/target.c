@@ -121,3 +121,15 @@ void ds_target_tap(ds_target *t, int layer, ds_tensor x, int n) {
         if (t->tap_layers[i] == layer)
             t->be->ops->copy(t->be, ds_rows(ds_cols(t->taps, (int64_t)i * t->hidden, t->hidden), 0, n), x);
 }
+
+ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float eps, ds_tensor lm_head, int n,
+                         int n_logits) {
+    ds_backend *be = t->be;
+    ds_tensor fh = ds_rows(t->final_hidden, 0, n), lg = ds_rows(t->logits, 0, n_logits);
+    be->ops->rmsnorm(be, fh, x, final_norm, t->hidden, eps);
+    if (n_logits > 0) {
+        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), lm_head, ds_no_tensor());
+        if (t->logits_bf16) be->ops->round_bf16(be, lg);
+    }
+    return lg;
+}

@@ -58,6 +58,11 @@ bool ds_target_is_stop(const ds_target *t, int32_t id);
 /* For architecture forwards: copies the residual x[n, hidden] after `layer`
  * (-1: the embeddings) into every tap slot that asks for that layer. */
 void ds_target_tap(ds_target *t, int layer, ds_tensor x, int n);
+/* For architecture forwards: final_hidden = rmsnorm(x[n, hidden], final_norm),
+ * then the LM head over its last n_logits rows into logits (rounded to bf16
+ * when logits_bf16). Returns those logits rows (none when n_logits is 0). */
+ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float eps, ds_tensor lm_head, int n,
+                         int n_logits);
 
 /* Architecture constructors: allocate their own struct (ds_target first),
  * call ds_target_init_common, take ownership of ck only on success. */

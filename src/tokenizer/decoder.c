@@ -57,13 +57,6 @@ static ds_error *push_step(dsteps *l, dstep st) {
     return NULL;
 }
 
-static ds_error *dup_str(const char *s, dstep *st) {
-    st->content_len = strlen(s);
-    if (!(st->content = malloc(st->content_len + 1))) return ds_errorf("out of memory");
-    memcpy(st->content, s, st->content_len + 1);
-    return NULL;
-}
-
 static ds_error *parse_into(ds_decoder *d, const cJSON *j, const char *where, bool *joined, int depth) {
     if (depth > 16) return ds_errorf("%s: Sequence nested too deeply", where);
     if (!cJSON_IsObject(j)) return ds_errorf("%s should be an object, is %s", where, ds_json_kind(j));
@@ -94,16 +87,8 @@ static ds_error *parse_into(ds_decoder *d, const cJSON *j, const char *where, bo
         return NULL;
     }
     if (!strcmp(type, "Replace")) {
-        const char *c;
         st.kind = D_REPLACE;
-        DS_TRY(ds_json_str(j, "content", where, &c));
-        snprintf(w, sizeof w, "%s.pattern", where);
-        DS_TRY(ds_pattern_parse(ds_json_get(j, "pattern"), w, &st.pat));
-        ds_error *e = dup_str(c, &st);
-        if (e) {
-            dstep_free(&st);
-            return e;
-        }
+        DS_TRY(ds_replace_parse(j, where, &st.pat, &st.content, &st.content_len));
         return push_step(*joined ? &d->post : &d->pre, st);
     }
     if (!strcmp(type, "Strip")) {
@@ -117,7 +102,7 @@ static ds_error *parse_into(ds_decoder *d, const cJSON *j, const char *where, bo
         DS_TRY(ds_json_uint(j, "stop", where, 0, &b));
         st.start = (size_t)a;
         st.stop = (size_t)b;
-        DS_TRY(dup_str(c, &st));
+        DS_TRY(ds_step_content_copy(c, &st.content, &st.content_len));
         return push_step(*joined ? &d->post : &d->pre, st);
     }
     if (!strcmp(type, "Metaspace")) {

@@ -37,14 +37,6 @@ static ds_error *add_step(ds_normalizer *nm, norm_step st) {
     return NULL;
 }
 
-static ds_error *dup_content(const char *s, norm_step *st) {
-    st->content_len = strlen(s);
-    st->content = malloc(st->content_len + 1);
-    if (!st->content) return ds_errorf("out of memory");
-    memcpy(st->content, s, st->content_len + 1);
-    return NULL;
-}
-
 static ds_error *parse_into(ds_normalizer *nm, const cJSON *j, const char *where, int depth) {
     if (depth > 16) return ds_errorf("%s: Sequence nested too deeply", where);
     const char *type;
@@ -76,19 +68,10 @@ static ds_error *parse_into(ds_normalizer *nm, const cJSON *j, const char *where
         const char *p;
         st.kind = N_PREPEND;
         DS_TRY(ds_json_str(j, "prepend", where, &p));
-        DS_TRY(dup_content(p, &st));
+        DS_TRY(ds_step_content_copy(p, &st.content, &st.content_len));
     } else if (!strcmp(type, "Replace")) {
-        const char *c;
-        char w[256];
         st.kind = N_REPLACE;
-        DS_TRY(ds_json_str(j, "content", where, &c));
-        snprintf(w, sizeof w, "%s.pattern", where);
-        DS_TRY(ds_pattern_parse(ds_json_get(j, "pattern"), w, &st.pat));
-        ds_error *e = dup_content(c, &st);
-        if (e) {
-            ds_pattern_free(&st.pat);
-            return e;
-        }
+        DS_TRY(ds_replace_parse(j, where, &st.pat, &st.content, &st.content_len));
     } else {
         return ds_errorf("%s.type \"%s\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Strip, Replace, "
                          "Prepend, Sequence)", where, type);

@@ -133,20 +133,37 @@ static bool skip_value(cursor *c, int depth) {
     return c->p > s;
 }
 
+/* An object member's key as spelled in the text (escapes not decoded). */
+typedef struct {
+    const char *s;
+    size_t n;
+} member_name;
+
+/* Reads a member's key and its ':', leaving c at the value. */
+static bool member_key(cursor *c, member_name *k) {
+    skip_ws(c);
+    k->s = c->p + 1;
+    if (scan_string(c, NULL) < 0) return false;
+    k->n = (size_t)(c->p - 1 - k->s);
+    if (!eat(c, ':')) return false;
+    skip_ws(c);
+    return true;
+}
+
+static bool member_is(member_name k, const char *name) {
+    size_t n = strlen(name);
+    return k.n == n && !memcmp(k.s, name, n);
+}
+
 /* Finds member `key` of the object at c (spelled without escapes); leaves
  * c at its value. */
 static bool find_member(cursor c, const char *key, cursor *val) {
-    size_t klen = strlen(key);
     if (!eat(&c, '{')) return false;
     if (eat(&c, '}')) return false;
     do {
-        skip_ws(&c);
-        const char *k = c.p + 1;
-        if (scan_string(&c, NULL) < 0) return false;
-        bool hit = (size_t)(c.p - 1 - k) == klen && !memcmp(k, key, klen);
-        if (!eat(&c, ':')) return false;
-        skip_ws(&c);
-        if (hit) {
+        member_name k;
+        if (!member_key(&c, &k)) return false;
+        if (member_is(k, key)) {
             *val = c;
             return true;
         }
@@ -176,52 +193,65 @@ static bool grow(void **v, size_t n, size_t *cap, size_t size) {
     return true;
 }
 
+/* Scans the object ('{') or array ('[') at c into the growing array *items
+ * (*n used, entries of `size` bytes), one entry per member or element, each
+ * read by `entry`: the loop scan_vocab and scan_merges share. */
+static bool scan_entries(cursor *c, char open, void **items, size_t *n, size_t size, char **arena,
+                         bool (*entry)(cursor *c, void *item, char **arena)) {
+    const char close = open == '{' ? '}' : ']';
+    size_t cap = 0;
+    if (!eat(c, open)) return false;
+    if (eat(c, close)) return true;
+    do {
+        if (!grow(items, *n, &cap, size)) return false;
+        if (!entry(c, (char *)*items + *n * size, arena)) return false;
+        (*n)++;
+    } while (eat(c, ','));
+    return eat(c, close);
+}
+
+/* One vocab member, "token": id. */
+static bool scan_vocab_entry(cursor *c, void *item, char **arena) {
+    ds_vocab_entry *v = item;
+    if (!take_string(c, arena, &v->s, &v->n) || !eat(c, ':')) return false;
+    skip_ws(c);
+    long long id = 0;
+    const char *d = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9' && id <= DS_MAX_TOKEN_ID) id = id * 10 + (*c->p++ - '0');
+    /* fractions and exponents: leave them to cJSON */
+    bool more = c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E');
+    if (c->p == d || id > DS_MAX_TOKEN_ID || more) return false;
+    v->id = (int32_t)id;
+    return true;
+}
+
+/* One merges element, "left right" or [left, right]. */
+static bool scan_merge_entry(cursor *c, void *item, char **arena) {
+    ds_merge_entry *m = item;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '"') { /* "left right" */
+        const char *s;
+        uint32_t n;
+        if (!take_string(c, arena, &s, &n)) return false;
+        const char *sp = memchr(s, ' ', n);
+        if (!sp) return false;
+        *m = (ds_merge_entry){s, sp + 1, (uint32_t)(sp - s), (uint32_t)(n - (uint32_t)(sp - s) - 1)};
+    } else { /* [left, right] */
+        if (!eat(c, '[') || !take_string(c, arena, &m->a, &m->na) || !eat(c, ',') ||
+            !take_string(c, arena, &m->b, &m->nb) || !eat(c, ']'))
+            return false;
+    }
+    return true;
+}
+
 static bool scan_vocab(cursor *c, ds_vocab_scan *out, char **arena) {
     ds_bpe_lists *l = &out->lists;
-    size_t cap = 0;
-    if (!eat(c, '{')) return false;
-    if (eat(c, '}')) return true;
-    do {
-        if (!grow((void **)&l->vocab, l->n_vocab, &cap, sizeof *l->vocab)) return false;
-        ds_vocab_entry *v = &l->vocab[l->n_vocab];
-        if (!take_string(c, arena, &v->s, &v->n) || !eat(c, ':')) return false;
-        skip_ws(c);
-        long long id = 0;
-        const char *d = c->p;
-        while (c->p < c->end && *c->p >= '0' && *c->p <= '9' && id <= DS_MAX_TOKEN_ID) id = id * 10 + (*c->p++ - '0');
-        /* fractions and exponents: leave them to cJSON */
-        bool more = c->p < c->end && (*c->p == '.' || *c->p == 'e' || *c->p == 'E');
-        if (c->p == d || id > DS_MAX_TOKEN_ID || more) return false;
-        v->id = (int32_t)id;
-        l->n_vocab++;
-    } while (eat(c, ','));
-    return eat(c, '}');
+    return scan_entries(c, '{', (void **)&l->vocab, &l->n_vocab, sizeof *l->vocab, arena, scan_vocab_entry);
 }
 
 static bool scan_merges(cursor *c, ds_vocab_scan *out, char **arena) {
     ds_bpe_lists *l = &out->lists;
-    size_t cap = 0;
-    if (!eat(c, '[')) return false;
-    if (eat(c, ']')) return true;
-    do {
-        if (!grow((void **)&l->merges, l->n_merges, &cap, sizeof *l->merges)) return false;
-        ds_merge_entry *m = &l->merges[l->n_merges];
-        skip_ws(c);
-        if (c->p < c->end && *c->p == '"') { /* "left right" */
-            const char *s;
-            uint32_t n;
-            if (!take_string(c, arena, &s, &n)) return false;
-            const char *sp = memchr(s, ' ', n);
-            if (!sp) return false;
-            *m = (ds_merge_entry){s, sp + 1, (uint32_t)(sp - s), (uint32_t)(n - (uint32_t)(sp - s) - 1)};
-        } else { /* [left, right] */
-            if (!eat(c, '[') || !take_string(c, arena, &m->a, &m->na) || !eat(c, ',') ||
-                !take_string(c, arena, &m->b, &m->nb) || !eat(c, ']'))
-                return false;
-        }
-        l->n_merges++;
-    } while (eat(c, ','));
-    return eat(c, ']');
+    return scan_entries(c, '[', (void **)&l->merges, &l->n_merges, sizeof *l->merges, arena, scan_merge_entry);
 }
 
 /* Cuts text[from, to) out, leaving `empty` ("{}" or "[]") in its place;
@@ -256,20 +286,16 @@ static bool scan_model(cursor c, char *arena, ds_vocab_scan *out, const char **v
     if (!eat(&c, '{')) return false;
     if (eat(&c, '}')) return false;
     do {
-        skip_ws(&c);
-        const char *k = c.p + 1;
-        if (scan_string(&c, NULL) < 0) return false;
-        size_t kl = (size_t)(c.p - 1 - k);
-        if (!eat(&c, ':')) return false;
-        skip_ws(&c);
+        member_name k;
+        if (!member_key(&c, &k)) return false;
         const char *start = c.p;
         bool ok;
-        if (!seen_vocab && kl == 5 && !memcmp(k, "vocab", 5)) {
+        if (!seen_vocab && member_is(k, "vocab")) {
             seen_vocab = true;
             ok = *start == '{' && scan_vocab(&c, out, &arena);
             *vs = start;
             *ve = c.p;
-        } else if (!seen_merges && kl == 6 && !memcmp(k, "merges", 6)) {
+        } else if (!seen_merges && member_is(k, "merges")) {
             seen_merges = true;
             ok = *start == '[' && scan_merges(&c, out, &arena);
             *ms = start;

@@ -157,6 +157,23 @@ static cJSON *int_array(const int *v, int n) {
     return a;
 }
 
+/* The drafted fields a prompt's line and the summary both end with. */
+static void add_draft_fields(cJSON *o, const ds_metrics *m, double draft_s, double verify_s) {
+    cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
+    for (int k = 0; k < DS_MAX_GAMMA && m->proposals_at[k]; k++)
+        cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(m, k)));
+    cJSON_AddNumberToObject(o, "draft_time_s", draft_s);
+    cJSON_AddNumberToObject(o, "verify_time_s", verify_s);
+}
+
+/* Prints o as one line of JSON and frees it. */
+static void put_json_line(cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    puts(s);
+    free(s);
+    cJSON_Delete(o);
+}
+
 static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, const ds_gen_result *r, bool drafted) {
     cJSON *o = cJSON_CreateObject();
     if (id) cJSON_AddItemToObject(o, "id", cJSON_Duplicate(id, 1));
@@ -182,16 +199,9 @@ static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, c
         cJSON_AddItemToObject(o, "accepted", int_array(r->accepted, r->rounds));
         cJSON_AddItemToObject(o, "proposed", int_array(r->proposed, r->rounds));
         cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(&m));
-        cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
-        for (int k = 0; k < DS_MAX_GAMMA && m.proposals_at[k]; k++)
-            cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(&m, k)));
-        cJSON_AddNumberToObject(o, "draft_time_s", r->draft_s);
-        cJSON_AddNumberToObject(o, "verify_time_s", r->verify_s);
+        add_draft_fields(o, &m, r->draft_s, r->verify_s);
     }
-    char *s = cJSON_PrintUnformatted(o);
-    puts(s);
-    free(s);
-    cJSON_Delete(o);
+    put_json_line(o);
 }
 
 static void print_summary(const ds_metrics *m, bool drafted) {
@@ -206,16 +216,9 @@ static void print_summary(const ds_metrics *m, bool drafted) {
         cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(m));
         cJSON_AddNumberToObject(o, "verify_rate", ds_metrics_verify_rate(m));
         cJSON_AddNumberToObject(o, "draft_tokens_per_proposal", m->rounds ? (double)m->proposal_sum / m->rounds : 0);
-        cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
-        for (int k = 0; k < DS_MAX_GAMMA && m->proposals_at[k]; k++)
-            cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(m, k)));
-        cJSON_AddNumberToObject(o, "draft_time_s", m->draft_s);
-        cJSON_AddNumberToObject(o, "verify_time_s", m->verify_s);
+        add_draft_fields(o, m, m->draft_s, m->verify_s);
     }
-    char *s = cJSON_PrintUnformatted(o);
-    puts(s);
-    free(s);
-    cJSON_Delete(o);
+    put_json_line(o);
 }
 
 typedef struct {

@@ -277,6 +277,16 @@ static ds_error *write_weights(const char *dir, const tensor_list *l, fill_ctx *
     return write_json(dir, "model.safetensors.index.json", idx);
 }
 
+/* Lists the tensors list_tensors names for p and writes them as dir's weights. */
+static ds_error *write_tensors(const preset *p, const char *dir, void (*list_tensors)(const preset *, tensor_list *),
+                               fill_ctx *fc, size_t shard_bytes, tensor_list *l, size_t *bytes) {
+    l->n = 0;
+    list_tensors(p, l);
+    if (l->n >= MAX_TENSORS) return ds_errorf("%s: too many tensors", dir);
+    fc->list = l;
+    return write_weights(dir, l, fc, shard_bytes, bytes);
+}
+
 static ds_error *write_target(const preset *p, const char *dir, fill_ctx *fc, size_t shard_bytes, tensor_list *l,
                               size_t *bytes) {
     DS_TRY(make_dir(dir));
@@ -291,11 +301,7 @@ static ds_error *write_target(const preset *p, const char *dir, fill_ctx *fc, si
     cJSON_AddNumberToObject(g, "pad_token_id", p->pad);
     cJSON_AddBoolToObject(g, "do_sample", false);
     DS_TRY(write_json(dir, "generation_config.json", g));
-    l->n = 0;
-    target_tensors(p, l);
-    if (l->n >= MAX_TENSORS) return ds_errorf("%s: too many tensors", dir);
-    fc->list = l;
-    return write_weights(dir, l, fc, shard_bytes, bytes);
+    return write_tensors(p, dir, target_tensors, fc, shard_bytes, l, bytes);
 }
 
 static ds_error *write_drafter(const preset *p, const char *dir, fill_ctx *fc, size_t shard_bytes, tensor_list *l,
@@ -315,11 +321,7 @@ static ds_error *write_drafter(const preset *p, const char *dir, fill_ctx *fc, s
     for (int i = 0; i < p->d_layers; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(taps[i]));
     cJSON_AddBoolToObject(cfg, "tie_word_embeddings", false);
     DS_TRY(write_json(dir, "config.json", cfg));
-    l->n = 0;
-    drafter_tensors(p, l);
-    if (l->n >= MAX_TENSORS) return ds_errorf("%s: too many tensors", dir);
-    fc->list = l;
-    return write_weights(dir, l, fc, shard_bytes, bytes);
+    return write_tensors(p, dir, drafter_tensors, fc, shard_bytes, l, bytes);
 }
 
 static void usage(FILE *f) {
@@ -331,12 +333,6 @@ static void usage(FILE *f) {
                "  Qwen3DSparkModel drafter for it (block 7, 5 layers, Markov rank 256,\n"
                "  confidence head) to DDIR (default DIR-dspark). Shards hold at most\n"
                "  BYTES (default 5e9). gemma4-12b is not supported yet.\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int cmd_synth(int argc, char **argv) {
