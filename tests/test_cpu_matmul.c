@@ -13,12 +13,14 @@
  * - attention (GQA groups 1..8, head sizes not multiples of 8, Dv != D,
  *   causal with and without a sliding window over a ring cache, and the
  *   drafter's non-causal mode): every row of an M-row call equals the row
- *   computed alone (with decode's n_keys = pos + 1 when causal). */
+ *   computed alone (with decode's n_keys = pos + 1 when causal);
+ * - a scratch buffer that cannot be had is reported by check(), once. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "testlib.h"
 
 static ds_backend *be;
@@ -139,7 +141,11 @@ static void test_fused_equal_unfused(void) {
     const int K = 72, N = 200, N2 = 96;
     weight a = make_weight(DS_BF16, N, K), b = make_weight(DS_BF16, N, K), c = make_weight(DS_BF16, N2, K);
     int bad = 0;
-    for (int M = 1; M <= 32; M += 7) {
+    /* Narrow sizes, then wide ones (prefill: the unfused sequence through
+     * the backend's temp buffer, grown, then reused at a smaller size). */
+    const int Ms[] = {1, 8, 15, 22, 29, 40, 70, 40};
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+        const int M = Ms[mi];
         ds_tensor x = filled(M, K, K), res = filled(M, N, N), r1 = filled(M, N, N), r2, t1, t2, t3, u1, u2, u3;
         memcpy(r1.data, res.data, (size_t)M * N * sizeof(float));
         CHECK_OK(be->ops->alloc(be, DS_F32, M, N, &r2));
@@ -247,5 +253,26 @@ static void test_attention_row_invariance(void) {
 static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
+/* Ops have no error return: a buffer the backend cannot get is recorded and
+ * check() reports it once, naming the op (a size no allocator can give,
+ * refused before asking, so the test runs the same under sanitizers). */
+static void test_failure_reported(void) {
+    CHECK(ds_backend_check(be) == NULL, "a failure was pending before the test");
+    CHECK(ds_cpu_scratch(be, "attention", 0, DS_SCRATCH_SCORES, SIZE_MAX / 2) == NULL,
+          "an impossible scratch was granted");
+    ds_error *e = ds_backend_check(be);
+    CHECK(e != NULL, "check() did not report the failed scratch");
+    if (e) {
+        printf("  reported: %s\n", ds_error_message(e));
+        CHECK(strstr(ds_error_message(e), "cpu attention: out of memory") != NULL, "message: %s",
+              ds_error_message(e));
+        ds_error_free(e);
+    }
+    CHECK(ds_backend_check(be) == NULL, "check() did not clear the failure");
+    /* The slot still works at a sane size afterwards. */
+    CHECK(ds_cpu_scratch(be, "attention", 0, DS_SCRATCH_SCORES, 1024) != NULL, "scratch after a failure");
+    CHECK(ds_backend_check(be) == NULL, "a sane scratch recorded a failure");
+}
+
 RUN_TESTS("cpu_matmul", setup, test_row_invariance_and_caching, test_fused_equal_unfused, test_release_forgets_panels,
-          test_attention_row_invariance, teardown)
+          test_attention_row_invariance, test_failure_reported, teardown)

@@ -134,10 +134,11 @@ typedef struct {
      * (draft/markov.c) with the same results. */
     void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
                           bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
-    /* Ops queue work and have no error return: a backend that can fail (a
-     * GPU) records the first failure, naming the op. check() waits for the
-     * queued work and returns that error (NULL when none), clearing it.
-     * NULL for backends whose ops cannot fail (the CPU). */
+    /* Ops queue work and have no error return: a backend records the first
+     * failure (a GPU error, memory running out for a scratch buffer),
+     * naming the op. check() waits for the queued work and returns that
+     * error (NULL when none), clearing it. NULL for a backend whose ops
+     * cannot fail. */
     ds_error *(*check)(ds_backend *be);
 } ds_backend_ops;
 

@@ -90,10 +90,13 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
     const int H = p->n_heads, KVH = p->n_kv_heads, group = H / KVH, D = p->head_dim, Dv = p->v_head_dim;
     const int rows_per = UNIT_QUERIES / group > 0 ? UNIT_QUERIES / group : 1;
     const int64_t M = j->q.rows, nkeys = p->n_keys > 0 ? p->n_keys : 1;
-    float *scratch = ds_cpu_scratch(j->be, tid, DS_SCRATCH_SCORES, (size_t)(rows_per * group * nkeys));
-    if (!scratch) return; /* out of memory: no error path for ops on the CPU */
+    float *scratch = ds_cpu_scratch(j->be, "attention", tid, DS_SCRATCH_SCORES, (size_t)(rows_per * group * nkeys));
+    if (!scratch) return; /* recorded: check() reports it */
     query local[UNIT_QUERIES], *qs = local;
-    if (rows_per * group > UNIT_QUERIES && !(qs = malloc((size_t)(rows_per * group) * sizeof *qs))) return;
+    if (rows_per * group > UNIT_QUERIES && !(qs = malloc((size_t)(rows_per * group) * sizeof *qs))) {
+        ds_cpu_fail(j->be, "attention", "out of memory for %d queries", rows_per * group);
+        return;
+    }
     for (int64_t it = i0; it < i1; it++) {
         const int kvh = (int)(it % KVH);
         const int64_t m0 = it / KVH * rows_per, m1 = m0 + rows_per < M ? m0 + rows_per : M;

@@ -4,6 +4,9 @@
  * thread pool across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
 #include <cblas.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,8 +81,9 @@ static void cpu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w,
     /* Called from the main thread only: its scratch slot holds the widened weight. */
     float *wf = NULL;
     if (w.data) {
-        wf = ds_cpu_scratch(be, 0, DS_SCRATCH_NORM, (size_t)dim);
-        if (wf) ds_to_f32(w.dtype, w.data, wf, (size_t)dim);
+        wf = ds_cpu_scratch(be, "rmsnorm", 0, DS_SCRATCH_NORM, (size_t)dim);
+        if (!wf) return;
+        ds_to_f32(w.dtype, w.data, wf, (size_t)dim);
     }
     for (int64_t r = 0; r < x.rows; r++)
         for (int64_t g = 0; g < groups; g++)
@@ -179,16 +183,33 @@ static void cpu_round_bf16(ds_backend *be, ds_tensor x) {
     for (int64_t r = 0; r < x.rows; r++) ds_round_bf16_n((float *)x.data + r * x.stride, (size_t)x.cols);
 }
 
-float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n) {
+void ds_cpu_fail(ds_backend *be, const char *op, const char *fmt, ...) {
+    ds_cpu_backend *cb = (ds_cpu_backend *)be;
+    if (atomic_load(&cb->err)) return;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ds_error *e = ds_errorf("cpu %s: %s", op, msg), *none = NULL;
+    if (!atomic_compare_exchange_strong(&cb->err, &none, e)) ds_error_free(e);
+}
+
+float *ds_cpu_scratch(ds_backend *be, const char *op, int tid, int slot, size_t n) {
     ds_cpu_backend *cb = (ds_cpu_backend *)be;
     if (cb->scratch_cap[tid][slot] < n) {
         free(cb->scratch[tid][slot]);
         void *p = NULL;
-        cb->scratch[tid][slot] = posix_memalign(&p, 64, n * sizeof(float)) == 0 ? p : NULL;
-        cb->scratch_cap[tid][slot] = cb->scratch[tid][slot] ? n : 0;
+        const bool ok = n <= SIZE_MAX / sizeof(float) && posix_memalign(&p, 64, n * sizeof(float)) == 0;
+        cb->scratch[tid][slot] = ok ? p : NULL;
+        cb->scratch_cap[tid][slot] = ok ? n : 0;
+        if (!ok) ds_cpu_fail(be, op, "out of memory for %zu floats of scratch", n);
     }
     return cb->scratch[tid][slot];
 }
+
+/* Ops run to completion before they return: nothing to wait for. */
+static ds_error *cpu_check(ds_backend *be) { return atomic_exchange(&((ds_cpu_backend *)be)->err, NULL); }
 
 static void cpu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
     for (int64_t r = 0; r < x.rows; r++) out[r] = (int32_t)ds_argmax_f32((const float *)x.data + r * x.stride, x.cols);
@@ -200,6 +221,8 @@ static void cpu_destroy(ds_backend *be) {
     ds_cpu_pack_free(&cb->packs);
     for (int t = 0; t < DS_CPU_MAX_THREADS; t++)
         for (int s = 0; s < DS_SCRATCH_SLOTS; s++) free(cb->scratch[t][s]);
+    free(cb->temp);
+    ds_error_free(atomic_load(&cb->err));
     free(cb);
 }
 
@@ -227,6 +250,7 @@ static const ds_backend_ops cpu_ops = {
     .linear_residual = ds_cpu_linear_residual,
     .linear_swiglu = ds_cpu_linear_swiglu,
     .linear_multi = ds_cpu_linear_multi,
+    .check = cpu_check,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {

@@ -2,6 +2,8 @@
 #ifndef DS_CPU_KERNELS_H
 #define DS_CPU_KERNELS_H
 
+#include <stdatomic.h>
+
 #include "backend/backend.h"
 #include "base/threadpool.h"
 
@@ -45,11 +47,20 @@ typedef struct {
     ds_cpu_pack_cache packs;
     float *scratch[DS_CPU_MAX_THREADS][DS_SCRATCH_SLOTS];
     size_t scratch_cap[DS_CPU_MAX_THREADS][DS_SCRATCH_SLOTS];
+    float *temp; /* the wide fused ops' intermediate (main thread), grown on demand */
+    size_t temp_cap;
+    /* The first failure since the last check() (ops have no error return;
+     * workers may record one too, hence atomic). */
+    _Atomic(ds_error *) err;
 } ds_cpu_backend;
 
 static inline ds_pool *ds_cpu_pool(ds_backend *be) { return ((ds_cpu_backend *)be)->pool; }
-/* Scratch of n floats for thread tid (NULL when out of memory). */
-float *ds_cpu_scratch(ds_backend *be, int tid, int slot, size_t n);
+/* Records a failure of op (the first one wins; check() returns it):
+ * "cpu <op>: <message>". Safe from worker threads. */
+void ds_cpu_fail(ds_backend *be, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Scratch of n floats for thread tid; NULL (and a recorded failure naming
+ * op) when out of memory. */
+float *ds_cpu_scratch(ds_backend *be, const char *op, int tid, int slot, size_t n);
 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 /* Calls with at most this many input rows (decode, verify, drafter blocks)

@@ -210,8 +210,8 @@ static void narrow_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
         const int64_t N = pt->w.rows, P = ds_cpu_panels(N), p0 = lg * GROUP;
         const int64_t np_all = P - p0 < GROUP ? P - p0 : GROUP;
         if ((!pt->packed || (up && !up->packed)) && !buf) {
-            buf = ds_cpu_scratch(j->be, tid, DS_SCRATCH_WEIGHTS, (size_t)(2 * GROUP * pstep));
-            if (!buf) return; /* out of memory: no error path here; rows are left as they were */
+            buf = ds_cpu_scratch(j->be, "linear", tid, DS_SCRATCH_WEIGHTS, (size_t)(2 * GROUP * pstep));
+            if (!buf) return; /* recorded: check() reports it */
         }
         bool bf16, bf16u = false;
         const void *pan = part_panels(j, pt, p0, np_all, buf, &bf16);
