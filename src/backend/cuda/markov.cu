@@ -83,7 +83,7 @@ __device__ __forceinline__ float step_logit(const float *base, float bias, int64
  * walk, so one launch finds L_k for every position up front; a NaN or
  * infinity in a row's bounds turns pruning off for that step. How much it
  * saves depends on the weights: with random ones a handful of rows per
- * step survive, with the trained pico drafter ~80 % do (its bias is large
+ * step survive, with the trained pico drafter ~70 % do (its bias is large
  * next to the logits' spread), so a warp with many survivors computes all
  * its rows in batches, as the unpruned walk does. */
 #define BOUND_THREADS 256
