@@ -38,6 +38,26 @@ __device__ __forceinline__ bool step_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
 }
 
+/* The block's best (value, column) into thread 0's *bv, *bi: a butterfly
+ * in each warp, then the warps in order (sv, si: a slot per warp). */
+__device__ __forceinline__ void block_best(float *bv, int *bi, float *sv, int *si) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *bv, off);
+        const int oc = __shfl_xor_sync(0xffffffffu, *bi, off);
+        if (step_better(ov, oc, *bv, *bi)) *bv = ov, *bi = oc;
+    }
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x >> 5] = *bv;
+        si[threadIdx.x >> 5] = *bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (step_better(sv[w], si[w], *bv, *bi)) *bv = sv[w], *bi = si[w];
+    __syncthreads(); /* sv, si free again */
+}
+
 /* bias[q] = w2[n0 + q] . e for B rows at once (rows past V give 0): every
  * lane's loads of the B rows are issued before any product, so a warp has
  * B 16-byte loads in flight. */
@@ -208,14 +228,8 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
             }
         }
     }
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
+    block_best(&bv, &bi, sv, si);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < STEP_WARPS; w++)
-            if (step_better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
         __threadfence();
@@ -232,20 +246,8 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
         const int c = __ldcg(pi + b);
         if (step_better(v, c, bv, bi)) bv = v, bi = c;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int oc = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (step_better(ov, oc, bv, bi)) bv = ov, bi = oc;
-    }
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
+    block_best(&bv, &bi, sv, si);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < STEP_WARPS; w++)
-            if (step_better(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
         idx[1] = bi;
         *ticket = 0; /* ready for the next step's launch */
     }
