@@ -12,12 +12,18 @@ __global__ void gather_row_kernel(float *emb, const void *table, int dtype, int6
     for (int i = threadIdx.x; i < r; i += blockDim.x) emb[i] = ds_cu_load(table, dtype, row + i);
 }
 
-/* out = base + bias, or round(base + round(bias)) in bf16 mode. */
+/* The corrected logit of column n: base + bias, or round(base + round(bias))
+ * in bf16 mode (as the reference computes it). */
+__device__ __forceinline__ float step_logit(const float *base, float bias, int64_t n, int bf16) {
+    return bf16 ? ds_cu_rbf16(base[n] + ds_cu_rbf16(bias)) : base[n] + bias;
+}
+
+/* out = the corrected logits of base and a computed bias row. */
 __global__ void markov_add_kernel(float *out, const float *base, const float *bias, int64_t V, int bf16) {
     ds_cu_grid_wait();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= V) return;
-    out[i] = bf16 ? ds_cu_rbf16(base[i] + ds_cu_rbf16(bias[i])) : base[i] + bias[i];
+    out[i] = step_logit(base, bias[i], i, bf16);
 }
 
 /* One whole step of the walk in one launch (the common case: w2 rows of 8k
@@ -26,9 +32,10 @@ __global__ void markov_add_kernel(float *out, const float *base, const float *bi
  * rows of bias = w2 e with fp32 products (lane l takes elements 8l..8l+7
  * of every 256, in order, then a fixed butterfly; 8 rows in flight), adds
  * the base logits, writes the corrected row and keeps the best (value,
- * column); the last block to finish merges the blocks' bests into idx[1]. The argmax rule is
- * the CPU scan's (ties to the lowest column, starting from column 0, so a
- * NaN never wins), which makes the merge order irrelevant. */
+ * column); the last block to finish merges the blocks' bests into idx[1].
+ * The argmax rule is the CPU scan's (ties to the lowest column, starting
+ * from column 0, so a NaN never wins), which makes the merge order
+ * irrelevant. */
 #define STEP_WARPS 8
 #define STEP_ROWS 16 /* rows per warp (at most 32: the pruned path gives a lane each) */
 #define STEP_BATCH 8 /* rows per warp in flight */
@@ -86,10 +93,6 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
     for (int q = 0; q < B; q++)
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) bias[q] += __shfl_xor_sync(0xffffffffu, bias[q], off);
-}
-
-__device__ __forceinline__ float step_logit(const float *base, float bias, int64_t n, int bf16) {
-    return bf16 ? ds_cu_rbf16(base[n] + ds_cu_rbf16(bias)) : base[n] + bias;
 }
 
 /* Pruning (when the logits themselves are not wanted): with bound[n] >=
