@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "draft/markov_bound.h"
 #include "testlib.h"
 
 static ds_backend *gpu, *cpu;
@@ -588,68 +589,84 @@ static void host_markov_walk(const float *base, const float *w1, const float *w2
  * multiples of powers of two, so every product and sum is exact in fp32
  * whatever the order: both sides must agree to the bit, in the corrected
  * logits and in every drawn token (ties included). Without the logits
- * (tokens only) the device skips rows whose bound |w2[n]| max |w1| says
- * they cannot win: the tokens must still be the same, with the base logits as
- * close as the bias (many candidates, ties), spread wide (few candidates),
- * and with a NaN at column 0 (no pruning; the host scan returns 0). */
+ * (tokens only) the device skips rows that the principal-directions bound
+ * (draft/markov_bound.c, as the drafter builds it) says cannot win: the
+ * tokens must still be the same, for a random w2 (loose bound) and a
+ * low-rank one plus noise (tight bound, as trained heads), with the base
+ * logits as close as the bias (many candidates, ties), spread wide (few
+ * candidates), and with a NaN at column 0 (no pruning; the host scan
+ * returns 0). */
 static void test_markov_greedy(void) {
     const int G = 7, V = 3000, r = 64;
     float *base = malloc((size_t)G * V * sizeof *base), *w1 = malloc((size_t)V * r * sizeof *w1);
     float *w2 = malloc((size_t)V * r * sizeof *w2), *want = malloc((size_t)G * V * sizeof *want);
-    float *got = malloc((size_t)G * V * sizeof *got), *norms = malloc((size_t)V * sizeof *norms);
+    float *got = malloc((size_t)G * V * sizeof *got);
     uint16_t *b1 = malloc((size_t)V * r * 2), *b2 = malloc((size_t)V * r * 2);
     for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
-    for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
-    /* bound[n] = |w2[n]| max_m |w1[m]|, as the drafter computes it */
-    double w1max = 0;
-    for (int n = 0; n < V; n++) {
-        double s1 = 0, s2 = 0;
-        for (int i = 0; i < r; i++) {
-            s1 += (double)w1[(size_t)n * r + i] * w1[(size_t)n * r + i];
-            s2 += (double)w2[(size_t)n * r + i] * w2[(size_t)n * r + i];
-        }
-        norms[n] = (float)sqrt(s2);
-        if (sqrt(s1) > w1max) w1max = sqrt(s1);
-    }
-    for (int n = 0; n < V; n++) norms[n] = (float)(norms[n] * w1max);
-    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
-    pair pn = act(1, V, norms);
-    const char *names[] = {"close", "spread", "NaN at column 0"};
-    for (int data = 0; data < 3; data++) {
-        for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
-        if (data == 2) base[(size_t)3 * V] = NAN;
-        for (int mode = 0; mode < 4; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned) */
-            const bool bf16 = mode & 1, pruned = mode & 2;
-            if (data > 0 && !pruned) continue; /* the full walk is covered by the first data set */
-            pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
-            ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
-            const int32_t anchor = 1234;
-            int32_t tok[8] = {0}, want_tok[8] = {0};
-            gpu->ops->markov_greedy(gpu, pb.g, pruned ? ds_no_tensor() : po.g, tw1, tw2,
-                                    pruned ? pn.g : ds_no_tensor(), bf16, anchor, emb, tok);
-            check_gpu_ok("markov_greedy");
-            host_markov_walk(base, w1, w2, G, V, r, bf16, anchor, want, want_tok);
-            int same = 0;
-            for (int k = 0; k < G; k++) same += tok[k] == want_tok[k];
-            bool logits_ok = true;
-            if (!pruned) {
-                gpu->ops->download(gpu, po.g, got);
-                logits_ok = !memcmp(got, want, (size_t)G * V * 4);
+    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1);
+    const char *wnames[] = {"random w2", "low-rank w2"}, *names[] = {"close", "spread", "NaN at column 0"};
+    for (int wk = 0; wk < 2; wk++) {
+        if (wk == 0) {
+            for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
+        } else { /* (a_n u + b_n v + sparse noise) / 256, integers up to 33: exact in bf16 */
+            int u[64], v[64];
+            for (int i = 0; i < r; i++) u[i] = (int)(frand() * 9) - 4, v[i] = (int)(frand() * 7) - 3;
+            for (int n = 0; n < V; n++) {
+                const int a = (int)(frand() * 5) - 2, b = (int)(frand() * 5) - 2;
+                for (int i = 0; i < r; i++)
+                    w2[(size_t)n * r + i] = (float)(a * u[i] + b * v[i] + (frand() < 0.1 ? 1 : 0)) / 256.0f;
             }
-            printf("  markov_greedy (%s, %s, %s): %d/%d tokens equal the host walk's%s\n", names[data],
-                   bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits", same, G,
-                   pruned ? "" : logits_ok ? ", logits bit-identical" : ", logits DIFFER");
-            CHECK(same == G, "markov_greedy (%s): %d of %d tokens differ", names[data], G - same, G);
-            CHECK(logits_ok, "markov_greedy: corrected logits differ");
-            release(&pb);
-            release(&po);
-            release(&pe);
         }
+        ds_tensor tw2 = gpu_bf16_weight(w2, V, r, b2);
+        ds_markov_bound_host hb;
+        ds_error *e = ds_markov_bound_build(w2, DS_F32, V, r, DS_MARKOV_BOUND_K, &hb);
+        CHECK(!e, "markov bound: %s", e ? ds_error_message(e) : "");
+        if (e) {
+            ds_error_free(e);
+            break;
+        }
+        pair pp = act(hb.k, r, hb.proj), pc = act(V, hb.k, hb.coef), pr = act(1, V, hb.radius);
+        const ds_markov_bound bound = {pp.g, pc.g, pr.g};
+        for (int data = 0; data < 3; data++) {
+            for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
+            if (data == 2) base[(size_t)3 * V] = NAN;
+            for (int mode = 0; mode < 4; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned) */
+                const bool bf16 = mode & 1, pruned = mode & 2;
+                if ((data > 0 || wk > 0) && !pruned) continue; /* the full walk: the first data set */
+                pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
+                ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
+                const int32_t anchor = 1234;
+                int32_t tok[8] = {0}, want_tok[8] = {0};
+                gpu->ops->markov_greedy(gpu, pb.g, pruned ? ds_no_tensor() : po.g, tw1, tw2, pruned ? &bound : NULL,
+                                        bf16, anchor, emb, tok);
+                check_gpu_ok("markov_greedy");
+                host_markov_walk(base, w1, w2, G, V, r, bf16, anchor, want, want_tok);
+                int same = 0;
+                for (int k = 0; k < G; k++) same += tok[k] == want_tok[k];
+                bool logits_ok = true;
+                if (!pruned) {
+                    gpu->ops->download(gpu, po.g, got);
+                    logits_ok = !memcmp(got, want, (size_t)G * V * 4);
+                }
+                printf("  markov_greedy (%s, %s, %s, %s): %d/%d tokens equal the host walk's%s\n", wnames[wk],
+                       names[data], bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits", same, G,
+                       pruned ? "" : logits_ok ? ", logits bit-identical" : ", logits DIFFER");
+                CHECK(same == G, "markov_greedy (%s, %s): %d of %d tokens differ", wnames[wk], names[data], G - same,
+                      G);
+                CHECK(logits_ok, "markov_greedy: corrected logits differ");
+                release(&pb);
+                release(&po);
+                release(&pe);
+            }
+        }
+        release(&pp);
+        release(&pc);
+        release(&pr);
+        ds_markov_bound_free(&hb);
+        gpu->ops->release(gpu, &tw2);
     }
-    release(&pn);
     gpu->ops->release(gpu, &tw1);
-    gpu->ops->release(gpu, &tw2);
-    free(base), free(w1), free(w2), free(want), free(got), free(norms), free(b1), free(b2);
+    free(base), free(w1), free(w2), free(want), free(got), free(b1), free(b2);
 }
 
 static void test_errors(void) {

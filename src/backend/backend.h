@@ -61,6 +61,16 @@ typedef struct {
     const int32_t *q_pos;  /* host array, one position per query row */
 } ds_attn_params;
 
+/* The Markov bias bound of draft/markov_bound.h on the backend: for every
+ * e, |w2[n] . e - coef[n] . (proj e)| <= radius[n] |e|, fp32 rounding of
+ * those three dot products included. */
+#define DS_MARKOV_BOUND_K 8 /* the most directions a bound may have */
+typedef struct {
+    ds_tensor proj;   /* [k, r] fp32 */
+    ds_tensor coef;   /* [V, k] fp32 */
+    ds_tensor radius; /* [1, V] fp32 */
+} ds_markov_bound;
+
 typedef struct {
     const char *name;
     void (*destroy)(ds_backend *be);
@@ -128,12 +138,11 @@ typedef struct {
      * (with bf16: round(base + round(bias)), as the reference computes it);
      * prev_{k+1} = argmax(out[k]) (ties to the lowest id) = tokens[k], on
      * the host when the call returns. out.data NULL: only the tokens are
-     * wanted; then bound ([1, V] fp32, bound[n] >= |w1[m] . w2[n]| for
-     * every m; or no tensor) lets the backend skip rows that provably
+     * wanted; then bound (or NULL) lets the backend skip rows that provably
      * cannot win. Optional: NULL runs the walk on the host
      * (draft/markov.c) with the same results. */
-    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
-                          bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+    void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
+                          const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
     /* Ops queue work and have no error return: a backend records the first
      * failure (a GPU error, memory running out for a scratch buffer),
      * naming the op. check() waits for the queued work and returns that

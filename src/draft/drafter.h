@@ -42,7 +42,7 @@ struct ds_drafter {
     bool confidence, confidence_with_markov;
     ds_tensor embed, fc, hidden_norm, lm_head;
     ds_tensor markov_w1, markov_w2, gate_w, gate_b, joint_w, joint_b;
-    ds_tensor markov_bias_bound; /* [1, vocab] bound of |w1[m] . w2[n]| over m (device walks skip rows by it) */
+    ds_markov_bound markov_bound; /* the bias bound (markov_bound.h) device walks skip rows by */
     ds_tensor conf_w, conf_b;
     /* Work buffers. */
     ds_tensor ctx;          /* [max_rows, hidden] projected context rows */

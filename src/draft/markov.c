@@ -8,42 +8,29 @@
 #include <string.h>
 
 #include "draft/drafter.h"
+#include "draft/markov_bound.h"
 #include "io/checkpoint.h"
 
-/* Largest row norm of a V x r checkpoint tensor, or every row's (norms != NULL). */
-static ds_error *row_norms(const ds_drafter *d, const char *name, float *norms, double *max) {
-    const int V = d->vocab, r = d->markov_rank;
+/* The bias bound (markov_bound.h) from the checkpoint's w2, uploaded once:
+ * the device walk skips the rows it says cannot win. */
+ds_error *ds_markov_load_bound(ds_drafter *d) {
+    const char *name = "markov_head.markov_w2.weight";
     const ds_st_tensor *t = ds_checkpoint_find(d->ck, name);
     if (!t) return ds_errorf("%s: %s is missing", d->ck->dir, name);
-    float *row = malloc((size_t)r * sizeof *row);
-    if (!row) return ds_errorf("out of memory");
-    *max = 0;
-    for (int n = 0; n < V; n++) {
-        ds_to_f32(t->dtype, (const char *)t->data + (size_t)n * r * ds_dtype_size(t->dtype), row, (size_t)r);
-        double ss = 0;
-        for (int i = 0; i < r; i++) ss += (double)row[i] * row[i];
-        if (norms) norms[n] = (float)sqrt(ss);
-        if (sqrt(ss) > *max) *max = sqrt(ss);
+    ds_markov_bound_host h;
+    ds_error *e = ds_markov_bound_build(t->data, t->dtype, d->vocab, d->markov_rank, DS_MARKOV_BOUND_K, &h);
+    if (e) return ds_error_wrap(e, "%s: %s", d->ck->dir, name);
+    ds_backend *be = d->be;
+    ds_markov_bound *b = &d->markov_bound;
+    e = be->ops->alloc(be, DS_F32, h.k, h.r, &b->proj);
+    if (!e) e = be->ops->alloc(be, DS_F32, h.vocab, h.k, &b->coef);
+    if (!e) e = be->ops->alloc(be, DS_F32, 1, h.vocab, &b->radius);
+    if (!e) {
+        be->ops->upload(be, b->proj, h.proj);
+        be->ops->upload(be, b->coef, h.coef);
+        be->ops->upload(be, b->radius, h.radius);
     }
-    free(row);
-    return NULL;
-}
-
-/* bound[n] = |markov_w2[n]| max_m |markov_w1[m]| >= |w1[m] . w2[n]| for any
- * previous token m, from the checkpoint's values (widened exactly, summed in
- * double), uploaded once: the device walk skips the rows this bound says
- * cannot win. */
-ds_error *ds_markov_load_bound(ds_drafter *d) {
-    const int V = d->vocab;
-    float *bound = malloc((size_t)V * sizeof *bound);
-    if (!bound) return ds_errorf("out of memory");
-    double w1max = 0, w2max = 0;
-    ds_error *e = row_norms(d, "markov_head.markov_w1.weight", NULL, &w1max);
-    if (!e) e = row_norms(d, "markov_head.markov_w2.weight", bound, &w2max);
-    for (int n = 0; !e && n < V; n++) bound[n] = (float)(bound[n] * w1max);
-    if (!e) e = d->be->ops->alloc(d->be, DS_F32, 1, V, &d->markov_bias_bound);
-    if (!e) d->be->ops->upload(d->be, d->markov_bias_bound, bound);
-    free(bound);
+    ds_markov_bound_free(&h);
     return e;
 }
 
@@ -137,7 +124,7 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
     be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                            markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
-                           markov ? d->markov_bias_bound : ds_no_tensor(), d->logits_bf16, anchor, emb, out->tokens);
+                           markov ? &d->markov_bound : NULL, d->logits_bf16, anchor, emb, out->tokens);
     out->logits = NULL;
     if (d->keep_logits) {
         be->ops->download(be, d->mlogits, d->host_logits);

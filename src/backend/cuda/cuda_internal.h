@@ -165,8 +165,8 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
 void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                         const ds_tensor *biases);
-void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
-                         bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
+                         const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
                                 const ds_tensor *ws, const ds_tensor *biases);
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,

@@ -134,8 +134,8 @@ static void p_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor 
                            const int32_t *pos, const float *f) {
     PROF("qk_norm_rope", prof_of(be)->inner->qk_norm_rope(be, q, qw, k, kw, hd, eps, pos, f));
 }
-static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2, ds_tensor bnd, bool bf,
-                     int32_t a, ds_tensor e, int32_t *t) {
+static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2,
+                     const ds_markov_bound *bnd, bool bf, int32_t a, ds_tensor e, int32_t *t) {
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
     prof_flush(be);
 }

@@ -28,18 +28,16 @@ __global__ void markov_add_kernel(float *out, const float *base, const float *bi
 
 /* One whole step of the walk in one launch (the common case: w2 rows of 8k
  * elements, 16-byte aligned). Every block gathers e = w1[prev] itself
- * (prev = idx[0], written by the step before), each warp computes whole
- * rows of bias = w2 e with fp32 products (lane l takes elements 8l..8l+7
- * of every 256, in order, then a fixed butterfly; 8 rows in flight), adds
- * the base logits, writes the corrected row and keeps the best (value,
- * column); the last block to finish merges the blocks' bests into idx[1].
- * The argmax rule is the CPU scan's (ties to the lowest column, starting
- * from column 0, so a NaN never wins), which makes the merge order
- * irrelevant. */
+ * (prev = idx[0], written by the step before), warps compute whole rows of
+ * bias = w2 e with fp32 products (lane l takes elements 8l..8l+7 of every
+ * 256, in order, then a fixed butterfly), add the base logits and keep the
+ * best (value, column); the last block to finish merges the blocks' bests
+ * into idx[1]. Two kinds of step: every row (markov_step_kernel, which can
+ * also write the corrected logits) or the rows a bound leaves in contention
+ * (markov_pruned_step_kernel); a row's value is the same in both. */
 #define STEP_WARPS 8
-#define STEP_ROWS 16 /* rows per warp (at most 32: the pruned path gives a lane each) */
+#define STEP_ROWS 16 /* rows per warp of the full step */
 #define STEP_BATCH 8 /* rows per warp in flight */
-#define STEP_SPARSE 4 /* at most this many candidate rows per warp: one at a time */
 
 __device__ __forceinline__ bool step_better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi);
@@ -65,20 +63,20 @@ __device__ __forceinline__ void block_best(float *bv, int *bi, float *sv, int *s
     __syncthreads(); /* sv, si free again */
 }
 
-/* bias[q] = w2[n0 + q] . e for B rows at once (rows past V give 0): every
- * lane's loads of the B rows are issued before any product, so a warp has
- * B 16-byte loads in flight. */
+/* bias[q] = w2[n[q]] . e for B rows at once (rows outside [0, V) give 0):
+ * every lane's loads of the B rows are issued before any product, so a warp
+ * has B 16-byte loads in flight. */
 template <int DT, int B>
-__device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, const float *e, int lane, int64_t n0,
-                                          int64_t V, float bias[B]) {
+__device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, const float *e, int lane,
+                                          const int64_t n[B], int64_t V, float bias[B]) {
 #pragma unroll
     for (int q = 0; q < B; q++) bias[q] = 0.0f;
     for (int k = 8 * lane; k < r; k += 256) {
         float f[B][8];
 #pragma unroll
         for (int q = 0; q < B; q++) {
-            if (n0 + q < V) {
-                ds_cu_load8<DT>(w2, (n0 + q) * w2s + k, f[q]);
+            if (n[q] >= 0 && n[q] < V) {
+                ds_cu_load8<DT>(w2, n[q] * w2s + k, f[q]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) f[q][i] = 0.0f;
@@ -95,151 +93,43 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
         for (int off = 16; off > 0; off >>= 1) bias[q] += __shfl_xor_sync(0xffffffffu, bias[q], off);
 }
 
-/* Pruning (when the logits themselves are not wanted): with bound[n] >=
- * |w1[m] . w2[n]| for every m (|w2[n]| max_m |w1[m]|, from the drafter),
- * inflated by 2^-10 to cover fp32 rounding in the products and the norms,
- * out[k][n] lies in [lo, hi] = [f(base[k][n], -B_n), f(base[k][n], B_n)]
- * whatever token came before (f is monotone in both arguments, bf16
- * rounding included). L_k = max_n lo is reached by some row, so a row with
- * hi < L_k can neither win nor tie: step k computes only the others. The
- * result is the full walk's, bit for bit. The bounds do not depend on the
- * walk, so one launch finds L_k for every position up front; a NaN or
- * infinity in a row's bounds turns pruning off for that step. How much it
- * saves depends on the weights: with random ones a handful of rows per
- * step survive, with the trained pico drafter ~70 % do (its bias is large
- * next to the logits' spread), so a warp with many survivors computes all
- * its rows in batches, as the unpruned walk does. */
-#define BOUND_THREADS 256
-#define BOUND_MARGIN (1.0f + 1.0f / 1024.0f)
-
-/* lim[k] = L_k (NaN: do not prune) for row k = blockIdx.y of base. */
-__global__ void __launch_bounds__(BOUND_THREADS)
-    markov_bound_kernel(const float *__restrict__ base, int64_t bs, const float *__restrict__ bound, int64_t V,
-                        int bf16, float *part, unsigned *tickets, float *lim) {
-    ds_cu_grid_wait();
-    __shared__ float wl[BOUND_THREADS / 32];
-    __shared__ int wbad[BOUND_THREADS / 32];
-    __shared__ bool last;
-    const int k = blockIdx.y;
-    const float *row = base + (int64_t)k * bs;
-    const int64_t n = (int64_t)blockIdx.x * BOUND_THREADS + threadIdx.x;
-    float lo = -INFINITY;
-    int bad = 0;
-    if (n < V) {
-        const float b = bound[n] * BOUND_MARGIN;
-        lo = step_logit(row, -b, n, bf16);
-        bad = !isfinite(lo) || !isfinite(step_logit(row, b, n, bf16));
-    }
-    float *kpart = part + (int64_t)k * gridDim.x;
-    /* Block max (and any bad row), then the last block of row k merges the blocks'. */
-    for (int round = 0; round < 2; round++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
-            bad |= __shfl_xor_sync(0xffffffffu, bad, off);
-        }
-        if ((threadIdx.x & 31) == 0) {
-            wl[threadIdx.x >> 5] = lo;
-            wbad[threadIdx.x >> 5] = bad;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < BOUND_THREADS / 32; w++) {
-                lo = fmaxf(lo, wl[w]);
-                bad |= wbad[w];
-            }
-            if (round == 0) {
-                kpart[blockIdx.x] = bad ? NAN : lo;
-                __threadfence();
-                last = atomicAdd(tickets + k, 1u) == gridDim.x - 1;
-            } else {
-                lim[k] = bad ? NAN : lo;
-                tickets[k] = 0; /* ready for the next walk */
-            }
-        }
-        __syncthreads();
-        if (round == 1 || !last) return;
-        __threadfence();
-        lo = -INFINITY;
-        bad = 0;
-        for (int b = threadIdx.x; b < (int)gridDim.x; b += BOUND_THREADS) {
-            const float v = __ldcg(kpart + b);
-            bad |= v != v;
-            lo = fmaxf(lo, v);
-        }
-    }
-}
-
+/* Every block starts its step: e = w1[prev] into shared memory (block 0
+ * also keeps it in emb, the confidence head's input) and *y0 = the
+ * corrected logit of column 0, where the argmax scan starts. */
 template <int DT>
-__global__ void __launch_bounds__(STEP_WARPS * 32)
-    markov_step_kernel(const float *__restrict__ base, float *out, const void *w1, int w1dt, int64_t w1s,
-                       const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
-                       float *pv, int *pi, unsigned *ticket, const float *bound, const float *lim) {
-    ds_cu_grid_wait();
-    extern __shared__ float e[];
-    __shared__ float sv[STEP_WARPS];
-    __shared__ int si[STEP_WARPS];
-    __shared__ float y0;
-    __shared__ bool last;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ void step_begin(const float *base, const void *w1, int w1dt, int64_t w1s, const void *w2,
+                                           int64_t w2s, int r, int64_t V, int bf16, const int32_t *idx, float *emb,
+                                           float *e, float *y0) {
     const int64_t prev = idx[0];
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         e[i] = ds_cu_load(w1, w1dt, prev * w1s + i);
         if (blockIdx.x == 0) emb[i] = e[i];
     }
     __syncthreads();
-    if (warp == 0) {
+    if (threadIdx.x < 32) {
+        const int64_t n0[1] = {0};
         float b[1];
-        step_rows<DT, 1>(w2, w2s, r, e, lane, 0, V, b);
-        if (lane == 0) y0 = step_logit(base, b[0], 0, bf16);
+        step_rows<DT, 1>(w2, w2s, r, e, threadIdx.x, n0, V, b);
+        if (threadIdx.x == 0) *y0 = step_logit(base, b[0], 0, bf16);
     }
-    __syncthreads();
-    float bv = y0;
-    int bi = 0;
-    const int64_t n0 = ((int64_t)blockIdx.x * STEP_WARPS + warp) * STEP_ROWS;
-    const float L = lim ? lim[0] : NAN; /* the same for the whole grid */
-    unsigned mask = 0;
-    if (L == L) {
-        const int64_t n = n0 + (lane & (STEP_ROWS - 1));
-        const bool cand = lane < STEP_ROWS && n < V && step_logit(base, bound[n] * BOUND_MARGIN, n, bf16) >= L;
-        mask = __ballot_sync(0xffffffffu, cand);
-    }
-    /* Pruned: the warp's rows that can still win, one at a time; when many
-     * can (a loose bound, as with trained drafters), all of them in batches:
-     * computing a row that cannot win changes nothing. */
-    if (L == L && __popc(mask) <= STEP_SPARSE) {
-        while (mask) {
-            const int q = __ffs(mask) - 1;
-            mask &= mask - 1;
-            float b[1];
-            step_rows<DT, 1>(w2, w2s, r, e, lane, n0 + q, V, b);
-            const float y = step_logit(base, b[0], n0 + q, bf16);
-            if (step_better(y, (int)(n0 + q), bv, bi)) bv = y, bi = (int)(n0 + q);
-        }
-    } else {
-        for (int j = 0; j < STEP_ROWS; j += STEP_BATCH) {
-            if (n0 + j >= V) break;
-            float b[STEP_BATCH];
-            step_rows<DT, STEP_BATCH>(w2, w2s, r, e, lane, n0 + j, V, b);
-#pragma unroll
-            for (int q = 0; q < STEP_BATCH; q++) {
-                const int64_t n = n0 + j + q;
-                if (n >= V) break;
-                const float y = step_logit(base, b[q], n, bf16);
-                if (lane == 0 && out) out[n] = y;
-                if (step_better(y, (int)n, bv, bi)) bv = y, bi = (int)n;
-            }
-        }
-    }
+}
+
+/* Ends a step: the block's best goes to (pv, pi)[block]; the last block to
+ * finish merges them all into idx[1] (the next step's prev) and re-arms the
+ * ticket. The argmax rule is the CPU scan's (ties to the lowest column,
+ * starting from column 0, so a NaN never wins), which makes the order of
+ * the blocks, and of the rows within them, irrelevant. */
+__device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, int *pi, unsigned *ticket,
+                                         int32_t *idx, float *sv, int *si, bool *last) {
     block_best(&bv, &bi, sv, si);
     if (threadIdx.x == 0) {
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
         __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+        *last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     /* The last block: every other block's best is visible (fence, then ticket). */
     __threadfence();
     bv = y0;
@@ -256,6 +146,144 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
     }
 }
 
+/* The full step: each warp computes STEP_ROWS whole rows, STEP_BATCH in
+ * flight, and writes the corrected logits when they are wanted. */
+template <int DT>
+__global__ void __launch_bounds__(STEP_WARPS * 32)
+    markov_step_kernel(const float *__restrict__ base, float *out, const void *w1, int w1dt, int64_t w1s,
+                       const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
+                       float *pv, int *pi, unsigned *ticket) {
+    ds_cu_grid_wait();
+    extern __shared__ float e[];
+    __shared__ float sv[STEP_WARPS];
+    __shared__ int si[STEP_WARPS];
+    __shared__ float y0;
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx, emb, e, &y0);
+    __syncthreads();
+    float bv = y0;
+    int bi = 0;
+    const int64_t n0 = ((int64_t)blockIdx.x * STEP_WARPS + warp) * STEP_ROWS;
+    for (int j = 0; j < STEP_ROWS; j += STEP_BATCH) {
+        if (n0 + j >= V) break;
+        int64_t n[STEP_BATCH];
+#pragma unroll
+        for (int q = 0; q < STEP_BATCH; q++) n[q] = n0 + j + q;
+        float b[STEP_BATCH];
+        step_rows<DT, STEP_BATCH>(w2, w2s, r, e, lane, n, V, b);
+#pragma unroll
+        for (int q = 0; q < STEP_BATCH; q++) {
+            if (n[q] >= V) break;
+            const float y = step_logit(base, b[q], n[q], bf16);
+            if (lane == 0 && out) out[n[q]] = y;
+            if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
+        }
+    }
+    step_end(bv, bi, y0, pv, pi, ticket, idx, sv, si, &last);
+}
+
+/* The pruned step (only the tokens wanted, a bound given): with
+ * c = coef[n] . (proj e) and rad = radius[n] |e| (markov_bound.h), the
+ * computed bias of row n lies in [c - rad, c + rad], so its corrected logit
+ * lies in [lo, hi] = [f(base[n], c - rad), f(base[n], c + rad)] (f is
+ * monotone in the bias, bf16 rounding included; rad is inflated by 2^-10
+ * for the rounding of |e| and by 2^-22 |c| for that of c +- rad). In a
+ * block of PRUNE_ROWS rows, L = max(y0, max lo) is reached by a row whose
+ * exact value is computed, so a row with hi < L can neither win the block
+ * nor tie: the block computes only the others, PRUNE_BATCH per warp in
+ * flight. A non-finite bound anywhere in the block (NaN or infinite logits
+ * or weights) computes the whole block. Each step reads k + 2 floats per
+ * row and the few surviving w2 rows instead of all of w2. */
+#define PRUNE_THREADS (STEP_WARPS * 32)
+#define PRUNE_PER_THREAD 4
+#define PRUNE_ROWS (PRUNE_THREADS * PRUNE_PER_THREAD)
+#define PRUNE_BATCH 4
+
+template <int DT>
+__global__ void __launch_bounds__(PRUNE_THREADS)
+    markov_pruned_step_kernel(const float *__restrict__ base, const void *w1, int w1dt, int64_t w1s, const void *w2,
+                              int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb, float *pv, int *pi,
+                              unsigned *ticket, const float *__restrict__ proj, const float *__restrict__ coef,
+                              const float *__restrict__ radius, int k) {
+    ds_cu_grid_wait();
+    extern __shared__ float e[];
+    __shared__ float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
+    __shared__ float sv[STEP_WARPS], wl[STEP_WARPS];
+    __shared__ int si[STEP_WARPS], wbad[STEP_WARPS];
+    __shared__ float y0;
+    __shared__ bool last;
+    __shared__ int ncand;
+    __shared__ int cand[PRUNE_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) ncand = 0;
+    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx, emb, e, &y0);
+    /* Warps 1.. compute proj e and |e|^2 (row k), each row in a fixed order. */
+    for (int j = warp - 1; warp > 0 && j <= k; j += STEP_WARPS - 1) {
+        const float *pj = j < k ? proj + (int64_t)j * r : e;
+        float acc = 0.0f;
+        for (int i = lane; i < r; i += 32) acc = fmaf(pj[i], e[i], acc);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) pe[j] = acc;
+    }
+    __syncthreads();
+    float p[DS_MARKOV_BOUND_K];
+#pragma unroll
+    for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? pe[j] : 0.0f;
+    const float ne = sqrtf(pe[k]) * (1.0f + 1.0f / 1024.0f);
+    const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
+    float hi[PRUNE_PER_THREAD];
+    float lmax = y0;
+    int bad = !isfinite(y0) || !isfinite(ne);
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        hi[q] = -INFINITY;
+        if (n >= V) continue;
+        float c = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
+            if (j < k) c = fmaf(coef[n * k + j], p[j], c);
+        const float rad = fmaf(radius[n], ne, fabsf(c) * 0x1p-22f);
+        const float lo = step_logit(base, c - rad, n, bf16);
+        hi[q] = step_logit(base, c + rad, n, bf16);
+        bad |= !isfinite(lo) || !isfinite(hi[q]);
+        lmax = fmaxf(lmax, lo);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, off));
+        bad |= __shfl_xor_sync(0xffffffffu, bad, off);
+    }
+    if (lane == 0) wl[warp] = lmax, wbad[warp] = bad;
+    __syncthreads();
+    for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, wl[w]), bad |= wbad[w];
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        if (n < V && (bad || hi[q] >= lmax)) cand[atomicAdd(&ncand, 1)] = (int)(n - nb);
+    }
+    __syncthreads();
+    float bv = y0;
+    int bi = 0;
+    const int cnt = ncand;
+    for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
+        int64_t n[PRUNE_BATCH];
+#pragma unroll
+        for (int q = 0; q < PRUNE_BATCH; q++) n[q] = c0 + q < cnt ? nb + cand[c0 + q] : -1;
+        float b[PRUNE_BATCH];
+        step_rows<DT, PRUNE_BATCH>(w2, w2s, r, e, lane, n, V, b);
+#pragma unroll
+        for (int q = 0; q < PRUNE_BATCH; q++) {
+            if (n[q] < 0) break;
+            const float y = step_logit(base, b[q], n[q], bf16);
+            if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
+        }
+    }
+    step_end(bv, bi, y0, pv, pi, ticket, idx, sv, si, &last);
+}
+
 /* Whether the one-launch step applies: w2's rows 16-byte aligned in runs of 8. */
 static bool step_fits(ds_tensor w2, ds_tensor emb) {
     const int esz = w2.dtype == DS_F32 ? 4 : 2;
@@ -263,21 +291,35 @@ static bool step_fits(ds_tensor w2, ds_tensor emb) {
            (w2.stride * esz) % 16 == 0 && (uintptr_t)w2.data % 16 == 0 && w2.cols <= 8192 && emb.dtype == DS_F32;
 }
 
-void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2, ds_tensor bound,
-                         bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
+/* Whether the bound fits this walk (shapes as markov_bound.h builds them). */
+static bool bound_fits(const ds_markov_bound *b, int64_t V, int64_t r) {
+    const int64_t k = b->proj.rows;
+    return k >= 1 && k <= DS_MARKOV_BOUND_K && b->proj.cols == r && b->proj.stride == r && b->coef.rows == V &&
+           b->coef.cols == k && b->coef.stride == k && b->radius.rows == 1 && b->radius.cols == V &&
+           b->proj.dtype == DS_F32 && b->coef.dtype == DS_F32 && b->radius.dtype == DS_F32;
+}
+
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
+                         const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
     ds_cuda_backend *cb = ds_cu(be);
     const int G = (int)base.rows;
     const int64_t V = base.cols;
     if (G <= 0 || V <= 0) return;
     const bool markov = w1.data != NULL, keep = out.data != NULL;
     if ((keep && (out.rows != G || out.cols != V)) ||
-        (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols)) ||
-        (bound.data && (bound.dtype != DS_F32 || bound.rows != 1 || bound.cols != V))) {
+        (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols))) {
         ds_cu_fail(cb, "markov_greedy", "shapes do not match: base %lldx%lld, out %lldx%lld, w1 %lldx%lld, "
-                   "w2 %lldx%lld, bias bound %lldx%lld, emb %lldx%lld", (long long)base.rows, (long long)V,
-                   (long long)out.rows, (long long)out.cols, (long long)w1.rows, (long long)w1.cols,
-                   (long long)w2.rows, (long long)w2.cols, (long long)bound.rows, (long long)bound.cols,
-                   (long long)emb.rows, (long long)emb.cols);
+                   "w2 %lldx%lld, emb %lldx%lld", (long long)base.rows, (long long)V, (long long)out.rows,
+                   (long long)out.cols, (long long)w1.rows, (long long)w1.cols, (long long)w2.rows,
+                   (long long)w2.cols, (long long)emb.rows, (long long)emb.cols);
+        return;
+    }
+    if (markov && bound && !bound_fits(bound, V, w1.cols)) {
+        ds_cu_fail(cb, "markov_greedy", "bias bound: proj %lldx%lld, coef %lldx%lld, radius %lldx%lld do not fit "
+                   "a %lld x %lld w2 (k <= %d directions)", (long long)bound->proj.rows,
+                   (long long)bound->proj.cols, (long long)bound->coef.rows, (long long)bound->coef.cols,
+                   (long long)bound->radius.rows, (long long)bound->radius.cols, (long long)V,
+                   (long long)w1.cols, DS_MARKOV_BOUND_K);
         return;
     }
     if (markov && !ds_cu_float_dtype(cb, "markov_greedy", w1.dtype)) return;
@@ -286,40 +328,39 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         return;
     }
     /* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
-     * kernel's ticket, then G tickets of the bound kernel (all zero between
-     * launches) and the G limits L_k: one upload sets them all. */
-    int32_t *idx = ds_cu_indices(cb, "markov_greedy", 3 * G + 2);
+     * kernel's ticket (zero between launches): one upload sets them all. */
+    int32_t *idx = ds_cu_indices(cb, "markov_greedy", G + 2);
     if (!idx) return;
-    int32_t init[3 * DS_CU_ROWS + 2] = {anchor};
-    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(3 * G + 2) * sizeof(int32_t),
+    int32_t init[DS_CU_ROWS + 2] = {anchor};
+    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 2) * sizeof(int32_t),
                                                        cudaMemcpyHostToDevice, cb->stream)))
         return;
-    unsigned *ticket = (unsigned *)(idx + G + 1), *btickets = (unsigned *)(idx + G + 2);
-    float *lim = (float *)(idx + 2 * G + 2);
+    unsigned *ticket = (unsigned *)(idx + G + 1);
     const int r = (int)w1.cols;
     if (markov && step_fits(w2, emb)) {
-        const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
-        const unsigned bblocks = (unsigned)((V + BOUND_THREADS - 1) / BOUND_THREADS);
-        const bool prune = !keep && bound.data;
-        char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)) +
-                                                                    (size_t)G * bblocks * sizeof(float));
+        const bool prune = !keep && bound;
+        const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
+        const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
+        char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)));
         if (!part) return;
         float *pv = (float *)part;
         int *pi = (int *)(part + (size_t)blocks * sizeof(float));
-        float *bpart = (float *)(part + (size_t)blocks * (sizeof(float) + sizeof(int)));
-        const float *bnd = (const float *)bound.data;
-        if (prune) {
-            ds_cu_launch(markov_bound_kernel, dim3(bblocks, (unsigned)G), BOUND_THREADS, cb->stream,
-                         (const float *)base.data, base.stride, bnd, V, (int)bf16, bpart, btickets, lim);
-            if (!ds_cu_launched(cb, "markov_greedy")) return;
-        }
+        const size_t smem = (size_t)r * sizeof(float);
         for (int k = 0; k < G; k++) {
             float *ek = (float *)ds_rows(emb, k, 1).data, *ok = keep ? (float *)ds_rows(out, k, 1).data : NULL;
             const float *bk = (const float *)ds_rows(base, k, 1).data;
 #define STEP(DT_)                                                                                                 \
-    ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, (size_t)r * sizeof(float), cb->stream, bk, \
-                      ok, w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, \
-                      pi, ticket, bnd, prune ? lim + k : (const float *)NULL)
+    do {                                                                                                          \
+        if (prune)                                                                                                \
+            ds_cu_launch_smem(markov_pruned_step_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream, bk,        \
+                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,  \
+                              pv, pi, ticket, (const float *)bound->proj.data, (const float *)bound->coef.data,    \
+                              (const float *)bound->radius.data, (int)bound->proj.rows);                          \
+        else                                                                                                      \
+            ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, w1.data, \
+                              (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi,  \
+                              ticket);                                                                            \
+    } while (0)
             if (w2.dtype == DS_BF16) STEP(DS_BF16);
             else if (w2.dtype == DS_F16) STEP(DS_F16);
             else STEP(DS_F32);
