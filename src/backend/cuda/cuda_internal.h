@@ -42,6 +42,8 @@ typedef struct {
     void *profile;   /* per-op timing state (DS_CUDA_PROFILE), cuda_profile.cu */
     int32_t *idx;    /* device token indices (argmax results, the Markov walk's tokens) */
     int idx_len;
+    uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
+    int64_t markov_vocab;
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }

@@ -167,6 +167,11 @@ static void p_destroy(ds_backend *be) {
     for (int i = 0; i < p->n_names; i++)
         fprintf(stderr, "  %-30s %8d %10.2f %9.1f %5.1f%%\n", p->name[i], p->calls[i], p->ms[i],
                 p->calls[i] ? 1e3 * p->ms[i] / p->calls[i] : 0.0, busy > 0 ? 100 * p->ms[i] / busy : 0.0);
+    const ds_cuda_backend *cb = ds_cu(be);
+    if (cb->markov_steps)
+        fprintf(stderr, "  markov walk: %.1f of %lld rows computed per pruned step (%llu steps)\n",
+                (double)cb->markov_rows / (double)cb->markov_steps, (long long)cb->markov_vocab,
+                (unsigned long long)cb->markov_steps);
     for (int i = 0; i < 2 * PROF_PENDING; i++) cudaEventDestroy(p->ev[i]);
     cudaEventDestroy(p->first);
     cudaEventDestroy(p->last);

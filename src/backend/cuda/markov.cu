@@ -3,6 +3,8 @@
  * it, so the walk is sequential, but every step's inputs are already on the
  * device: the previous token's index is read by the next step's gather, and
  * only the gamma drawn tokens cross to the host, once, at the end. */
+#include <string.h>
+
 #include "backend/cuda/cuda_internal.h"
 
 /* emb[0..r) = table[*id] as fp32. */
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     markov_pruned_step_kernel(const float *__restrict__ base, const void *w1, int w1dt, int64_t w1s, const void *w2,
                               int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb, float *pv, int *pi,
                               unsigned *ticket, const float *__restrict__ proj, const float *__restrict__ coef,
-                              const float *__restrict__ radius, int k) {
+                              const float *__restrict__ radius, int k, unsigned *rows_done) {
     ds_cu_grid_wait();
     extern __shared__ float e[];
     __shared__ float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
@@ -268,6 +270,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     float bv = y0;
     int bi = 0;
     const int cnt = ncand;
+    if (threadIdx.x == 0) atomicAdd(rows_done, (unsigned)cnt);
     for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
         int64_t n[PRUNE_BATCH];
 #pragma unroll
@@ -328,17 +331,20 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         return;
     }
     /* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
-     * kernel's ticket (zero between launches): one upload sets them all. */
-    int32_t *idx = ds_cu_indices(cb, "markov_greedy", G + 2);
+     * kernel's ticket (zero between launches), idx[G+2] the rows the pruned
+     * steps computed: one upload sets them all, one download reads them. */
+    int32_t *idx = ds_cu_indices(cb, "markov_greedy", G + 3);
     if (!idx) return;
-    int32_t init[DS_CU_ROWS + 2] = {anchor};
-    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 2) * sizeof(int32_t),
+    int32_t init[DS_CU_ROWS + 3] = {anchor};
+    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 3) * sizeof(int32_t),
                                                        cudaMemcpyHostToDevice, cb->stream)))
         return;
-    unsigned *ticket = (unsigned *)(idx + G + 1);
+    unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
+    bool pruned = false;
     const int r = (int)w1.cols;
     if (markov && step_fits(w2, emb)) {
         const bool prune = !keep && bound;
+        pruned = prune;
         const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
         const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
         char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)));
@@ -355,7 +361,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             ds_cu_launch_smem(markov_pruned_step_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream, bk,        \
                               w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,  \
                               pv, pi, ticket, (const float *)bound->proj.data, (const float *)bound->coef.data,    \
-                              (const float *)bound->radius.data, (int)bound->proj.rows);                          \
+                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done);               \
         else                                                                                                      \
             ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, w1.data, \
                               (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi,  \
@@ -390,7 +396,15 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
     }
-    if (ds_cu_ok(cb, "markov_greedy",
-                 cudaMemcpyAsync(tokens, idx + 1, (size_t)G * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)))
-        ds_cu_ok(cb, "markov_greedy", cudaStreamSynchronize(cb->stream));
+    int32_t got[DS_CU_ROWS + 2];
+    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(got, idx + 1, (size_t)(G + 2) * sizeof(int32_t),
+                                                       cudaMemcpyDeviceToHost, cb->stream)) ||
+        !ds_cu_ok(cb, "markov_greedy", cudaStreamSynchronize(cb->stream)))
+        return;
+    memcpy(tokens, got, (size_t)G * sizeof(int32_t));
+    if (pruned) {
+        cb->markov_rows += (uint32_t)got[G + 1];
+        cb->markov_steps += (uint64_t)G;
+        cb->markov_vocab = V;
+    }
 }
