@@ -67,13 +67,9 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
     *lo = *(const uint32_t *)&l;
 }
 
-/* x[row][k .. k+7] (zeros for rows past M) as 4 hi and 4 lo pairs. NORM:
- * also adds the raw values' squares to *ss and scales them by the RMSNorm
- * weight nw[k ..] (the 1/rms factor is applied to the sums at the end). */
-template <bool NORM>
-__device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs, int row, int M, int k, bool vec,
-                                        const void *nw, int nwdt, float *ss, uint32_t hi[4], uint32_t lo[4]) {
-    float f[8];
+/* x[row][k .. k+7] (zeros for rows past M) into f. */
+__device__ __forceinline__ void load_x8_raw(const float *__restrict__ x, int64_t xs, int row, int M, int k, bool vec,
+                                            float f[8]) {
     if (row >= M) {
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = 0.0f;
@@ -85,6 +81,14 @@ __device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs,
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = x[(int64_t)row * xs + k + i];
     }
+}
+
+/* Those 8 values as 4 hi and 4 lo pairs. NORM: also adds their squares to
+ * *ss and scales them by the RMSNorm weight nw[k ..] (the 1/rms factor is
+ * applied to the sums at the end). */
+template <bool NORM>
+__device__ __forceinline__ void split_x8(float f[8], int row, int M, int k, const void *nw, int nwdt, float *ss,
+                                         uint32_t hi[4], uint32_t lo[4]) {
     if (NORM && row < M) {
 #pragma unroll
         for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
@@ -106,6 +110,14 @@ __device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs,
     for (int i = 0; i < 4; i++) split_pair(f[2 * i], f[2 * i + 1], &hi[i], &lo[i]);
 }
 
+template <bool NORM>
+__device__ __forceinline__ void load_x8(const float *__restrict__ x, int64_t xs, int row, int M, int k, bool vec,
+                                        const void *nw, int nwdt, float *ss, uint32_t hi[4], uint32_t lo[4]) {
+    float f[8];
+    load_x8_raw(x, xs, row, M, k, vec, f);
+    split_x8<NORM>(f, row, M, k, nw, nwdt, ss, hi, lo);
+}
+
 /* One 32-wide chunk: weights wa (row g) / wb (row g+8) against the MT x tiles. */
 template <int MT>
 __device__ __forceinline__ void mma_chunk(float acc[MT][4], uint4 wa, uint4 wb, const uint32_t xh[MT][4],
@@ -121,15 +133,29 @@ __device__ __forceinline__ void mma_chunk(float acc[MT][4], uint4 wa, uint4 wb, 
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* Whether x is loaded early (every chunk of a step in flight with the
+ * weights, its L2 latency hidden behind theirs) or chunk by chunk after the
+ * previous chunk's products. Early needs 8 more registers per chunk: with
+ * one x tile, one weight and no norm that still leaves two blocks per SM
+ * (60 registers, held to 64 by the launch bounds), and it pays most at M = 8 (x is 8 rows there): on the
+ * H200, verify of 8 rows 5.52 -> 5.39 ms at the Qwen3-8B shape, a 268 MB
+ * matrix at M = 8 3.49 -> 3.85 TB/s. With the norm (70 registers: one block
+ * per SM, or spills when held to 64) or SwiGLU's two weights it cost more
+ * than it saved (bench/RESULTS.md). */
+__host__ __device__ constexpr bool early_x(int MT, int MODE, bool NORM) {
+    return MT == 1 && MODE != DS_MMA_SWIGLU && !NORM;
+}
+
 /* NW = weights per block: 1 (plain / residual) or 2 (gate and up, SwiGLU).
  * MT = 8-row tiles of x (M <= 8 MT). Block b covers weight rows
  * [16 b', 16 b' + 16) of the segment its index falls in. */
 template <int MT, int MODE, bool NORM>
-__global__ void __launch_bounds__(MMA_THREADS)
+__global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     linear_mma_kernel(ds_mma_args s, const float *__restrict__ x, int64_t xs, int M, int K, int xvec) {
     ds_cu_grid_wait();
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     constexpr int UNR = MMA_UNROLL;
+    constexpr bool EARLY = early_x(MT, MODE, NORM);
     __shared__ float red[MMA_WARPS][NW][4][32];
     __shared__ float ss_part[NORM ? MMA_WARPS : 1][NORM ? 8 * MT : 1];
     float ss[MT];
@@ -175,15 +201,29 @@ __global__ void __launch_bounds__(MMA_THREADS)
                 }
             }
         }
+        float xf[EARLY ? UNR : 1][MT][8];
+        if (EARLY)
+#pragma unroll
+            for (int u = 0; u < UNR; u++) {
+                const int cc = c + u * cstep;
+                if (cc < c_end)
+#pragma unroll
+                    for (int j = 0; j < MT; j++) load_x8_raw(x, xs, g + 8 * j, M, cc * 32 + 8 * t, xvec, xf[u][j]);
+            }
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
             const int cc = c + u * cstep;
             if (cc >= c_end) break;
             uint32_t xh[MT][4], xl[MT][4];
 #pragma unroll
-            for (int j = 0; j < MT; j++)
-                load_x8<NORM>(x, xs, g + 8 * j, M, cc * 32 + 8 * t, xvec, s.norm_w, s.norm_dtype, &ss[j], xh[j],
-                              xl[j]);
+            for (int j = 0; j < MT; j++) {
+                if (EARLY)
+                    split_x8<NORM>(xf[u][j], g + 8 * j, M, cc * 32 + 8 * t, s.norm_w, s.norm_dtype, &ss[j], xh[j],
+                                   xl[j]);
+                else
+                    load_x8<NORM>(x, xs, g + 8 * j, M, cc * 32 + 8 * t, xvec, s.norm_w, s.norm_dtype, &ss[j], xh[j],
+                                  xl[j]);
+            }
 #pragma unroll
             for (int v = 0; v < NW; v++) mma_chunk<MT>(acc[v], wa[v][u], wb[v][u], xh, xl);
         }
