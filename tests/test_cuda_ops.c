@@ -720,6 +720,80 @@ static void test_linear_bandwidth(void) {
     release(&out);
 }
 
+/* A GPU-only bf16 weight [rows, cols] from the first rows x cols values of host. */
+static ds_tensor bw_weight(const uint16_t *host, int64_t rows, int64_t cols) {
+    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = host,
+                       .nbytes = (size_t)(rows * cols) * 2};
+    ds_tensor t = ds_no_tensor();
+    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &t);
+    if (e) {
+        CHECK(0, "weight: %s", ds_error_message(e));
+        ds_error_free(e);
+    }
+    return t;
+}
+
+/* The Qwen3-8B decode projections as the model calls them (fused ops, M = 1
+ * and 8), each alternating two copies of its weights so that L2 (50 MB)
+ * does not hold them (reported, not checked): where the in-model matmul
+ * time goes, shape by shape. */
+static void test_model_shapes_bandwidth(void) {
+    const int64_t H = 4096, F = 12288, KV = 1024;
+    uint16_t *host = malloc((size_t)(F * H) * 2); /* random bf16, shared by every weight */
+    for (int64_t i = 0; i < F * H; i++) host[i] = ds_f32_to_bf16((float)((int)(frand() * 1023.0f)) / 1024.0f);
+    ds_tensor q[2], k[2], v[2], o[2], g[2], u[2], d[2];
+    for (int c = 0; c < 2; c++) {
+        q[c] = bw_weight(host, H, H), k[c] = bw_weight(host, KV, H), v[c] = bw_weight(host, KV, H);
+        o[c] = bw_weight(host, H, H), g[c] = bw_weight(host, F, H), u[c] = bw_weight(host, F, H);
+        d[c] = bw_weight(host, H, F);
+    }
+    free(host);
+    pair nw = weight(DS_BF16, 1, H), xs = act_rand(8, F, 1.0f), hs = act_rand(8, F, 1.0f);
+    pair oq = act(8, H, NULL), ok = act(8, KV, NULL), ov = act(8, KV, NULL), res = act_rand(8, H, 1.0f);
+    const char *what[4] = {"qkv: rmsnorm_linear_multi (4096+1024+1024) x 4096", "o_proj: linear_residual 4096 x 4096",
+                           "gate/up: rmsnorm_linear_swiglu 2 x 12288 x 4096", "down: linear_residual 4096 x 12288"};
+    const double bytes[4] = {2.0 * (H + 2 * KV) * H, 2.0 * H * H, 4.0 * F * H, 2.0 * H * F};
+    for (int mi = 0; mi < 2; mi++) {
+        const int64_t M = mi ? 8 : 1;
+        ds_tensor xh = ds_cols(ds_rows(xs.g, 0, M), 0, H), xf = ds_rows(xs.g, 0, M), hh = ds_rows(hs.g, 0, M);
+        for (int op = 0; op < 4; op++) {
+            const int reps = 40;
+            double t0 = 0;
+            for (int r = -2; r < reps; r++) { /* two warm-up calls */
+                if (r == 0) {
+                    check_gpu_ok("bandwidth warm-up");
+                    t0 = now_s();
+                }
+                const int c = r & 1;
+                if (op == 0) {
+                    const ds_tensor outs[3] = {ds_rows(oq.g, 0, M), ds_rows(ok.g, 0, M), ds_rows(ov.g, 0, M)};
+                    const ds_tensor ws[3] = {q[c], k[c], v[c]};
+                    const ds_tensor bs[3] = {ds_no_tensor(), ds_no_tensor(), ds_no_tensor()};
+                    gpu->ops->rmsnorm_linear_multi(gpu, 3, outs, xh, nw.g, 1e-6f, ws, bs);
+                } else if (op == 1) {
+                    gpu->ops->linear_residual(gpu, ds_rows(res.g, 0, M), xh, o[c], ds_no_tensor(),
+                                              ds_rows(res.g, 0, M));
+                } else if (op == 2) {
+                    gpu->ops->rmsnorm_linear_swiglu(gpu, hh, xh, nw.g, 1e-6f, g[c], u[c]);
+                } else {
+                    gpu->ops->linear_residual(gpu, ds_rows(res.g, 0, M), xf, d[c], ds_no_tensor(),
+                                              ds_rows(res.g, 0, M));
+                }
+            }
+            check_gpu_ok("bandwidth");
+            const double dt = (now_s() - t0) / reps;
+            printf("  %-52s M=%lld: %7.1f us  %5.2f TB/s of weights\n", what[op], (long long)M, dt * 1e6,
+                   bytes[op] / dt / 1e12);
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        ds_tensor *all[] = {&q[c], &k[c], &v[c], &o[c], &g[c], &u[c], &d[c]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu->ops->release(gpu, all[i]);
+    }
+    pair *ps[] = {&nw, &xs, &hs, &oq, &ok, &ov, &res};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
+}
+
 static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &cpu)); }
 static void teardown(void) {
     check_gpu_ok("teardown");
@@ -730,7 +804,7 @@ static void teardown(void) {
 #define CUDA_TESTS                                                                                           \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
         test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
-        test_argmax, test_markov_greedy, test_errors, test_linear_bandwidth, teardown
+        test_argmax, test_markov_greedy, test_errors, test_linear_bandwidth, test_model_shapes_bandwidth, teardown
 
 int main(void) {
     const char *dev = getenv("DS_CUDA_DEVICE");
