@@ -370,10 +370,12 @@ static void print_report(const cJSON *r) {
     printf("bare step  %.3f ms (one forward + argmax, outside the generation loop)\n", NUM(a, "bare_step_ms"));
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "verify"))
         printf("verify     n=%-2.0f %.3f ms (%.2fx an AR step)\n", NUM(it, "rows"), NUM(it, "ms"), NUM(it, "vs_ar_step"));
-    if (dr) printf("draft      round %.3f ms (gamma %.0f); round with verify of gamma+1: %.3f ms\n",
-                   NUM(dr, "draft_round_ms"), NUM(dr, "gamma"), NUM(dr, "round_ms"));
-    if (run) printf("drafted    measured tau %.3f: %.2f tokens/s, %.2fx AR\n", NUM(run, "tau_measured"),
-                    NUM(run, "decode_tokens_per_s"), NUM(run, "speedup_vs_ar"));
+    if (dr) printf("draft      round %.3f ms (gamma %.0f); round with verify of gamma+1: %.3f ms = %.3f AR steps\n",
+                   NUM(dr, "draft_round_ms"), NUM(dr, "gamma"), NUM(dr, "round_ms"),
+                   NUM(dr, "round_ms") / NUM(a, "ms_per_token"));
+    if (run) printf("drafted    measured tau %.3f: %.2f tokens/s, %.2fx AR; its whole round %.3f ms = %.3f AR steps\n",
+                    NUM(run, "tau_measured"), NUM(run, "decode_tokens_per_s"), NUM(run, "speedup_vs_ar"),
+                    NUM(run, "ms_per_round"), NUM(run, "ms_per_round") / NUM(a, "ms_per_token"));
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "projection"))
         printf("projection tau %.2f (assumed): %.1f tokens/s, %.2fx AR (with the drafted run's whole round: %.2fx)\n",
                NUM(it, "tau"), NUM(it, "tokens_per_s"), NUM(it, "speedup_vs_ar"), NUM(it, "speedup_vs_ar_run_round"));
