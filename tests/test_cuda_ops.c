@@ -550,10 +550,9 @@ static void test_argmax(void) {
     free(v);
 }
 
-/* A bf16 weight from given values (each exactly representable in bf16). */
-static ds_tensor gpu_bf16_weight(const float *v, int64_t rows, int64_t cols, uint16_t *buf) {
-    for (int64_t i = 0; i < rows * cols; i++) buf[i] = ds_f32_to_bf16(v[i]);
-    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = buf,
+/* A GPU-only bf16 weight [rows, cols] from the first rows x cols values of host. */
+static ds_tensor bw_weight(const uint16_t *host, int64_t rows, int64_t cols) {
+    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = host,
                        .nbytes = (size_t)(rows * cols) * 2};
     ds_tensor t = ds_no_tensor();
     ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &t);
@@ -562,6 +561,12 @@ static ds_tensor gpu_bf16_weight(const float *v, int64_t rows, int64_t cols, uin
         ds_error_free(e);
     }
     return t;
+}
+
+/* A bf16 weight from given values (each exactly representable in bf16). */
+static ds_tensor gpu_bf16_weight(const float *v, int64_t rows, int64_t cols, uint16_t *buf) {
+    for (int64_t i = 0; i < rows * cols; i++) buf[i] = ds_f32_to_bf16(v[i]);
+    return bw_weight(buf, rows, cols);
 }
 
 /* The greedy Markov walk done by hand on the host: corrected logits want
@@ -718,19 +723,6 @@ static void test_linear_bandwidth(void) {
     release(&w[1]);
     release(&x);
     release(&out);
-}
-
-/* A GPU-only bf16 weight [rows, cols] from the first rows x cols values of host. */
-static ds_tensor bw_weight(const uint16_t *host, int64_t rows, int64_t cols) {
-    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = host,
-                       .nbytes = (size_t)(rows * cols) * 2};
-    ds_tensor t = ds_no_tensor();
-    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &t);
-    if (e) {
-        CHECK(0, "weight: %s", ds_error_message(e));
-        ds_error_free(e);
-    }
-    return t;
 }
 
 /* The Qwen3-8B decode projections as the model calls them (fused ops, M = 1
