@@ -143,7 +143,8 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
 void ds_drafter_release_common(ds_drafter *d) {
     ds_backend *be = d->be;
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
-                        &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w, &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
+                        &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w,
+                        &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
                         &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->step_in, &d->step_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);

@@ -4,7 +4,6 @@
  * (DeepSpec markov_head.py and draft_ops.py). The r-dimensional head state
  * is tiny and lives on the host; the V x r projections run on the backend. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "draft/drafter.h"

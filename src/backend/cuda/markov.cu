@@ -340,11 +340,9 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                                                        cudaMemcpyHostToDevice, cb->stream)))
         return;
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
-    bool pruned = false;
     const int r = (int)w1.cols;
-    if (markov && step_fits(w2, emb)) {
-        const bool prune = !keep && bound;
-        pruned = prune;
+    const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
+    if (one_launch) {
         const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
         const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
         char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)));
@@ -402,7 +400,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         !ds_cu_ok(cb, "markov_greedy", cudaStreamSynchronize(cb->stream)))
         return;
     memcpy(tokens, got, (size_t)G * sizeof(int32_t));
-    if (pruned) {
+    if (prune) {
         cb->markov_rows += (uint32_t)got[G + 1];
         cb->markov_steps += (uint64_t)G;
         cb->markov_vocab = V;
