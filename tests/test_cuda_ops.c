@@ -212,11 +212,14 @@ static void test_linear_vs_cpu(void) {
  * narrow row count and for aligned and unaligned inputs. */
 static void test_linear_row_invariance(void) {
     /* bf16 with K % 32 == 0 takes the tensor-core kernel, the rest the CUDA-core one. */
-    const ds_dtype dts[] = {DS_BF16, DS_BF16, DS_F32, DS_F16};
-    const int64_t Ks[] = {2048, 2056, 2056, 2056};
-    const int64_t N = 515, MAXM = 32;
-    for (int t = 0; t < 4; t++) {
-        const int64_t K = Ks[t];
+    /* bf16 rows of at most 8 take the persistent ring kernel, more rows the
+     * one-block-per-tile one: the same sums in the same order. K = 1120 ends
+     * on a partial ring stage, and 4000 rows make more tiles than SMs. */
+    const ds_dtype dts[] = {DS_BF16, DS_BF16, DS_BF16, DS_F32, DS_F16};
+    const int64_t Ks[] = {2048, 1120, 2056, 2056, 2056}, Ns[] = {515, 4000, 515, 515, 515};
+    const int64_t MAXM = 32;
+    for (int t = 0; t < 5; t++) {
+        const int64_t K = Ks[t], N = Ns[t];
         pair w = weight(dts[t], N, K), b = weight(DS_BF16, 1, N);
         pair x = act_rand(MAXM, K, 1.0f);
         pair xu = act(MAXM, K + 1, NULL); /* the same rows at an odd stride */
@@ -239,8 +242,8 @@ static void test_linear_row_invariance(void) {
                       ds_dtype_name(dts[t]), bad, (long long)M, u ? " unaligned" : "");
                 free(got);
             }
-        printf("  linear %s K=%lld: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n",
-               ds_dtype_name(dts[t]), (long long)K);
+        printf("  linear %s N=%lld K=%lld: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n",
+               ds_dtype_name(dts[t]), (long long)N, (long long)K);
         check_gpu_ok("linear row invariance");
         free(want);
         release(&w);
@@ -329,12 +332,30 @@ static void test_fused_row_invariance(void) {
     float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
     CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
     free(e1), free(em);
+    /* rmsnorm_linear_multi (QKV) the same way: two projections of one normed x. */
+    for (int64_t i = 0; i < MAXM; i++) {
+        const ds_tensor o1[2] = {ds_rows(n1.g, i, 1), ds_rows(h1.g, i, 1)}, w2[2] = {wg.g, wu.g};
+        const ds_tensor b2[2] = {ds_no_tensor(), ds_no_tensor()};
+        gpu->ops->rmsnorm_linear_multi(gpu, 2, o1, ds_rows(x.g, i, 1), nw.g, 1e-6f, w2, b2);
+    }
+    {
+        const ds_tensor om[2] = {nm.g, hm.g}, w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()};
+        gpu->ops->rmsnorm_linear_multi(gpu, 2, om, x.g, nw.g, 1e-6f, w2, b2);
+    }
+    e1 = fetch(gpu, n1.g), em = fetch(gpu, nm.g);
+    float *f1 = fetch(gpu, h1.g), *fm = fetch(gpu, hm.g);
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4) && !memcmp(f1, fm, (size_t)(MAXM * N) * 4),
+          "rmsnorm_linear_multi: rows of a 17-row call differ from 1-row calls");
+    free(e1), free(em), free(f1), free(fm);
+    /* h1 / hm are written again below */
+    for (int64_t i = 0; i < MAXM; i++) gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
+    gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
     release(&nw), release(&n1), release(&nm);
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
     CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
     CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
-    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu bf16: rows of a 17-row call == 1-row calls, "
-           "bitwise\n");
+    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu, rmsnorm_linear_multi bf16: rows of a 17-row call "
+           "== 1-row calls, bitwise\n");
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};

@@ -164,6 +164,7 @@ static void cu_destroy(ds_backend *be) {
     if (cb->tmp) cudaFree(cb->tmp);
     if (cb->tmp2) cudaFree(cb->tmp2);
     if (cb->idx) cudaFree(cb->idx);
+    ds_cu_tmaps_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->err) ds_error_free(cb->err);
@@ -216,6 +217,12 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
     cb->base.ops = &cuda_ops;
     cb->base.n_threads = 1;
     cb->device = device;
+    if ((e = cudaDeviceGetAttribute(&cb->sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess || cb->sms < 1 ||
+        (e = cudaDeviceGetAttribute(&cb->cc_major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) {
+        free(cb);
+        return ds_errorf("cuda backend: cannot read device %d's multiprocessor count or compute capability: %s", device,
+                         cudaGetErrorString(e));
+    }
     if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess) {
         cu_destroy(&cb->base);
         return ds_errorf("cuda backend: cannot create a stream on device %d: %s", device, cudaGetErrorString(e));

@@ -30,6 +30,8 @@ extern "C" {
 typedef struct {
     ds_backend base;
     int device;
+    int sms;      /* streaming multiprocessors: the persistent kernels' grid */
+    int cc_major; /* compute capability (9: Hopper's copy engine for the ring matmul) */
     cudaStream_t stream;
     cublasHandle_t blas;
     ds_error *err;   /* first failure since the last check() */
@@ -44,9 +46,13 @@ typedef struct {
     int idx_len;
     uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
     int64_t markov_vocab;
+    struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
+
+/* Frees the ring matmul's tensor map cache. */
+void ds_cu_tmaps_free(ds_cuda_backend *cb);
 
 /* Records the first failure: "cuda <op>: <message>". */
 void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -21,7 +21,7 @@ typedef struct {
     const void *bias;       /* [n] or NULL */
     int bias_dtype;
     int n;
-    int block_end;          /* set by the launcher: blocks of segments 0..this one */
+    int block_end;          /* set by the launcher: 16-row tiles of segments 0..this one */
 } ds_mma_seg;
 
 typedef struct {
@@ -40,5 +40,9 @@ typedef struct {
 bool ds_cu_mma_eligible(ds_tensor w, int64_t M);
 /* Launches mode's kernel over a's segments (every segment: K = x.cols). */
 void ds_cu_mma_launch(ds_cuda_backend *cb, const char *op, int mode, ds_mma_args *a, ds_tensor x);
+/* The persistent ring kernel (matmul_ring.cu) for M <= 8: launches it over
+ * a's `tiles` 16-row tiles (block_end set) and returns true, or returns
+ * false when x, the norm weight or the shape do not suit it. */
+bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles);
 
 #endif

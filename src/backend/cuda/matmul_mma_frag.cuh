@@ -1,0 +1,142 @@
+/* What the two tensor-core narrow matmuls share (matmul_mma.cu: one block
+ * per 16 weight rows, loads into registers; matmul_ring.cu: persistent
+ * blocks, weights through a shared-memory ring): the mma fragments, the
+ * hi/lo split of x, and the reduction order.
+ *
+ * The reduction order is the contract that keeps rows invariant: output
+ * (n, m) is accumulated from weight row n and x row m only; warp w of
+ * MMA_WARPS takes the 32-wide k chunks c = w, w + MMA_WARPS, w + 2 MMA_WARPS,
+ * ... in increasing order, each chunk as two k16 steps (hi, then lo), and
+ * the warps' partial sums are added in warp order (mma_store_rows). Both
+ * kernels follow it exactly, so a row is bit-identical whichever kernel
+ * computes it and however many rows share the call (test_cuda_ops). The
+ * arithmetic around the products is written with explicitly rounded
+ * operations (__fmul_rn, __fsub_rn, ...): the compiler may not fuse a
+ * multiply and an add into one FMA in one kernel and not in the other.
+ *
+ * Lane layout (PTX ISA, mma.m16n8k16 bf16): lane = 4g + t holds A elements
+ * (rows g, g+8; k 2t, 2t+1, 2t+8, 2t+9) and B elements (k 2t, 2t+1, 2t+8,
+ * 2t+9; column g). A dot product does not care which physical k sits at
+ * which logical k as long as A and B agree, so lane t takes the 8
+ * consecutive elements 8t..8t+7 of its chunk from each of its two weight
+ * rows, and the same 8 elements of its x row. */
+#ifndef DS_CUDA_MATMUL_MMA_FRAG_CUH
+#define DS_CUDA_MATMUL_MMA_FRAG_CUH
+
+#include <cuda_bf16.h>
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/matmul_mma.h"
+
+#define MMA_ROWS 16 /* weight rows (outputs) per tile */
+/* Warps splitting K (chunk c goes to warp c mod MMA_WARPS). Fixed for every
+ * M, mode and kernel: it is part of the reduction order. */
+#define MMA_WARPS 16
+
+__device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* (a, b) -> bf16 pairs hi = bf16(a, b), lo = bf16(a - hi.a, b - hi.b); the
+ * lower k sits in the low half, as in memory. */
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(a, hf.x), __fsub_rn(b, hf.y));
+    *hi = *(const uint32_t *)&h;
+    *lo = *(const uint32_t *)&l;
+}
+
+/* 8 values of x row `row` as 4 hi and 4 lo pairs. NORM (rows < M only):
+ * also adds their squares to *ss and scales them by the RMSNorm weight's
+ * 8 values nf (the 1/rms factor is applied to the sums at the end). */
+template <bool NORM>
+__device__ __forceinline__ void split_x8(float f[8], int row, int M, const float nf[8], float *ss, uint32_t hi[4],
+                                         uint32_t lo[4]) {
+    if (NORM && row < M) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = __fmul_rn(f[i], nf[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) split_pair(f[2 * i], f[2 * i + 1], &hi[i], &lo[i]);
+}
+
+/* One 32-wide chunk: weights wa (row g) / wb (row g+8) against the MT x tiles. */
+template <int MT>
+__device__ __forceinline__ void mma_chunk(float acc[MT][4], uint4 wa, uint4 wb, const uint32_t xh[MT][4],
+                                          const uint32_t xl[MT][4]) {
+#pragma unroll
+    for (int j = 0; j < MT; j++) {
+        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, xh[j][0], xh[j][1]);
+        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, xl[j][0], xl[j][1]);
+        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, xh[j][2], xh[j][3]);
+        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, xl[j][2], xl[j][3]);
+    }
+}
+
+/* A lane's sum of squares of x row g + 8j, summed over the 4 lanes t in a
+ * fixed butterfly; lane t = 0 stores it for its warp. */
+__device__ __forceinline__ void mma_store_ss(float v, float *ss_part_warp, int row) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if ((threadIdx.x & 3) == 0) ss_part_warp[row] = v;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+/* Outputs (n0 + r, 8j + mm) of one 16-row tile and one 8-row x tile, from
+ * the warps' partial sums red[w][v][reg][lane] (register 2h + e of lane
+ * 4g' + t' is output r = 8h + g', mm = 2t' + e) and, with NORM, the warps'
+ * sums of squares ss_part[w * ss_stride + m]. Threads tid = 0 .. nthreads-1
+ * of the block share the 128 outputs. */
+template <int NW, int MODE, bool NORM>
+__device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
+                                               int ss_stride, int n0, int j, int M, int K, float eps, int tid,
+                                               int nthreads) {
+    const int rows_here = min(MMA_ROWS, S.n - n0);
+    for (int o = tid; o < MMA_ROWS * 8; o += nthreads) {
+        const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm;
+        if (r >= rows_here || m >= M) continue;
+        const int l = (r & 7) * 4 + (mm >> 1), reg = (r >> 3) * 2 + (mm & 1);
+        float sum[NW];
+#pragma unroll
+        for (int v = 0; v < NW; v++) {
+            float a = red[(v * 4 + reg) * 32 + l];
+#pragma unroll
+            for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NW + v) * 4 + reg) * 32 + l]);
+            sum[v] = a;
+        }
+        if (NORM) {
+            float tot = ss_part[m];
+#pragma unroll
+            for (int w = 1; w < MMA_WARPS; w++) tot += ss_part[w * ss_stride + m];
+            const float rs = 1.0f / sqrtf(tot / (float)K + eps);
+#pragma unroll
+            for (int v = 0; v < NW; v++) sum[v] *= rs;
+        }
+        const int n = n0 + r;
+        float y = sum[0];
+        if (MODE != DS_MMA_SWIGLU && S.bias) y = __fadd_rn(y, ds_cu_load(S.bias, S.bias_dtype, n));
+        if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(S.res[(int64_t)m * S.rs + n], y);
+        if (MODE == DS_MMA_SWIGLU) y = silu_mul(sum[0], sum[NW - 1]);
+        S.out[(int64_t)m * S.os + n] = y;
+    }
+}
+
+/* The segment tile `tile` falls in, and its first weight row. */
+__device__ __forceinline__ const ds_mma_seg &mma_tile_seg(const ds_mma_args &s, int tile, int *n0) {
+    int seg = 0;
+    while (seg + 1 < s.nseg && tile >= s.seg[seg].block_end) seg++;
+    *n0 = (tile - (seg ? s.seg[seg - 1].block_end : 0)) * MMA_ROWS;
+    return s.seg[seg];
+}
+
+#endif

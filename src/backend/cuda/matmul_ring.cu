@@ -1,0 +1,479 @@
+/* Narrow y = x W^T for bf16 weights and up to 8 rows of x (decode and
+ * verify), persistent: one block per SM walks 16-row tiles b, b + grid, ...
+ * while one producer thread streams each tile's weights (and, for M > 1,
+ * the x slice and norm weight they meet) through a ring of shared-memory
+ * stages with the copy engine (TMA: one 2-D tensor copy per 16 x 256 box),
+ * and 16 consumer warps run the tensor-core products from shared memory.
+ *
+ * Why: the one-block-per-tile kernel (matmul_mma.cu) holds its loads in
+ * registers, so an SM has only what its resident warps keep in flight, and
+ * every block pays a ramp (first loads) and a tail (reduction, stores) in
+ * which HBM idles; Qwen3-8B's small projections are 1-3 waves of such
+ * blocks. Here the ring keeps ~144 KB per SM in flight whatever the
+ * consumers do, a tile's epilogue overlaps the next tile's loads, and the
+ * weights are requested before the kernel waits for the previous one (they
+ * do not depend on it). On the H200 at the Qwen3-8B shape: AR step 5.41 ->
+ * 5.08 ms, verify of 8 rows 6.15 -> 5.18 ms (bench/RESULTS.md).
+ *
+ * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
+ * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
+ * chunks w, w + 16, ... in order; rows stay bit-identical across kernels
+ * and row counts (test_cuda_ops). */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+
+#include "backend/cuda/matmul_mma_frag.cuh"
+
+#define RING_KS (32 * MMA_WARPS)            /* k per stage: one chunk per consumer warp */
+#define RING_BOX 256                        /* k per tensor copy (the largest box side) */
+#define RING_BOXES (RING_KS / RING_BOX)     /* tensor copies per operand and stage */
+#define RING_WBOX (MMA_ROWS * RING_BOX * 2) /* bytes of a weight box: 16 rows x 256 bf16 */
+#define RING_XBOX (8 * RING_BOX * 4)        /* bytes of an x box: 8 rows x 256 fp32 (rows past M zero) */
+#define RING_THREADS ((MMA_WARPS + 1) * 32) /* consumer warps, then the producer warp */
+#define RING_BUDGET (144 * 1024)            /* ring bytes per block */
+#define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
+
+/* Shared memory of a block: the slots' full / empty barriers, the warps'
+ * partial sums and sums of squares, then the ring of stages (weights of
+ * NW x 16 rows, x's M rows, the norm weight). */
+typedef struct {
+    int tiles;       /* 16-row tiles over all segments */
+    int slots;       /* stages in the ring */
+    int stage_bytes; /* one stage */
+    int x_off;       /* x rows within a stage */
+    int nw_off;      /* norm weight within a stage */
+    int nw_size;     /* bytes per norm weight element (0: no norm) */
+    int red_off;     /* partial sums [MMA_WARPS][NW][4][32] */
+    int ss_off;      /* sums of squares [MMA_WARPS][8] */
+    int ring_off;    /* stage 0 */
+    int xc_off;      /* XC: x split once per block, [K / 32 chunks][4 lanes t][hi 4, lo 4] */
+} ring_plan;
+
+/* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
+ * segment, then x. One tensor copy moves a 16 x 256 weight box (8 KB): bulk
+ * copies of single rows (0.5-1 KB) ran at 1-2.6 TB/s, bound by the copies
+ * issued per SM. */
+struct ring_maps {
+    CUtensorMap w[DS_MMA_MAX_SEG][2];
+    CUtensorMap x;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+/* Consumer warps only (the producer never joins): named barrier 1. */
+__device__ __forceinline__ void consumers_sync(void) {
+    asm volatile("bar.sync 1, %0;" ::"r"(MMA_WARPS * 32) : "memory");
+}
+
+/* bytes from global src into shared dst, counted on barrier bar. Weights
+ * are read once per step: evict them from L2 first, so activations, the KV
+ * cache and x stay. */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* A box of a 2-D tensor at (k, row) into shared dst; out-of-range
+ * elements are zeros and still counted. */
+__device__ __forceinline__ void tensor_load(uint32_t dst, const CUtensorMap *map, int k, int row, uint32_t bar,
+                                            uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst),
+        "l"((uint64_t)map), "r"(k), "r"(row), "r"(bar), "l"(policy)
+        : "memory");
+}
+/* Walks this block's stages in order: tile b, b + grid, ... and within a
+ * tile k = 0, RING_KS, ...; the slot and its phase advance with it. Kept
+ * incrementally (no divisions in the loop: a consumer warp has little
+ * else to hide them behind). */
+struct ring_cursor {
+    int tile, n0, k0, kn, slot, phase;
+    const ds_mma_seg *S;
+};
+__device__ __forceinline__ void cursor_tile(const ds_mma_args &s, ring_cursor &c, int K) {
+    c.S = &mma_tile_seg(s, c.tile, &c.n0);
+    c.k0 = 0;
+    c.kn = min(RING_KS, K);
+}
+__device__ __forceinline__ void cursor_start(const ds_mma_args &s, ring_cursor &c, int K) {
+    c.tile = (int)blockIdx.x;
+    c.slot = 0;
+    c.phase = 0;
+    cursor_tile(s, c, K);
+}
+__device__ __forceinline__ void cursor_next(const ds_mma_args &s, ring_cursor &c, int K, int slots) {
+    if (++c.slot == slots) {
+        c.slot = 0;
+        c.phase ^= 1;
+    }
+    c.k0 += RING_KS;
+    if (c.k0 < K) {
+        c.kn = min(RING_KS, K - c.k0);
+    } else {
+        c.tile += (int)gridDim.x;
+        cursor_tile(s, c, K);
+    }
+}
+
+/* A stage's x boxes (x may come from the previous kernel) and norm weight. */
+template <bool NORM>
+__device__ __forceinline__ void issue_x(const ds_mma_args &s, const ring_plan &p, const ring_maps &maps,
+                                        const ring_cursor &c, uint32_t full, uint32_t st, uint64_t keep) {
+#pragma unroll
+    for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, c.k0 + b * RING_BOX, 0, full, keep);
+    if (NORM) bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
+}
+
+/* XC (one row of x): the consumers split x (normed) into bf16 hi / lo
+ * fragments once per block, in a prologue that overlaps the first weight
+ * stages, and every tile reads them from shared memory: stages then carry
+ * weights only, and a consumer's work per stage is two loads and the
+ * products. Otherwise x's slice rides in each stage and is split per tile. */
+template <int MODE, bool NORM, bool XC>
+__global__ void __launch_bounds__(RING_THREADS, 1)
+    linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps, const float *__restrict__ x,
+                       int M, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
+    constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int stages = (K + RING_KS - 1) / RING_KS;
+    const int my_tiles = (p.tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; /* grid <= tiles */
+    const int total = my_tiles * stages;
+    const uint32_t full0 = smem_addr(smem), empty0 = full0 + 8 * p.slots;
+    const uint32_t ring0 = smem_addr(smem + p.ring_off);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < p.slots; i++) {
+            bar_init(full0 + 8 * i, 1);
+            bar_init(empty0 + 8 * i, MMA_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    ring_cursor c;
+    cursor_start(s, c, K);
+
+    if (warp == MMA_WARPS) { /* the producer: one thread */
+        if (lane) return;
+        uint64_t stream, keep;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+        const int pre = min(p.slots, total);
+        const uint32_t stage_tx = NW * RING_BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
+        for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
+            const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
+            if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
+            bar_expect(full, stage_tx + (XC || !NORM ? 0 : c.kn * p.nw_size));
+            const int seg = (int)(c.S - s.seg);
+#pragma unroll
+            for (int v = 0; v < NW; v++)
+#pragma unroll
+                for (int b = 0; b < RING_BOXES; b++)
+                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, &maps.w[seg][v], c.k0 + b * RING_BOX, c.n0,
+                                full, stream);
+            /* x and the norm weight may come from the previous kernel: the
+             * first `pre` stages' weights (never written by kernels, only by
+             * uploads) are requested before waiting for it. */
+            if (XC) continue; /* the consumers read x themselves, after their wait */
+            if (it == pre - 1) {
+                ds_cu_grid_wait();
+                ring_cursor e;
+                cursor_start(s, e, K);
+                for (int j = 0; j < pre; j++, cursor_next(s, e, K, p.slots))
+                    issue_x<NORM>(s, p, maps, e, full0 + 8 * e.slot, ring0 + e.slot * p.stage_bytes, keep);
+            } else if (it >= pre) {
+                issue_x<NORM>(s, p, maps, c, full, st, keep);
+            }
+        }
+        return;
+    }
+
+    /* The consumers. */
+    ds_cu_grid_wait(); /* the residual comes from the previous kernel */
+    const int g = lane >> 2, t = lane & 3;
+    float *red = (float *)(smem + p.red_off), *ss_part = (float *)(smem + p.ss_off);
+    float acc[NW][1][4], ss = 0.0f;
+#pragma unroll
+    for (int v = 0; v < NW; v++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
+    /* Chunk `warp` of a stage: box warp / 8, bytes (warp % 8) * 64 of each weight row, * 128 of each x row. */
+    const int box = warp / (RING_BOX / 32), in_box = warp % (RING_BOX / 32);
+    const int wofs = box * RING_WBOX + g * RING_BOX * 2 + in_box * 64 + t * 16;
+    const int xofs = p.x_off + box * RING_XBOX + g * RING_BOX * 4 + in_box * 128 + t * 32;
+    const int nofs = p.nw_off + (warp * 32 + 8 * t) * p.nw_size;
+    uint32_t *xc = (uint32_t *)(smem + p.xc_off);
+    if (XC) { /* the prologue: warp w splits chunks w, w + 16, ... as the other kernel's warp w does */
+        const int chunks = K >> 5;
+        if (g == 0)
+            for (int cc = warp; cc < chunks; cc += MMA_WARPS) {
+                const int k = cc * 32 + 8 * t;
+                float xf[8], nw8[8];
+                const float4 a = __ldg((const float4 *)(x + k)), b = __ldg((const float4 *)(x + k) + 1);
+                xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
+                if (NORM) {
+                    if (p.nw_size == 2)
+                        ds_cu_load8<DS_BF16>(s.norm_w, k, nw8);
+                    else
+                        ds_cu_load8<DS_F32>(s.norm_w, k, nw8);
+                }
+                uint32_t h[4], l[4];
+                split_x8<NORM>(xf, 0, 1, nw8, &ss, h, l);
+                *(uint4 *)(xc + (cc * 4 + t) * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+                *(uint4 *)(xc + (cc * 4 + t) * 8 + 4) = make_uint4(l[0], l[1], l[2], l[3]);
+            }
+        if (NORM) mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
+        consumers_sync();
+    }
+    for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
+        const unsigned char *st = smem + p.ring_off + c.slot * p.stage_bytes;
+        const bool mine = warp * 32 < c.kn; /* a last, partial stage may not reach this warp's chunk */
+        bar_wait(full0 + 8 * c.slot, c.phase);
+        uint4 wa[NW], wb[NW];
+        float f[8], nf[8];
+        if (mine) {
+#pragma unroll
+            for (int v = 0; v < NW; v++) {
+                wa[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs);
+                wb[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + 8 * RING_BOX * 2 + wofs);
+            }
+            if (XC) {
+            } else if (g < M) {
+                const float4 *xp = (const float4 *)(st + xofs);
+                const float4 a = xp[0], b = xp[1];
+                f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[i] = 0.0f;
+            }
+            if (NORM && !XC) {
+                if (p.nw_size == 2) {
+                    const uint4 u = *(const uint4 *)(st + nofs);
+                    const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        nf[2 * i] = __uint_as_float(wv[i] << 16);
+                        nf[2 * i + 1] = __uint_as_float(wv[i] & 0xffff0000u);
+                    }
+                } else {
+                    const float4 *q = (const float4 *)(st + nofs);
+                    const float4 a = q[0], b = q[1];
+                    nf[0] = a.x, nf[1] = a.y, nf[2] = a.z, nf[3] = a.w, nf[4] = b.x, nf[5] = b.y, nf[6] = b.z,
+                    nf[7] = b.w;
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty0 + 8 * c.slot); /* the slot's data is in registers */
+        if (mine) {
+            uint32_t xh[1][4], xl[1][4];
+            if (XC) {
+                uint4 h = make_uint4(0, 0, 0, 0), l = h;
+                if (g == 0) {
+                    const uint32_t *q = xc + (((c.k0 >> 5) + warp) * 4 + t) * 8;
+                    h = *(const uint4 *)q;
+                    l = *(const uint4 *)(q + 4);
+                }
+                xh[0][0] = h.x, xh[0][1] = h.y, xh[0][2] = h.z, xh[0][3] = h.w;
+                xl[0][0] = l.x, xl[0][1] = l.y, xl[0][2] = l.z, xl[0][3] = l.w;
+            } else {
+                split_x8<NORM>(f, g, M, nf, &ss, xh[0], xl[0]);
+            }
+#pragma unroll
+            for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], wa[v], wb[v], xh, xl);
+        }
+        if (c.k0 + c.kn < K) continue;
+        /* The tile's last stage: the warps' sums, added in warp order. */
+        if (NORM && !XC) mma_store_ss(ss, ss_part + 8 * warp, g);
+#pragma unroll
+        for (int v = 0; v < NW; v++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[((warp * NW + v) * 4 + i) * 32 + lane] = acc[v][0][i];
+        consumers_sync();
+        mma_store_rows<NW, MODE, NORM>(*c.S, red, ss_part, 8, c.n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+        consumers_sync(); /* red and ss_part are read before the next tile writes them */
+        ss = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NW; v++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
+    }
+#endif
+}
+
+static int round_up(int v, int to) { return (v + to - 1) / to * to; }
+
+/* DS_CUDA_RING=0 sends every call to the one-block-per-tile kernel (for
+ * comparison); DS_CUDA_RING_KB sets the ring's bytes per block. */
+static int ring_budget(void) {
+    static int budget = -1;
+    if (budget < 0) {
+        const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB");
+        budget = on && !strcmp(on, "0") ? 0 : kb && atoi(kb) > 0 ? atoi(kb) * 1024 : RING_BUDGET;
+    }
+    return budget;
+}
+
+/* Tensor maps are encoded by the driver (reached through the runtime, so
+ * nothing links libcuda) and kept per backend: weights and activation
+ * buffers are few and long-lived. Keyed by everything the map encodes. */
+#define TMAP_CACHE 1024
+typedef struct {
+    const void *ptr;
+    int64_t rows, cols, stride;
+    int dtype;
+    CUtensorMap map;
+} tmap_entry;
+struct ds_cu_tmaps {
+    PFN_cuTensorMapEncodeTiled_v12000 encode;
+    tmap_entry e[TMAP_CACHE];
+};
+
+void ds_cu_tmaps_free(ds_cuda_backend *cb) {
+    free(cb->tmaps);
+    cb->tmaps = NULL;
+}
+
+/* A [rows, cols] tensor (row stride `stride` elements) in boxes of
+ * box_rows x RING_BOX. False (failure recorded) if the driver refuses. */
+static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int64_t rows, int64_t cols,
+                       int64_t stride, int dtype, CUtensorMap *out) {
+    if (!cb->tmaps) {
+        cb->tmaps = (ds_cu_tmaps *)calloc(1, sizeof *cb->tmaps);
+        if (!cb->tmaps) {
+            ds_cu_fail(cb, op, "out of memory (tensor map cache)");
+            return false;
+        }
+        cudaDriverEntryPointQueryResult q;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !fn) {
+            ds_cu_fail(cb, op, "the driver offers no cuTensorMapEncodeTiled");
+            return false;
+        }
+        cb->tmaps->encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    if (!cb->tmaps->encode) return false;
+    const size_t h = ((uintptr_t)ptr >> 8 ^ (uintptr_t)rows * 31 ^ (uintptr_t)cols * 17) % TMAP_CACHE;
+    tmap_entry *e = &cb->tmaps->e[h];
+    if (e->ptr == ptr && e->rows == rows && e->cols == cols && e->stride == stride && e->dtype == dtype) {
+        *out = e->map;
+        return true;
+    }
+    const bool bf16 = dtype == DS_BF16;
+    const size_t es = bf16 ? 2 : 4;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)stride * es};
+    const cuuint32_t box[2] = {RING_BOX, (cuuint32_t)(bf16 ? MMA_ROWS : 8)}, estr[2] = {1, 1};
+    CUresult r = cb->tmaps->encode(out, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
+                                   (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                   CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        ds_cu_fail(cb, op, "cannot describe a %lld x %lld %s tensor for the copy engine (driver error %d)",
+                   (long long)rows, (long long)cols, bf16 ? "bf16" : "fp32", (int)r);
+        return false;
+    }
+    *e = tmap_entry{ptr, rows, cols, stride, dtype, *out};
+    return true;
+}
+
+template <int MODE, bool NORM, bool XC>
+static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
+                       const ring_maps &maps, ds_tensor x, int grid, int bytes) {
+    static int allowed = 0; /* dynamic shared memory this instantiation may use */
+    auto kernel = linear_ring_kernel<MODE, NORM, XC>;
+    if (bytes > allowed) {
+        if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
+            return;
+        allowed = bytes;
+    }
+    ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
+                      (const float *)x.data, (int)x.rows, (int)x.cols);
+    ds_cu_launched(cb, op);
+}
+
+template <int MODE, bool NORM>
+static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
+                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc) {
+    if (xc)
+        ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes);
+    else
+        ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes);
+}
+
+bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
+    const int budget = ring_budget(), M = (int)x.rows, K = (int)x.cols;
+    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || (uintptr_t)x.data % 16 || x.stride % 4 || tiles < 1)
+        return false;
+    ring_plan p = {};
+    if (a->norm_w) {
+        if ((uintptr_t)a->norm_w % 16) return false;
+        p.nw_size = a->norm_dtype == DS_BF16 ? 2 : a->norm_dtype == DS_F32 ? 4 : 0;
+        if (!p.nw_size) return false;
+    }
+    static int xc_on = -1;
+    if (xc_on < 0) {
+        const char *v = getenv("DS_CUDA_RING_XC");
+        xc_on = !(v && !strcmp(v, "0"));
+    }
+    const bool xc = xc_on && M == 1 && K <= RING_XC_MAX_K;
+    const int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
+    p.tiles = tiles;
+    ring_maps maps;
+    memset(&maps, 0, sizeof maps);
+    for (int i = 0; i < a->nseg; i++)
+        for (int v = 0; v < nw; v++)
+            if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
+                            &maps.w[i][v]))
+                return true;
+    if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
+    p.x_off = nw * RING_BOXES * RING_WBOX;
+    p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
+    p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
+    p.slots = budget / p.stage_bytes;
+    p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
+    p.red_off = round_up(16 * p.slots, 128);
+    p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
+    p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+    p.xc_off = p.ring_off + p.slots * p.stage_bytes;
+    const int bytes = p.xc_off + (xc ? K * 4 : 0);
+    const int grid = tiles < cb->sms ? tiles : cb->sms;
+    const bool norm = a->norm_w != NULL;
+    switch (mode) {
+    case DS_MMA_PLAIN:
+        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc)
+             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        break;
+    case DS_MMA_RESIDUAL:
+        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc)
+             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        break;
+    default:
+        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc)
+             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        break;
+    }
+    return true;
+}
