@@ -33,6 +33,7 @@
 #define RING_THREADS ((MMA_WARPS + 1) * 32) /* consumer warps, then the producer warp */
 #define RING_BUDGET (144 * 1024)            /* ring bytes per block */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
+#define RING_XB 4                           /* x groups a prologue thread has in flight */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, then the ring of stages (weights of
@@ -145,6 +146,25 @@ __device__ __forceinline__ void issue_x(const ds_mma_args &s, const ring_plan &p
     if (NORM) bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
 }
 
+/* x[k .. k+7] and (nw_size > 0) the norm weight's 8 values there. */
+__device__ __forceinline__ void load_group(const float *x, const void *nw, int nw_size, int k, float xf[8],
+                                           float nw8[8]) {
+    const float4 a = __ldg((const float4 *)(x + k)), b = __ldg((const float4 *)(x + k) + 1);
+    xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
+    if (nw_size == 2)
+        ds_cu_load8<DS_BF16>(nw, k, nw8);
+    else if (nw_size == 4)
+        ds_cu_load8<DS_F32>(nw, k, nw8);
+}
+/* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
+template <bool NORM>
+__device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst) {
+    uint32_t h[4], l[4];
+    split_x8<NORM>(xf, 0, 1, nw8, ss, h, l);
+    *(uint4 *)dst = make_uint4(h[0], h[1], h[2], h[3]);
+    *(uint4 *)(dst + 4) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 /* XC (one row of x): the consumers split x (normed) into bf16 hi / lo
  * fragments once per block, in a prologue that overlaps the first weight
  * stages, and every tile reads them from shared memory: stages then carry
@@ -224,26 +244,37 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     const int xofs = p.x_off + box * RING_XBOX + g * RING_BOX * 4 + in_box * 128 + t * 32;
     const int nofs = p.nw_off + (warp * 32 + 8 * t) * p.nw_size;
     uint32_t *xc = (uint32_t *)(smem + p.xc_off);
-    if (XC) { /* the prologue: warp w splits chunks w, w + 16, ... as the other kernel's warp w does */
-        const int chunks = K >> 5;
-        if (g == 0)
-            for (int cc = warp; cc < chunks; cc += MMA_WARPS) {
-                const int k = cc * 32 + 8 * t;
-                float xf[8], nw8[8];
-                const float4 a = __ldg((const float4 *)(x + k)), b = __ldg((const float4 *)(x + k) + 1);
-                xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
-                if (NORM) {
-                    if (p.nw_size == 2)
-                        ds_cu_load8<DS_BF16>(s.norm_w, k, nw8);
-                    else
-                        ds_cu_load8<DS_F32>(s.norm_w, k, nw8);
+    if (XC) { /* the prologue: x's groups of 8 (group q: chunk q / 4, lane t = q % 4, k = 8q), split once */
+        if (NORM) {
+            /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
+             * lane does: XB chunks' loads in flight at a time. */
+            if (g == 0)
+                for (int c0 = warp; c0 < (K >> 5); c0 += MMA_WARPS * RING_XB) {
+                    float xf[RING_XB][8], nw8[RING_XB][8];
+#pragma unroll
+                    for (int i = 0; i < RING_XB; i++)
+                        if (c0 + i * MMA_WARPS < (K >> 5)) {
+                            load_group(x, s.norm_w, p.nw_size, ((c0 + i * MMA_WARPS) * 4 + t) * 8, xf[i], nw8[i]);
+                        }
+#pragma unroll
+                    for (int i = 0; i < RING_XB; i++)
+                        if (c0 + i * MMA_WARPS < (K >> 5))
+                            split_group<true>(xf[i], nw8[i], &ss, xc + ((c0 + i * MMA_WARPS) * 4 + t) * 8);
                 }
-                uint32_t h[4], l[4];
-                split_x8<NORM>(xf, 0, 1, nw8, &ss, h, l);
-                *(uint4 *)(xc + (cc * 4 + t) * 8) = make_uint4(h[0], h[1], h[2], h[3]);
-                *(uint4 *)(xc + (cc * 4 + t) * 8 + 4) = make_uint4(l[0], l[1], l[2], l[3]);
+            mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
+        } else {
+            for (int q0 = threadIdx.x; q0 < (K >> 3); q0 += MMA_WARPS * 32 * RING_XB) {
+                float xf[RING_XB][8], nw8[RING_XB][8];
+#pragma unroll
+                for (int i = 0; i < RING_XB; i++)
+                    if (q0 + i * MMA_WARPS * 32 < (K >> 3))
+                        load_group(x, NULL, 0, (q0 + i * MMA_WARPS * 32) * 8, xf[i], nw8[i]);
+#pragma unroll
+                for (int i = 0; i < RING_XB; i++)
+                    if (q0 + i * MMA_WARPS * 32 < (K >> 3))
+                        split_group<false>(xf[i], nw8[i], &ss, xc + (q0 + i * MMA_WARPS * 32) * 8);
             }
-        if (NORM) mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
+        }
         consumers_sync();
     }
     for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
