@@ -42,6 +42,22 @@ __device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, in
     *hi = b;
 }
 
+/* Key j's (zeros past j1) elements d = li + L*i of kv head kvh. */
+template <int L, int NPL>
+__device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh, int li, float kv[NPL],
+                                        float vv[NPL]) {
+    const bool valid = j < j1;
+    const int64_t row = g.ring > 0 ? j % g.ring : j;
+    const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
+    const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int d = li + L * i;
+        kv[i] = valid && d < g.D ? kr[d] : 0.0f;
+        vv[i] = valid && d < g.Dv ? vr[d] : 0.0f;
+    }
+}
+
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
 template <int L, int NPL>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa) {
@@ -72,22 +88,17 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         o[i] = 0.0f;
     }
     float mx = -INFINITY, l = 0.0f;
+    /* The key's and the value's elements are loaded together, one group of
+     * keys ahead: the next group's round trip to memory overlaps this
+     * group's scores (decode is a chain of such round trips). */
+    float kv[NPL], vv[NPL];
+    load_kv<L, NPL>(g, j0 + grp, j1, kvh, li, kv, vv);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
         const bool valid = j < j1;
-        const int64_t row = g.ring > 0 ? j % g.ring : j;
-        const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
-        const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
-        /* The key's and the value's elements are loaded together up front:
-         * one memory round trip per key instead of two. */
-        float kv[NPL], vv[NPL];
-#pragma unroll
-        for (int i = 0; i < NPL; i++) {
-            const int d = li + L * i;
-            kv[i] = valid && d < g.D ? kr[d] : 0.0f;
-            vv[i] = valid && d < g.Dv ? vr[d] : 0.0f;
-        }
+        float kn[NPL], vn[NPL];
+        load_kv<L, NPL>(g, j + G, j1, kvh, li, kn, vn);
         float s = 0.0f;
         if (valid) {
 #pragma unroll
@@ -110,6 +121,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             }
             mx = mn;
         }
+#pragma unroll
+        for (int i = 0; i < NPL; i++) kv[i] = kn[i], vv[i] = vn[i];
     }
     if (li == 0) {
         s_m[grp] = mx;
