@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* DS_CUDA_RING=0 sends every call to the one-block-per-tile kernel (for
- * comparison); DS_CUDA_RING_KB sets the ring's bytes per block. */
+ * comparison); DS_CUDA_RING_KB sets the ring's bytes per block;
+ * DS_CUDA_RING_XC=0 keeps x in the stages at M = 1 too. */
 static int ring_budget(void) {
     static int budget = -1;
     if (budget < 0) {
@@ -456,7 +457,15 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
 
 bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
     const int budget = ring_budget(), M = (int)x.rows, K = (int)x.cols;
-    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || (uintptr_t)x.data % 16 || x.stride % 4 || tiles < 1)
+    /* Fewer tiles than SMs (small models' projections): the per-tile kernel starts faster, and the ring has
+     * nothing to keep streaming. DS_CUDA_RING_MIN_TILES overrides (test_cuda_ops: 1, to check every shape). */
+    static int min_tiles = -2;
+    if (min_tiles == -2) {
+        const char *v = getenv("DS_CUDA_RING_MIN_TILES");
+        min_tiles = v && *v ? atoi(v) : -1;
+    }
+    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || (uintptr_t)x.data % 16 || x.stride % 4 ||
+        tiles < (min_tiles >= 0 ? min_tiles : cb->sms) || tiles < 1)
         return false;
     ring_plan p = {};
     if (a->norm_w) {
