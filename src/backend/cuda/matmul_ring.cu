@@ -31,7 +31,7 @@
 #define RING_WBOX (MMA_ROWS * RING_BOX * 2) /* bytes of a weight box: 16 rows x 256 bf16 */
 #define RING_XBOX (8 * RING_BOX * 4)        /* bytes of an x box: 8 rows x 256 fp32 (rows past M zero) */
 #define RING_THREADS ((MMA_WARPS + 1) * 32) /* consumer warps, then the producer warp */
-#define RING_BUDGET (144 * 1024)            /* ring bytes per block */
+#define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 
@@ -356,13 +356,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* DS_CUDA_RING=0 sends every call to the one-block-per-tile kernel (for
- * comparison); DS_CUDA_RING_KB sets the ring's bytes per block;
+ * comparison); DS_CUDA_RING_KB caps the ring's bytes per block;
  * DS_CUDA_RING_XC=0 keeps x in the stages at M = 1 too. */
 static int ring_budget(void) {
     static int budget = -1;
     if (budget < 0) {
         const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB");
-        budget = on && !strcmp(on, "0") ? 0 : kb && atoi(kb) > 0 ? atoi(kb) * 1024 : RING_BUDGET;
+        budget = on && !strcmp(on, "0") ? 0 : kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
     }
     return budget;
 }
@@ -492,11 +492,14 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.x_off = nw * RING_BOXES * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
-    p.slots = budget / p.stage_bytes;
-    p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
-    p.red_off = round_up(16 * p.slots, 128);
+    /* The barriers (room for 32 slots), the partial sums, then as many stages as fit: at M = 8 a SwiGLU stage
+     * is 50 KB (both weights' boxes and x's). */
+    p.red_off = round_up(16 * 32, 128);
     p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
     p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+    const int room = RING_SMEM - p.ring_off - (xc ? K * 4 : 0);
+    p.slots = (budget < room ? budget : room) / p.stage_bytes;
+    p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     const int bytes = p.xc_off + (xc ? K * 4 : 0);
     const int grid = tiles < cb->sms ? tiles : cb->sms;
