@@ -312,7 +312,8 @@ static void test_fused_linear(void) {
 
 /* Fused ops keep rows invariant too: rows of an M-row call == 1-row calls. */
 static void test_fused_row_invariance(void) {
-    const int64_t N = 200, K = 4096, MAXM = 17;
+    /* N = 288: as o_proj's K, at least one ring box (256) and a partial ring stage (288 of 512). */
+    const int64_t N = 288, K = 4096, MAXM = 17;
     pair wg = weight(DS_BF16, N, K), wu = weight(DS_BF16, N, K), wo = weight(DS_BF16, K, N);
     pair x = act_rand(MAXM, K, 1.0f), att = act_rand(MAXM, N, 1.0f);
     pair h1 = act(MAXM, N, NULL), hm = act(MAXM, N, NULL), r1 = act_rand(MAXM, K, 1.0f), rm = act(MAXM, K, NULL);
@@ -332,28 +333,23 @@ static void test_fused_row_invariance(void) {
     float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
     CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
     free(e1), free(em);
-    /* rmsnorm_linear_multi (QKV) the same way: two projections of one normed x. */
-    for (int64_t i = 0; i < MAXM; i++) {
-        const ds_tensor o1[2] = {ds_rows(n1.g, i, 1), ds_rows(h1.g, i, 1)}, w2[2] = {wg.g, wu.g};
-        const ds_tensor b2[2] = {ds_no_tensor(), ds_no_tensor()};
-        gpu->ops->rmsnorm_linear_multi(gpu, 2, o1, ds_rows(x.g, i, 1), nw.g, 1e-6f, w2, b2);
-    }
-    {
-        const ds_tensor om[2] = {nm.g, hm.g}, w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()};
-        gpu->ops->rmsnorm_linear_multi(gpu, 2, om, x.g, nw.g, 1e-6f, w2, b2);
-    }
-    e1 = fetch(gpu, n1.g), em = fetch(gpu, nm.g);
-    float *f1 = fetch(gpu, h1.g), *fm = fetch(gpu, hm.g);
-    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4) && !memcmp(f1, fm, (size_t)(MAXM * N) * 4),
-          "rmsnorm_linear_multi: rows of a 17-row call differ from 1-row calls");
-    free(e1), free(em), free(f1), free(fm);
-    /* h1 / hm are written again below */
-    for (int64_t i = 0; i < MAXM; i++) gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
-    gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
-    release(&nw), release(&n1), release(&nm);
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
     CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
     CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
+    /* rmsnorm_linear_multi (QKV) the same way: two projections of one normed x (into n1 / h1, nm / hm). */
+    const ds_tensor w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()}, om[2] = {nm.g, hm.g};
+    for (int64_t i = 0; i < MAXM; i++) {
+        const ds_tensor o1[2] = {ds_rows(n1.g, i, 1), ds_rows(h1.g, i, 1)};
+        gpu->ops->rmsnorm_linear_multi(gpu, 2, o1, ds_rows(x.g, i, 1), nw.g, 1e-6f, w2, b2);
+    }
+    gpu->ops->rmsnorm_linear_multi(gpu, 2, om, x.g, nw.g, 1e-6f, w2, b2);
+    float *q1[2] = {fetch(gpu, n1.g), fetch(gpu, h1.g)}, *qm[2] = {fetch(gpu, nm.g), fetch(gpu, hm.g)};
+    for (int o = 0; o < 2; o++) {
+        CHECK(!memcmp(q1[o], qm[o], (size_t)(MAXM * N) * 4),
+              "rmsnorm_linear_multi output %d: rows of a 17-row call differ from 1-row calls", o);
+        free(q1[o]), free(qm[o]);
+    }
+    release(&nw), release(&n1), release(&nm);
     printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu, rmsnorm_linear_multi bf16: rows of a 17-row call "
            "== 1-row calls, bitwise\n");
     free(a), free(b), free(c), free(d);

@@ -9,11 +9,11 @@
  * registers, so an SM has only what its resident warps keep in flight, and
  * every block pays a ramp (first loads) and a tail (reduction, stores) in
  * which HBM idles; Qwen3-8B's small projections are 1-3 waves of such
- * blocks. Here the ring keeps ~144 KB per SM in flight whatever the
+ * blocks. Here the ring keeps up to ~180 KB per SM in flight whatever the
  * consumers do, a tile's epilogue overlaps the next tile's loads, and the
  * weights are requested before the kernel waits for the previous one (they
- * do not depend on it). On the H200 at the Qwen3-8B shape: AR step 5.41 ->
- * 5.08 ms, verify of 8 rows 6.15 -> 5.18 ms (bench/RESULTS.md).
+ * do not depend on it). On the H200 at the Qwen3-8B shape: AR step 5.45 ->
+ * 5.01 ms, verify of 8 rows 6.18 -> 5.06 ms (bench/RESULTS.md, session 5).
  *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
@@ -172,8 +172,8 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
  * products. Otherwise x's slice rides in each stage and is split per tile. */
 template <int MODE, bool NORM, bool XC>
 __global__ void __launch_bounds__(RING_THREADS, 1)
-    linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps, const float *__restrict__ x,
-                       int M, int K) {
+    linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
+                       const float *__restrict__ x, int M, int K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -289,12 +289,11 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 wa[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs);
                 wb[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + 8 * RING_BOX * 2 + wofs);
             }
-            if (XC) {
-            } else if (g < M) {
+            if (!XC && g < M) {
                 const float4 *xp = (const float4 *)(st + xofs);
                 const float4 a = xp[0], b = xp[1];
                 f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-            } else {
+            } else if (!XC) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) f[i] = 0.0f;
             }
@@ -464,7 +463,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
         const char *v = getenv("DS_CUDA_RING_MIN_TILES");
         min_tiles = v && *v ? atoi(v) : -1;
     }
-    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || (uintptr_t)x.data % 16 || x.stride % 4 ||
+    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
         tiles < (min_tiles >= 0 ? min_tiles : cb->sms) || tiles < 1)
         return false;
     ring_plan p = {};
