@@ -83,21 +83,27 @@ __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i)
 /* DS_CUDA_PROFILE=1: wraps every op with GPU timing (cuda_profile.cu). */
 void ds_cu_profile_wrap(ds_cuda_backend *cb);
 
-/* 8 consecutive elements from a 16-byte-aligned address, as fp32. */
-template <int DT> __device__ __forceinline__ void ds_cu_load8(const void *p, int64_t i, float f[8]);
-template <> __device__ __forceinline__ void ds_cu_load8<DS_F32>(const void *p, int64_t i, float f[8]) {
-    const float4 *q = (const float4 *)((const float *)p + i);
-    const float4 a = __ldg(q), b = __ldg(q + 1);
+/* 8 fp32 values held in two float4 / 8 bf16 values held in a uint4, as fp32 (exact). */
+__device__ __forceinline__ void ds_cu_unpack_f32x8(float4 a, float4 b, float f[8]) {
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
-template <> __device__ __forceinline__ void ds_cu_load8<DS_BF16>(const void *p, int64_t i, float f[8]) {
-    const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));
+__device__ __forceinline__ void ds_cu_unpack_bf16x8(uint4 u, float f[8]) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         f[2 * j] = __uint_as_float(w[j] << 16);
         f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
+}
+
+/* 8 consecutive elements from a 16-byte-aligned address, as fp32. */
+template <int DT> __device__ __forceinline__ void ds_cu_load8(const void *p, int64_t i, float f[8]);
+template <> __device__ __forceinline__ void ds_cu_load8<DS_F32>(const void *p, int64_t i, float f[8]) {
+    const float4 *q = (const float4 *)((const float *)p + i);
+    ds_cu_unpack_f32x8(__ldg(q), __ldg(q + 1), f);
+}
+template <> __device__ __forceinline__ void ds_cu_load8<DS_BF16>(const void *p, int64_t i, float f[8]) {
+    ds_cu_unpack_bf16x8(__ldg((const uint4 *)((const uint16_t *)p + i)), f);
 }
 template <> __device__ __forceinline__ void ds_cu_load8<DS_F16>(const void *p, int64_t i, float f[8]) {
     const uint4 u = __ldg((const uint4 *)((const uint16_t *)p + i));

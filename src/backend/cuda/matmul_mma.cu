@@ -37,26 +37,10 @@ __device__ __forceinline__ void load_x8_raw(const float *__restrict__ x, int64_t
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = 0.0f;
     } else if (vec) {
-        const float4 *p = (const float4 *)(x + (int64_t)row * xs + k);
-        const float4 a = __ldg(p), b = __ldg(p + 1);
-        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+        ds_cu_load8<DS_F32>(x, (int64_t)row * xs + k, f);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = x[(int64_t)row * xs + k + i];
-    }
-}
-
-/* The RMSNorm weight's 8 values at k (NORM only; the launcher checks the
- * alignment of bf16 / fp32 weights). */
-template <bool NORM> __device__ __forceinline__ void load_norm8(const void *nw, int nwdt, int k, float nf[8]) {
-    if (!NORM) return;
-    if (nwdt == DS_BF16) {
-        ds_cu_load8<DS_BF16>(nw, k, nf);
-    } else if (nwdt == DS_F32) {
-        ds_cu_load8<DS_F32>(nw, k, nf);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) nf[i] = ds_cu_load(nw, nwdt, k + i);
     }
 }
 

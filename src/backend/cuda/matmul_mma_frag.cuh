@@ -67,6 +67,20 @@ __device__ __forceinline__ void split_x8(float f[8], int row, int M, const float
     for (int i = 0; i < 4; i++) split_pair(f[2 * i], f[2 * i + 1], &hi[i], &lo[i]);
 }
 
+/* The RMSNorm weight's 8 values at k (NORM only; the launchers check the
+ * alignment of bf16 / fp32 weights). */
+template <bool NORM> __device__ __forceinline__ void load_norm8(const void *nw, int nwdt, int k, float nf[8]) {
+    if (!NORM) return;
+    if (nwdt == DS_BF16) {
+        ds_cu_load8<DS_BF16>(nw, k, nf);
+    } else if (nwdt == DS_F32) {
+        ds_cu_load8<DS_F32>(nw, k, nf);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) nf[i] = ds_cu_load(nw, nwdt, k + i);
+    }
+}
+
 /* One 32-wide chunk: weights wa (row g) / wb (row g+8) against the MT x tiles. */
 template <int MT>
 __device__ __forceinline__ void mma_chunk(float acc[MT][4], uint4 wa, uint4 wb, const uint32_t xh[MT][4],

@@ -36,8 +36,9 @@
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
- * partial sums and sums of squares, then the ring of stages (weights of
- * NW x 16 rows, x's M rows, the norm weight). */
+ * partial sums and sums of squares, the ring of stages (each: NW weight
+ * boxes x RING_BOXES, then for M > 1 x's boxes and the norm weight's slice),
+ * then (XC) the split x. */
 typedef struct {
     int tiles;       /* 16-row tiles over all segments */
     int slots;       /* stages in the ring */
@@ -86,9 +87,8 @@ __device__ __forceinline__ void consumers_sync(void) {
     asm volatile("bar.sync 1, %0;" ::"r"(MMA_WARPS * 32) : "memory");
 }
 
-/* bytes from global src into shared dst, counted on barrier bar. Weights
- * are read once per step: evict them from L2 first, so activations, the KV
- * cache and x stay. */
+/* bytes from global src into shared dst, counted on barrier bar (the norm
+ * weight's slice of a stage). */
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
@@ -146,16 +146,6 @@ __device__ __forceinline__ void issue_x(const ds_mma_args &s, const ring_plan &p
     if (NORM) bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
 }
 
-/* x[k .. k+7] and (nw_size > 0) the norm weight's 8 values there. */
-__device__ __forceinline__ void load_group(const float *x, const void *nw, int nw_size, int k, float xf[8],
-                                           float nw8[8]) {
-    const float4 a = __ldg((const float4 *)(x + k)), b = __ldg((const float4 *)(x + k) + 1);
-    xf[0] = a.x, xf[1] = a.y, xf[2] = a.z, xf[3] = a.w, xf[4] = b.x, xf[5] = b.y, xf[6] = b.z, xf[7] = b.w;
-    if (nw_size == 2)
-        ds_cu_load8<DS_BF16>(nw, k, nw8);
-    else if (nw_size == 4)
-        ds_cu_load8<DS_F32>(nw, k, nw8);
-}
 /* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
 template <bool NORM>
 __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst) {
@@ -254,7 +244,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
                         if (c0 + i * MMA_WARPS < (K >> 5)) {
-                            load_group(x, s.norm_w, p.nw_size, ((c0 + i * MMA_WARPS) * 4 + t) * 8, xf[i], nw8[i]);
+                            const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
+                            ds_cu_load8<DS_F32>(x, k, xf[i]);
+                            load_norm8<true>(s.norm_w, s.norm_dtype, k, nw8[i]);
                         }
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
@@ -268,7 +260,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < RING_XB; i++)
                     if (q0 + i * MMA_WARPS * 32 < (K >> 3))
-                        load_group(x, NULL, 0, (q0 + i * MMA_WARPS * 32) * 8, xf[i], nw8[i]);
+                        ds_cu_load8<DS_F32>(x, (q0 + i * MMA_WARPS * 32) * 8, xf[i]);
 #pragma unroll
                 for (int i = 0; i < RING_XB; i++)
                     if (q0 + i * MMA_WARPS * 32 < (K >> 3))
@@ -291,27 +283,16 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
             if (!XC && g < M) {
                 const float4 *xp = (const float4 *)(st + xofs);
-                const float4 a = xp[0], b = xp[1];
-                f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+                ds_cu_unpack_f32x8(xp[0], xp[1], f);
             } else if (!XC) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) f[i] = 0.0f;
             }
             if (NORM && !XC) {
-                if (p.nw_size == 2) {
-                    const uint4 u = *(const uint4 *)(st + nofs);
-                    const uint32_t wv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        nf[2 * i] = __uint_as_float(wv[i] << 16);
-                        nf[2 * i + 1] = __uint_as_float(wv[i] & 0xffff0000u);
-                    }
-                } else {
-                    const float4 *q = (const float4 *)(st + nofs);
-                    const float4 a = q[0], b = q[1];
-                    nf[0] = a.x, nf[1] = a.y, nf[2] = a.z, nf[3] = a.w, nf[4] = b.x, nf[5] = b.y, nf[6] = b.z,
-                    nf[7] = b.w;
-                }
+                if (p.nw_size == 2)
+                    ds_cu_unpack_bf16x8(*(const uint4 *)(st + nofs), nf);
+                else
+                    ds_cu_unpack_f32x8(((const float4 *)(st + nofs))[0], ((const float4 *)(st + nofs))[1], nf);
             }
         }
         __syncwarp();
@@ -354,16 +335,30 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
-/* DS_CUDA_RING=0 sends every call to the one-block-per-tile kernel (for
- * comparison); DS_CUDA_RING_KB caps the ring's bytes per block;
- * DS_CUDA_RING_XC=0 keeps x in the stages at M = 1 too. */
-static int ring_budget(void) {
-    static int budget = -1;
-    if (budget < 0) {
-        const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB");
-        budget = on && !strcmp(on, "0") ? 0 : kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
+/* Overrides, read once: DS_CUDA_RING=0 sends every call to the
+ * one-block-per-tile kernel (for comparison); DS_CUDA_RING_KB caps the
+ * ring's bytes per block; DS_CUDA_RING_XC=0 keeps x in the stages at M = 1
+ * too; DS_CUDA_RING_MIN_TILES sets the fewest tiles a call needs (default:
+ * one per SM; test_cuda_ops: 1, to check every shape). */
+typedef struct {
+    bool on, xc;
+    int budget;    /* ring bytes cap */
+    int min_tiles; /* < 0: one per SM */
+} ring_settings;
+
+static const ring_settings *ring_env(void) {
+    static ring_settings r;
+    static bool read = false;
+    if (!read) {
+        const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
+        const char *mt = getenv("DS_CUDA_RING_MIN_TILES");
+        r.on = !(on && !strcmp(on, "0"));
+        r.xc = !(xc && !strcmp(xc, "0"));
+        r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
+        r.min_tiles = mt && *mt ? atoi(mt) : -1;
+        read = true;
     }
-    return budget;
+    return &r;
 }
 
 /* Tensor maps are encoded by the driver (reached through the runtime, so
@@ -455,16 +450,12 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
 }
 
 bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
-    const int budget = ring_budget(), M = (int)x.rows, K = (int)x.cols;
+    const ring_settings *env = ring_env();
+    const int M = (int)x.rows, K = (int)x.cols;
     /* Fewer tiles than SMs (small models' projections): the per-tile kernel starts faster, and the ring has
-     * nothing to keep streaming. DS_CUDA_RING_MIN_TILES overrides (test_cuda_ops: 1, to check every shape). */
-    static int min_tiles = -2;
-    if (min_tiles == -2) {
-        const char *v = getenv("DS_CUDA_RING_MIN_TILES");
-        min_tiles = v && *v ? atoi(v) : -1;
-    }
-    if (!budget || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
-        tiles < (min_tiles >= 0 ? min_tiles : cb->sms) || tiles < 1)
+     * nothing to keep streaming. */
+    if (!env->on || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
+        tiles < (env->min_tiles >= 0 ? env->min_tiles : cb->sms) || tiles < 1)
         return false;
     ring_plan p = {};
     if (a->norm_w) {
@@ -472,12 +463,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
         p.nw_size = a->norm_dtype == DS_BF16 ? 2 : a->norm_dtype == DS_F32 ? 4 : 0;
         if (!p.nw_size) return false;
     }
-    static int xc_on = -1;
-    if (xc_on < 0) {
-        const char *v = getenv("DS_CUDA_RING_XC");
-        xc_on = !(v && !strcmp(v, "0"));
-    }
-    const bool xc = xc_on && M == 1 && K <= RING_XC_MAX_K;
+    const bool xc = env->xc && M == 1 && K <= RING_XC_MAX_K;
     const int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     p.tiles = tiles;
     ring_maps maps;
@@ -497,7 +483,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
     p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
     const int room = RING_SMEM - p.ring_off - (xc ? K * 4 : 0);
-    p.slots = (budget < room ? budget : room) / p.stage_bytes;
+    p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     const int bytes = p.xc_off + (xc ? K * 4 : 0);
