@@ -12,7 +12,11 @@
  * blocks. Here the ring keeps up to ~180 KB per SM in flight whatever the
  * consumers do, a tile's epilogue overlaps the next tile's loads, and the
  * weights are requested before the kernel waits for the previous one (they
- * do not depend on it). On the H200 at the Qwen3-8B shape: AR step 5.45 ->
+ * do not depend on it). The norm weight is requested with them, or first
+ * of all at M = 1: a load issued after the ring's worth of requests waits
+ * behind them (~200 KB per SM, ~7 us at each SM's share of HBM), and the
+ * norm weight gates every product of the kernel (session 6 timeline:
+ * QKV and gate/up started 3-4 us sooner). On the H200 at the Qwen3-8B shape: AR step 5.45 ->
  * 5.01 ms, verify of 8 rows 6.18 -> 5.06 ms (bench/RESULTS.md, session 5).
  *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
@@ -34,11 +38,12 @@
 #define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
+#define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, the ring of stages (each: NW weight
  * boxes x RING_BOXES, then for M > 1 x's boxes and the norm weight's slice),
- * then (XC) the split x. */
+ * then (XC) the split x and (XC with a norm) the norm weight. */
 typedef struct {
     int tiles;       /* 16-row tiles over all segments */
     int slots;       /* stages in the ring */
@@ -50,6 +55,7 @@ typedef struct {
     int ss_off;      /* sums of squares [MMA_WARPS][8] */
     int ring_off;    /* stage 0 */
     int xc_off;      /* XC: x split once per block, [K / 32 chunks][4 lanes t][hi 4, lo 4] */
+    int nws_off;     /* XC with a norm: the norm weight, [K] */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -137,13 +143,11 @@ __device__ __forceinline__ void cursor_next(const ds_mma_args &s, ring_cursor &c
     }
 }
 
-/* A stage's x boxes (x may come from the previous kernel) and norm weight. */
-template <bool NORM>
-__device__ __forceinline__ void issue_x(const ds_mma_args &s, const ring_plan &p, const ring_maps &maps,
-                                        const ring_cursor &c, uint32_t full, uint32_t st, uint64_t keep) {
+/* A stage's x boxes (x may come from the previous kernel). */
+__device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &maps, const ring_cursor &c,
+                                        uint32_t full, uint32_t st, uint64_t keep) {
 #pragma unroll
     for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, c.k0 + b * RING_BOX, 0, full, keep);
-    if (NORM) bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
 }
 
 /* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
@@ -178,6 +182,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             bar_init(full0 + 8 * i, 1);
             bar_init(empty0 + 8 * i, MMA_WARPS);
         }
+        bar_init(smem_addr(smem + RING_NWBAR), 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -191,6 +196,11 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
         const int pre = min(p.slots, total);
         const uint32_t stage_tx = NW * RING_BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
+        if (XC && NORM) { /* the whole norm weight, first in line: the prologue needs it as soon as x is there */
+            const uint32_t nb = smem_addr(smem + RING_NWBAR);
+            bar_expect(nb, K * p.nw_size);
+            bulk_load(smem_addr(smem + p.nws_off), s.norm_w, K * p.nw_size, nb);
+        }
         for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
@@ -202,18 +212,21 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 for (int b = 0; b < RING_BOXES; b++)
                     tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, &maps.w[seg][v], c.k0 + b * RING_BOX, c.n0,
                                 full, stream);
-            /* x and the norm weight may come from the previous kernel: the
-             * first `pre` stages' weights (never written by kernels, only by
-             * uploads) are requested before waiting for it. */
+            /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
+            if (NORM && !XC)
+                bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
+            /* x may come from the previous kernel: the first `pre` stages'
+             * weights (never written by kernels, only by uploads) are
+             * requested before waiting for it. */
             if (XC) continue; /* the consumers read x themselves, after their wait */
             if (it == pre - 1) {
                 ds_cu_grid_wait();
                 ring_cursor e;
                 cursor_start(s, e, K);
                 for (int j = 0; j < pre; j++, cursor_next(s, e, K, p.slots))
-                    issue_x<NORM>(s, p, maps, e, full0 + 8 * e.slot, ring0 + e.slot * p.stage_bytes, keep);
+                    issue_x(p, maps, e, full0 + 8 * e.slot, ring0 + e.slot * p.stage_bytes, keep);
             } else if (it >= pre) {
-                issue_x<NORM>(s, p, maps, c, full, st, keep);
+                issue_x(p, maps, c, full, st, keep);
             }
         }
         return;
@@ -238,6 +251,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         if (NORM) {
             /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
              * lane does: XB chunks' loads in flight at a time. */
+            bar_wait(smem_addr(smem + RING_NWBAR), 0);
             if (g == 0)
                 for (int c0 = warp; c0 < (K >> 5); c0 += MMA_WARPS * RING_XB) {
                     float xf[RING_XB][8], nw8[RING_XB][8];
@@ -246,7 +260,11 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (c0 + i * MMA_WARPS < (K >> 5)) {
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
                             ds_cu_load8<DS_F32>(x, k, xf[i]);
-                            load_norm8<true>(s.norm_w, s.norm_dtype, k, nw8[i]);
+                            const unsigned char *nq = smem + p.nws_off + k * p.nw_size;
+                            if (p.nw_size == 2)
+                                ds_cu_unpack_bf16x8(*(const uint4 *)nq, nw8[i]);
+                            else
+                                ds_cu_unpack_f32x8(((const float4 *)nq)[0], ((const float4 *)nq)[1], nw8[i]);
                         }
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
@@ -479,14 +497,16 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* The barriers (room for 32 slots), the partial sums, then as many stages as fit: at M = 8 a SwiGLU stage
      * is 50 KB (both weights' boxes and x's). */
-    p.red_off = round_up(16 * 32, 128);
+    p.red_off = round_up(RING_NWBAR + 8, 128);
     p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
     p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
-    const int room = RING_SMEM - p.ring_off - (xc ? K * 4 : 0);
+    const int xc_bytes = xc ? K * 4 + round_up(K * p.nw_size, 128) : 0; /* split x, the norm weight */
+    const int room = RING_SMEM - p.ring_off - xc_bytes;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
-    const int bytes = p.xc_off + (xc ? K * 4 : 0);
+    p.nws_off = p.xc_off + (xc ? K * 4 : 0);
+    const int bytes = p.xc_off + xc_bytes;
     const int grid = tiles < cb->sms ? tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
     switch (mode) {
