@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/ring_trace.h"
 
 void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) {
     if (cb->err) return; /* keep the first: later ones are usually its consequences */
@@ -160,6 +161,7 @@ static ds_error *cu_check(ds_backend *be) {
 static void cu_destroy(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    ds_cu_ring_trace_close(cb);
     if (cb->scratch) cudaFree(cb->scratch);
     if (cb->tmp) cudaFree(cb->tmp);
     if (cb->tmp2) cudaFree(cb->tmp2);
@@ -238,6 +240,14 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
         cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
         cu_destroy(&cb->base);
         return ds_errorf("cuda backend: cannot configure cuBLAS");
+    }
+    const char *trace = getenv("DS_CUDA_RING_TRACE");
+    if (trace && *trace) {
+        ds_error *te = ds_cu_ring_trace_open(cb, trace);
+        if (te) {
+            cu_destroy(&cb->base);
+            return te;
+        }
     }
     const char *prof = getenv("DS_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0")) ds_cu_profile_wrap(cb);

@@ -47,6 +47,7 @@ typedef struct {
     uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
+    struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }

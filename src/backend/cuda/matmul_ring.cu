@@ -15,9 +15,10 @@
  * do not depend on it). The norm weight is requested with them, or first
  * of all at M = 1: a load issued after the ring's worth of requests waits
  * behind them (~200 KB per SM, ~7 us at each SM's share of HBM), and the
- * norm weight gates every product of the kernel (session 6 timeline:
- * QKV and gate/up started 3-4 us sooner). On the H200 at the Qwen3-8B shape: AR step 5.45 ->
- * 5.01 ms, verify of 8 rows 6.18 -> 5.06 ms (bench/RESULTS.md, session 5).
+ * norm weight gates every product of the kernel. On the H200 at the
+ * Qwen3-8B shape: AR step 5.45 -> 5.01 ms, verify of 8 rows 6.18 -> 5.06 ms
+ * (bench/RESULTS.md, session 5); the norm weight first, AR 4.97 -> 4.87
+ * (session 6, found with DS_CUDA_RING_TRACE: ring_trace.cu).
  *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
@@ -28,6 +29,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/matmul_mma_frag.cuh"
+#include "backend/cuda/ring_trace.h"
 
 #define RING_KS (32 * MMA_WARPS)            /* k per stage: one chunk per consumer warp */
 #define RING_BOX 256                        /* k per tensor copy (the largest box side) */
@@ -167,7 +169,7 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
 template <int MODE, bool NORM, bool XC>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
-                       const float *__restrict__ x, int M, int K) {
+                       const float *__restrict__ x, int M, int K, unsigned long long *trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -177,6 +179,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     const int total = my_tiles * stages;
     const uint32_t full0 = smem_addr(smem), empty0 = full0 + 8 * p.slots;
     const uint32_t ring0 = smem_addr(smem + p.ring_off);
+    unsigned long long *tr = trace ? trace + RING_TRACE_FIELDS * blockIdx.x : NULL; /* DS_CUDA_RING_TRACE */
+    if (tr && threadIdx.x == 0) tr[RT_ENTRY] = ds_cu_gtimer();
     if (threadIdx.x == 0) {
         for (int i = 0; i < p.slots; i++) {
             bar_init(full0 + 8 * i, 1);
@@ -229,11 +233,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 issue_x(p, maps, c, full, st, keep);
             }
         }
+        if (tr) tr[RT_PRODUCED] = ds_cu_gtimer();
         return;
     }
 
     /* The consumers. */
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
+    if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
+    int tiles_done = 0;
     const int g = lane >> 2, t = lane & 3;
     float *red = (float *)(smem + p.red_off), *ss_part = (float *)(smem + p.ss_off);
     float acc[NW][1][4], ss = 0.0f;
@@ -291,6 +298,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         const unsigned char *st = smem + p.ring_off + c.slot * p.stage_bytes;
         const bool mine = warp * 32 < c.kn; /* a last, partial stage may not reach this warp's chunk */
         bar_wait(full0 + 8 * c.slot, c.phase);
+        if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
         uint4 wa[NW], wb[NW];
         float f[8], nf[8];
         if (mine) {
@@ -334,6 +342,11 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         }
         if (c.k0 + c.kn < K) continue;
         /* The tile's last stage: the warps' sums, added in warp order. */
+        if (tr && threadIdx.x == 0) {
+            if (tiles_done < RING_TRACE_TILES) tr[RT_TILE0 + tiles_done] = ds_cu_gtimer();
+            tr[RT_TILES] = (unsigned long long)(tiles_done + 1);
+        }
+        tiles_done++;
         if (NORM && !XC) mma_store_ss(ss, ss_part + 8 * warp, g);
 #pragma unroll
         for (int v = 0; v < NW; v++)
@@ -348,6 +361,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
     }
+    if (tr && threadIdx.x == 0) tr[RT_END] = ds_cu_gtimer();
 #endif
 }
 
@@ -454,7 +468,8 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
         allowed = bytes;
     }
     ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                      (const float *)x.data, (int)x.rows, (int)x.cols);
+                      (const float *)x.data, (int)x.rows, (int)x.cols,
+                      ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     ds_cu_launched(cb, op);
 }
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""The last traced decode step of a DS_CUDA_RING_TRACE file as a table.
+
+    DS_CUDA_RING_TRACE=/tmp/ring.txt ./build-cuda/dspark bench --backend cuda -m MODEL --decode 8 --reps 1
+    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N]
+
+A step is the ring launches from one LM head (the launch with the most
+tiles) to the next, of calls with M rows (default 1). Times are us from the
+step's first block entry; per launch: blocks' entry (first..last), the
+consumers' wait for the previous kernel returning (first..last), the first
+stage of the slowest block, the blocks' ends (first..last), the median time
+between a block's tiles, and the producer's last request -> block end.
+Fields per block are those of src/backend/cuda/ring_trace.h."""
+import argparse
+import collections
+import statistics
+
+ap = argparse.ArgumentParser()
+ap.add_argument("file")
+ap.add_argument("--rows", type=int, default=1)
+ap.add_argument("--first", type=int, default=0)
+ap.add_argument("--count", type=int, default=1000)
+a = ap.parse_args()
+
+blocks = collections.defaultdict(list)
+meta = {}
+for line in open(a.file):
+    v = [int(x) for x in line.split()]
+    slot, m, k, tiles, _b, t = v[0], v[1], v[2], v[3], v[4], v[5:]
+    if t[0] and t[3]:  # entered and finished
+        blocks[slot].append(t)
+        meta[slot] = (m, k, tiles)
+launches = sorted((s for s in blocks if meta[s][0] == a.rows), key=lambda s: min(t[0] for t in blocks[s]))
+if not launches:
+    raise SystemExit("no traced launch with %d rows" % a.rows)
+most = max(meta[s][2] for s in launches)
+heads = [i for i, s in enumerate(launches) if meta[s][2] == most]
+if len(heads) < 2:
+    raise SystemExit("fewer than two LM heads traced: decode more tokens")
+step = launches[heads[-2] + 1:heads[-1] + 1]
+t0 = min(t[0] for t in blocks[step[0]])
+us = lambda x: (x - t0) / 1e3
+print("step of %d launches, %.1f us; rows %d" % (len(step), us(max(t[3] for t in blocks[step[-1]])), a.rows))
+print("%4s %6s %6s  %-15s %-15s %7s %-15s %7s %7s" % ("#", "K", "tiles", "entry", "wait", "first", "end", "tile", "drain"))
+for i, s in enumerate(step[a.first:a.first + a.count], a.first):
+    B = blocks[s]
+    m, k, tiles = meta[s]
+    gaps = [t[6 + j + 1] - t[6 + j] for t in B for j in range(min(t[5], 10) - 1)]
+    print("%4d %6d %6d  %6.1f..%-7.1f %6.1f..%-7.1f %7.1f %6.1f..%-7.1f %7.2f %7.2f" % (
+        i, k, tiles, us(min(t[0] for t in B)), us(max(t[0] for t in B)), us(min(t[1] for t in B)),
+        us(max(t[1] for t in B)), us(max(t[2] for t in B)), us(min(t[3] for t in B)), us(max(t[3] for t in B)),
+        statistics.median(gaps) / 1e3 if gaps else 0, statistics.median(t[3] - t[4] for t in B) / 1e3))
