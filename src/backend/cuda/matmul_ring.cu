@@ -152,6 +152,14 @@ __device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &map
     for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, c.k0 + b * RING_BOX, 0, full, keep);
 }
 
+/* 8 values of the norm weight (bf16 or fp32, nw_size bytes each) from shared memory, as fp32. */
+__device__ __forceinline__ void unpack_norm8(const unsigned char *q, int nw_size, float f[8]) {
+    if (nw_size == 2)
+        ds_cu_unpack_bf16x8(*(const uint4 *)q, f);
+    else
+        ds_cu_unpack_f32x8(((const float4 *)q)[0], ((const float4 *)q)[1], f);
+}
+
 /* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
 template <bool NORM>
 __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst) {
@@ -267,11 +275,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (c0 + i * MMA_WARPS < (K >> 5)) {
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
                             ds_cu_load8<DS_F32>(x, k, xf[i]);
-                            const unsigned char *nq = smem + p.nws_off + k * p.nw_size;
-                            if (p.nw_size == 2)
-                                ds_cu_unpack_bf16x8(*(const uint4 *)nq, nw8[i]);
-                            else
-                                ds_cu_unpack_f32x8(((const float4 *)nq)[0], ((const float4 *)nq)[1], nw8[i]);
+                            unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8[i]);
                         }
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
@@ -314,12 +318,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 8; i++) f[i] = 0.0f;
             }
-            if (NORM && !XC) {
-                if (p.nw_size == 2)
-                    ds_cu_unpack_bf16x8(*(const uint4 *)(st + nofs), nf);
-                else
-                    ds_cu_unpack_f32x8(((const float4 *)(st + nofs))[0], ((const float4 *)(st + nofs))[1], nf);
-            }
+            if (NORM && !XC) unpack_norm8(st + nofs, p.nw_size, nf);
         }
         __syncwarp();
         if (lane == 0) bar_arrive(empty0 + 8 * c.slot); /* the slot's data is in registers */
