@@ -334,6 +334,23 @@ static cJSON *base_config(const preset *p, const char *arch, int layers) {
     return o;
 }
 
+/* A float field as Python writes it (the shortest text that reads back, with
+ * a decimal point or exponent: 30.0, not 30): transformers' strict configs
+ * refuse an integer where the field is a float (final_logit_softcapping). */
+static void add_float(cJSON *o, const char *key, double v) {
+    char buf[64];
+    if (v > -1e15 && v < 1e15 && (double)(long long)v == v) {
+        snprintf(buf, sizeof buf, "%.1f", v);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+        if (!strpbrk(buf, ".eEn")) strcat(buf, ".0");
+    }
+    cJSON_AddRawToObject(o, key, buf);
+}
+
 /* A Gemma 4 text config (gemma4_text) as transformers writes the released
  * ones' text_config: the layout with top-level global_head_dim /
  * num_global_key_value_heads, which every transformers version with Gemma 4
@@ -344,19 +361,19 @@ static cJSON *gemma4_config(const preset *p, const char *arch, int layers, bool 
     cJSON *a = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(a, cJSON_CreateString(arch));
     cJSON_AddBoolToObject(o, "attention_bias", false);
-    cJSON_AddNumberToObject(o, "attention_dropout", 0.0);
+    add_float(o, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(o, "attention_k_eq_v", true);
     cJSON_AddNumberToObject(o, "bos_token_id", p->bos);
     cJSON_AddStringToObject(o, "dtype", "bfloat16");
     cJSON_AddBoolToObject(o, "enable_moe_block", false);
     cJSON_AddNumberToObject(o, "eos_token_id", p->eos);
-    cJSON_AddNumberToObject(o, "final_logit_softcapping", p->softcap);
+    add_float(o, "final_logit_softcapping", p->softcap);
     cJSON_AddNumberToObject(o, "global_head_dim", p->global_head_dim);
     cJSON_AddNumberToObject(o, "head_dim", p->head_dim);
     cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
     cJSON_AddNumberToObject(o, "hidden_size", p->hidden);
     cJSON_AddNumberToObject(o, "hidden_size_per_layer_input", 0);
-    cJSON_AddNumberToObject(o, "initializer_range", 0.02);
+    add_float(o, "initializer_range", 0.02);
     cJSON_AddNumberToObject(o, "intermediate_size", p->inter);
     cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
     for (int i = 0; i < layers; i++)
@@ -372,14 +389,14 @@ static cJSON *gemma4_config(const preset *p, const char *arch, int layers, bool 
     cJSON_AddNumberToObject(o, "num_key_value_heads", p->kv_heads);
     cJSON_AddNumberToObject(o, "num_kv_shared_layers", 0);
     cJSON_AddNumberToObject(o, "pad_token_id", p->pad);
-    cJSON_AddNumberToObject(o, "rms_norm_eps", 1e-6);
+    add_float(o, "rms_norm_eps", 1e-6);
     cJSON *rp = cJSON_AddObjectToObject(o, "rope_parameters");
     cJSON *full = cJSON_AddObjectToObject(rp, "full_attention");
-    cJSON_AddNumberToObject(full, "partial_rotary_factor", 0.25);
-    cJSON_AddNumberToObject(full, "rope_theta", 1000000.0);
+    add_float(full, "partial_rotary_factor", 0.25);
+    add_float(full, "rope_theta", 1000000.0);
     cJSON_AddStringToObject(full, "rope_type", "proportional");
     cJSON *sl = cJSON_AddObjectToObject(rp, "sliding_attention");
-    cJSON_AddNumberToObject(sl, "rope_theta", 10000.0);
+    add_float(sl, "rope_theta", 10000.0);
     cJSON_AddStringToObject(sl, "rope_type", "default");
     cJSON_AddNumberToObject(o, "sliding_window", p->window);
     cJSON_AddNullToObject(o, "top_k_experts");
