@@ -200,6 +200,12 @@ static void check_gemma4_shape(const char *like, int hidden, int layers, int hea
     CHECK(access(path, F_OK) != 0, "%s: --config-only wrote weights", like);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
+    /* transformers' strict Gemma4TextConfig refuses an integer for a float field. */
+    char *txt = read_text_file(path, NULL);
+    CHECK(txt && strstr(txt, "\"final_logit_softcapping\":\t30.0,") && strstr(txt, "\"rope_theta\":\t1000000.0,") &&
+              strstr(txt, "\"attention_dropout\":\t0.0,"),
+          "%s: float fields not written as floats", like);
+    free(txt);
     cJSON *c = read_json(path);
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
     int full = 0;
