@@ -2,7 +2,12 @@
  * trips through the reader; a tiny synthetic checkpoint (sharded, with a
  * drafter) is byte-identical for any thread count, has N(0, 0.02) matrices
  * and unit norms, loads as a target + DSpark drafter whose drafted greedy
- * output equals plain greedy decoding; bench reports every figure. */
+ * output equals plain greedy decoding; bench reports every figure. Gemma 4:
+ * the 12B and 31B configs (written without weights) carry the released
+ * models' numbers, DeepSpec's taps and their parameter counts, and parse as
+ * the engine reads them; gemma4-tiny (the 12B's structure, narrow) loads as a
+ * Gemma 4 target + Gemma4DSparkModel drafter with the layers, geometry and
+ * taps the config says, and drafted greedy output equals plain greedy. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +20,7 @@
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
 #include "io/safetensors_write.h"
+#include "model/gemma4_layer.h"
 #include "spec/generate.h"
 #include "testlib.h"
 
@@ -90,8 +96,8 @@ static void test_synth_files(void) {
     snprintf(a, sizeof a, "%s/t1-dspark/model-00001-of-00002.safetensors", T);
     snprintf(b, sizeof b, "%s/t3-dspark/model-00001-of-00002.safetensors", T);
     CHECK(same_file(a, b), "drafter shard differs between thread counts");
-    snprintf(args, sizeof args, "synth --like gemma4-12b --out %s/g", T);
-    CHECK(cli(args, NULL) != 0, "gemma4-12b should be refused");
+    snprintf(args, sizeof args, "synth --like gemma4-e4b --out %s/g", T);
+    CHECK(cli(args, NULL) != 0, "gemma4-e4b should be refused");
     snprintf(args, sizeof args, "synth --like nope --out %s/g", T);
     CHECK(cli(args, NULL) != 0, "an unknown --like should be refused");
 
@@ -156,6 +162,175 @@ static void test_load_and_generate(void) {
     be->ops->destroy(be);
 }
 
+static cJSON *read_json(const char *path) {
+    char *txt = read_text_file(path, NULL);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    CHECK(j, "%s: missing or not JSON", path);
+    return j;
+}
+
+static double num(const cJSON *o, const char *k) { return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k)); }
+
+static bool int_array_is(const cJSON *a, const int *want, int n) {
+    if (cJSON_GetArraySize(a) != n) return false;
+    for (int i = 0; i < n; i++)
+        if (cJSON_GetNumberValue(cJSON_GetArrayItem(a, i)) != want[i]) return false;
+    return true;
+}
+
+/* A released Gemma 4 shape, configs only: the numbers written, the size the
+ * weights would have, and the engine's reading of the configs. */
+static void check_gemma4_shape(const char *like, int hidden, int layers, int heads, int kv, int gkv, int inter,
+                               double params_lo, double params_hi, const int *taps) {
+    char args[1024], path[512], dir[256], tb[64];
+    const char *T = tmpdir(tb);
+    snprintf(dir, sizeof dir, "%s/%s", T, like);
+    snprintf(path, sizeof path, "%s/%s.json", T, like);
+    snprintf(args, sizeof args, "synth --like %s --out %s --drafter --config-only", like, dir);
+    CHECK(cli(args, path) == 0, "%s", args);
+    cJSON *out = read_json(path);
+    /* No weights written, their size reported: 2 bytes a parameter. */
+    const double params = num(out, "target_bytes") / 2;
+    CHECK(params >= params_lo && params <= params_hi, "%s: %.4g parameters, expected %.4g..%.4g", like, params,
+          params_lo, params_hi);
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(out, "weights_written")), "%s: weights_written", like);
+    cJSON_Delete(out);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(access(path, F_OK) != 0, "%s: --config-only wrote weights", like);
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    /* transformers' strict Gemma4TextConfig refuses an integer for a float field. */
+    char *txt = read_text_file(path, NULL);
+    CHECK(txt && strstr(txt, "\"final_logit_softcapping\":\t30.0,") && strstr(txt, "\"rope_theta\":\t1000000.0,") &&
+              strstr(txt, "\"attention_dropout\":\t0.0,"),
+          "%s: float fields not written as floats", like);
+    free(txt);
+    cJSON *c = read_json(path);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
+    int full = 0;
+    for (int i = 0; i < cJSON_GetArraySize(lt); i++)
+        full += !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(lt, i)), "full_attention");
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "model_type")), "gemma4_text") &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "architectures"),
+                                                              0)),
+                      "Gemma4ForCausalLM"),
+          "%s: model_type / architectures", like);
+    CHECK(num(c, "hidden_size") == hidden && num(c, "num_hidden_layers") == layers &&
+              num(c, "num_attention_heads") == heads && num(c, "num_key_value_heads") == kv &&
+              num(c, "num_global_key_value_heads") == gkv && num(c, "intermediate_size") == inter &&
+              num(c, "head_dim") == 256 && num(c, "global_head_dim") == 512 && num(c, "vocab_size") == 262144 &&
+              num(c, "sliding_window") == 1024 && num(c, "max_position_embeddings") == 262144 &&
+              num(c, "final_logit_softcapping") == 30 && num(c, "hidden_size_per_layer_input") == 0 &&
+              cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "attention_k_eq_v")) &&
+              cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings")),
+          "%s: config numbers", like);
+    CHECK(cJSON_GetArraySize(lt) == layers && full == layers / 6 &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(lt, 5)), "full_attention") &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(lt, 6)), "sliding_attention"),
+          "%s: layer_types (5 sliding : 1 full)", like);
+    /* As the engine reads it. */
+    ds_gemma4_config g;
+    ds_error *e = ds_gemma4_config_read(c, like, true, &g);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    if (!e) {
+        const ds_gemma4_attn_geom *s = &g.geom[DS_G4_SLIDING], *f = &g.geom[DS_G4_FULL];
+        CHECK(g.n_layers == layers && g.window == 1024 && g.softcap == 30.0f && g.k_eq_v && !g.ple_dim &&
+                  g.n_kv_shared == 0 && g.layer_type[layers - 1] == DS_G4_FULL && s->head_dim == 256 &&
+                  s->n_kv_heads == kv && f->head_dim == 512 && f->n_kv_heads == gkv,
+              "%s: engine's reading of the config", like);
+        /* Proportional RoPE on full layers: 0.25 of the 256 frequency pairs turn. */
+        CHECK(f->inv_freq[63] > 0 && f->inv_freq[64] == 0 && s->inv_freq[127] > 0, "%s: RoPE tables", like);
+        ds_gemma4_config_free(&g);
+    }
+    cJSON_Delete(c);
+
+    snprintf(path, sizeof path, "%s-dspark/config.json", dir);
+    cJSON *d = read_json(path);
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(d, "architectures"), 0)),
+                  "Gemma4DSparkModel") &&
+              num(d, "num_hidden_layers") == 5 && num(d, "block_size") == 7 && num(d, "markov_rank") == 256 &&
+              num(d, "mask_token_id") == 4 && num(d, "num_target_layers") == layers &&
+              int_array_is(cJSON_GetObjectItemCaseSensitive(d, "target_layer_ids"), taps, 5) &&
+              cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(d, "tie_word_embeddings")),
+          "%s: drafter config", like);
+    cJSON_Delete(d);
+}
+
+static void test_gemma4_real_shapes(void) {
+    /* gemma-4-12B: 11.95B parameters on the model card, of which the text
+     * model is all but the encoder-free vision/audio projections; DeepSpec's
+     * config/dflash/dflash_gemma4_12b.py taps [5, 17, 29, 41, 46]. */
+    const int taps12[] = {5, 17, 29, 41, 46}, taps31[] = {5, 23, 35, 53, 58};
+    check_gemma4_shape("gemma4-12b", 3840, 48, 16, 8, 1, 15360, 11.85e9, 11.95e9, taps12);
+    /* gemma-4-31B: 30.7B parameters. */
+    check_gemma4_shape("gemma4-31b", 5376, 60, 32, 16, 4, 21504, 30.6e9, 30.8e9, taps31);
+}
+
+static void test_gemma4_tiny_generate(void) {
+    char args[1024], m[512], d[512], tb[64];
+    const char *T = tmpdir(tb);
+    snprintf(m, sizeof m, "%s/g4", T);
+    snprintf(d, sizeof d, "%s/g4-dspark", T);
+    snprintf(args, sizeof args, "synth --like gemma4-tiny --out %s --drafter --threads 2", m);
+    CHECK(cli(args, NULL) == 0, "%s", args);
+    ds_checkpoint *ck;
+    CHECK_OK(ds_checkpoint_open(m, &ck));
+    const ds_st_tensor *k5 = ds_checkpoint_find(ck, "model.layers.5.self_attn.k_proj.weight"),
+                       *k4 = ds_checkpoint_find(ck, "model.layers.4.self_attn.k_proj.weight");
+    CHECK(k5 && k4 && k5->dtype == DS_BF16 && k5->shape[0] == 32 && k4->shape[0] == 32 && k5->shape[1] == 64,
+          "k_proj shapes (full layer 5: 1 head x 32, sliding layer 4: 2 heads x 16)");
+    CHECK(!ds_checkpoint_find(ck, "model.layers.5.self_attn.v_proj.weight") &&
+              ds_checkpoint_find(ck, "model.layers.4.self_attn.v_proj.weight") &&
+              ds_checkpoint_find(ck, "model.layers.47.layer_scalar") && !ds_checkpoint_find(ck, "lm_head.weight"),
+          "K = V on full layers only, layer_scalar, tied head");
+    ds_checkpoint_close(ck);
+
+    ds_backend *be;
+    CHECK_OK(ds_backend_cpu_new(2, &be));
+    ds_target *t = NULL;
+    ds_drafter *dr = NULL;
+    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    ds_error *e = ds_target_open(be, m, &to, &t);
+    if (!e) e = ds_drafter_open(be, d, t, NULL, &dr);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    if (t && dr) {
+        CHECK(!strcmp(t->model_type, "gemma4_text") && t->n_layers == 48 && t->hidden == 64 && t->vocab == 512,
+              "target shape");
+        CHECK(!strcmp(dr->arch, "Gemma4DSparkModel") && dr->gamma == 7 && dr->n_taps == 5 &&
+                  dr->tap_layers[0] == 5 && dr->tap_layers[1] == 17 && dr->tap_layers[2] == 29 &&
+                  dr->tap_layers[3] == 41 && dr->tap_layers[4] == 46 && dr->markov == DS_MARKOV_VANILLA &&
+                  dr->markov_rank == 16 && dr->confidence && dr->logit_softcap == 30.0f,
+              "drafter config (DeepSpec's 12B taps)");
+        /* Longer than the window (8): the sliding layers' ring is used. */
+        int32_t prompt[12];
+        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(i * 37 % 512);
+        ds_gen_params p = {.max_new = 40, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
+        ds_gen_result ar = {0}, sp = {0};
+        e = ds_generate(t, NULL, prompt, 12, &p, NULL, NULL, &ar);
+        if (!e) e = ds_generate(t, dr, prompt, 12, &p, NULL, NULL, &sp);
+        CHECK(!e, "%s", e ? ds_error_message(e) : "");
+        ds_error_free(e);
+        int distinct = 0;
+        for (int i = 0; i < ar.n_tokens; i++) {
+            bool seen = false;
+            for (int j = 0; j < i; j++) seen |= ar.tokens[j] == ar.tokens[i];
+            distinct += !seen;
+        }
+        CHECK(ar.n_tokens == 40 && sp.n_tokens == 40 &&
+                  !memcmp(ar.tokens, sp.tokens, sizeof *ar.tokens * (size_t)ar.n_tokens),
+              "drafted greedy output differs from plain greedy");
+        CHECK(distinct >= 4, "degenerate greedy output (%d distinct tokens)", distinct);
+        ds_gen_result_free(&ar);
+        ds_gen_result_free(&sp);
+    }
+    ds_drafter_free(dr);
+    ds_target_free(t);
+    be->ops->destroy(be);
+}
+
 static void test_bench_cli(void) {
     char args[1024], out[512];
     char tb[64];
@@ -198,4 +373,5 @@ static void test_cleanup(void) {
     CHECK(system(cmd) == 0, "cleanup of %s", tb);
 }
 
-RUN_TESTS("synth", test_writer_roundtrip, test_synth_files, test_load_and_generate, test_bench_cli, test_cleanup)
+RUN_TESTS("synth", test_writer_roundtrip, test_synth_files, test_load_and_generate, test_gemma4_real_shapes,
+          test_gemma4_tiny_generate, test_bench_cli, test_cleanup)
