@@ -5,7 +5,10 @@
  * generations: a CPU backend with the ops and one without them (the host
  * path: logits downloaded, spec/verify.c) give the same tokens for the
  * same seeds, and so does a custom verifier hook (p->verify). The GPU's
- * ops are checked against these in test_cuda_ops. */
+ * ops are checked against these in test_cuda_ops; with DS_BACKEND=cuda the
+ * generations run on the GPU (its sampling ops against the host path on
+ * the same logits: the distributions agree to the last bit or so, so the
+ * tokens must be the same barring a uniform within ~1e-12 of a boundary). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -287,8 +290,10 @@ typedef struct {
 
 static ds_backend_ops host_path_ops; /* the CPU backend's table without the sampling ops */
 
+/* On test_backend_new's backend: the CPU, or the GPU with DS_BACKEND=cuda
+ * (where this compares the device's sampling with the host path's). */
 static ds_error *open_models(models *m, bool sampling_ops) {
-    DS_TRY(ds_backend_cpu_new(1, &m->be));
+    DS_TRY(test_backend_new(&m->be));
     if (!sampling_ops) {
         host_path_ops = *m->be->ops;
         host_path_ops.probs = NULL;
