@@ -62,6 +62,7 @@ static ds_error *fetch_argmax(ds_target *t, int rows, int32_t *out) {
  * n + 1 uniforms ds_verify would draw, drawn here in its order, go down;
  * the accepted count and the next token come back. With n = 0 it is one
  * draw from row 0's processed distribution (the host's pick()). */
+_Static_assert(DS_MAX_GAMMA <= DS_VERIFY_MAX_DRAFT, "a round's drafts fit a verification");
 static ds_error *verify_on_backend(ds_target *t, const int32_t *draft, int n, ds_tensor draft_probs,
                                    const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next) {
     double u[DS_VERIFY_MAX_DRAFT + 1];
