@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "base/rng.h"
 #include "draft/markov_bound.h"
 #include "testlib.h"
 
@@ -803,7 +804,452 @@ static void test_model_shapes_bandwidth(void) {
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
 }
 
-static void setup(void) { CHECK_OK(ds_backend_cpu_new(2, &cpu)); }
+/* ---- sampling at T > 0 (probs, sample, verify_sample, markov_sample) ------ */
+
+/* The GPU's sampling ops against the CPU's (which equal spec/sampler.c and
+ * spec/verify.c bit for bit: test_sample_ops). The GPU computes exp the
+ * CPU's way and sums in double in another (fixed) order, so its
+ * distributions are expected to match to the last bit or so: bound 1e-6
+ * normalized (max |gpu - cpu| / max |cpu| per call; ~16 ulp of the
+ * largest probability). Kept sets (top-k / top-p) must be identical, except
+ * where the cut is borderline at that tolerance: the k-th and (k+1)-th
+ * ranked probabilities within 1e-6 (relative) of each other, or the
+ * rank-order cumulative mass within 1e-6 of top_p * kept mass, where
+ * probabilities that differ in the last bits may decide either way (counted
+ * and printed as "borderline"; with the exp and divisions matching the
+ * CPU's bit for bit, expect none). Draws and
+ * rejection decisions must be identical, except where a uniform lies within
+ * DRAW_EPS (relative) of a CDF step or of an acceptance ratio, or where
+ * the host rule applied to the GPU's and to the CPU's distributions
+ * disagrees (rounding moved a boundary): counted and printed as "excluded",
+ * and there must be few (< 2 %). */
+#define SAMPLE_PROB_TOL 1e-6
+#define DRAW_EPS 1e-9
+
+typedef struct {
+    float T;
+    int k;
+    float p;
+} samp_setting;
+
+static const samp_setting SAMP[] = {{1.0f, 0, 1.0f},   {0.7f, 20, 1.0f},   {1.0f, 0, 0.8f},  {0.8f, 50, 0.9f},
+                                    {1.3f, 1, 1.0f},   {0.6f, 0, 0.05f},   {1.0f, 5000, 1.0f}, {0.9f, 0, 0.97f},
+                                    {1.5f, 100, 0.5f}, {1.0f, 6000, 0.99f}};
+#define N_SAMP (int)(sizeof SAMP / sizeof SAMP[0])
+
+static ds_sampling samp(const samp_setting *st) {
+    ds_sampling s = {.temperature = st->T, .top_k = st->k, .top_p = st->p};
+    return s;
+}
+
+static ds_rng urng; /* the host's uniforms */
+
+/* Logits of one of four shapes: 0 spread, 1 coarse (many exact ties), 2 peaked, 3 nearly flat. */
+static void shaped_logits(float *x, int64_t V, int kind) {
+    for (int64_t i = 0; i < V; i++) {
+        const float f = frand();
+        x[i] = kind == 0 ? 4.0f * f : kind == 1 ? (float)(int)(f * 8) / 2.0f : kind == 2 ? 16.0f * f : 0.05f * f;
+    }
+}
+
+typedef struct {
+    float p;
+    int32_t id;
+} ranked;
+
+static int rank_desc(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return x->id > y->id ? 1 : -1;
+}
+
+/* How close the cuts of the unprocessed distribution plain[V] are to
+ * deciding otherwise, relative: the gap between the k-th and (k+1)-th
+ * probabilities (top-k) and between the cumulative mass and its target
+ * (top-p); infinite without truncation. From a full ranking. */
+static double cut_margin(const float *plain, int64_t V, const ds_sampling *s) {
+    ranked *c = malloc((size_t)V * sizeof *c);
+    for (int64_t i = 0; i < V; i++) c[i] = (ranked){plain[i], (int32_t)i};
+    qsort(c, (size_t)V, sizeof *c, rank_desc);
+    const int64_t keep = s->top_k > 0 && s->top_k < V ? s->top_k : V;
+    double mass = 0, cum = 0, margin = INFINITY;
+    /* (an exact tie is no excuse: equal logits give equal probabilities on both sides, and the lower id wins) */
+    if (keep < V && c[keep - 1].p != c[keep].p) margin = (c[keep - 1].p - c[keep].p) / c[keep - 1].p;
+    if (!(s->top_p > 0 && s->top_p < 1.0f)) {
+        free(c);
+        return margin;
+    }
+    for (int64_t i = 0; i < keep; i++) mass += c[i].p;
+    const double target = s->top_p * mass;
+    for (int64_t i = 0; i < keep; i++) {
+        cum += c[i].p;
+        margin = fmin(margin, fabs(cum - target) / target);
+        if (cum >= target) break;
+    }
+    free(c);
+    return margin;
+}
+
+/* Distance of u * total to the nearest CDF step of row p[V] (the host's
+ * sequential sum), relative to the total. */
+static double draw_margin(const float *p, int64_t V, double u) {
+    double total = 0, cum = 0, m = INFINITY;
+    for (int64_t i = 0; i < V; i++) total += p[i];
+    const double t = u * total;
+    for (int64_t i = 0; i < V; i++) {
+        if (p[i] <= 0) continue;
+        cum += p[i];
+        m = fmin(m, fabs(cum - t));
+    }
+    return total > 0 ? m / total : INFINITY;
+}
+
+/* Processed distributions on both backends, compared. */
+static void test_sample_probs(void) {
+    const int64_t Vs[] = {151936, 3000, 7};
+    const int R = 4;
+    double worst = 0;
+    int rows = 0, kept_differ = 0, borderline = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
+        const int64_t V = Vs[vi];
+        float *l = malloc((size_t)(R * V) * sizeof *l), *g = malloc((size_t)(R * V) * sizeof *g);
+        float *c = malloc((size_t)(R * V) * sizeof *c), *plain = malloc((size_t)V * sizeof *plain);
+        for (int si = 0; si < N_SAMP; si++) {
+            const ds_sampling s = samp(&SAMP[si]), sp = {.temperature = s.temperature, .top_p = 1.0f};
+            for (int r = 0; r < R; r++) shaped_logits(l + (size_t)r * V, V, r);
+            pair x = act(R, V, l), pg = act(R, V, NULL);
+            gpu->ops->probs(gpu, pg.g, x.g, &s);
+            cpu->ops->probs(cpu, pg.c, x.c, &s);
+            check_gpu_ok("probs");
+            gpu->ops->download(gpu, pg.g, g);
+            cpu->ops->download(cpu, pg.c, c);
+            const double err = rel_err_max(g, c, (size_t)(R * V));
+            worst = fmax(worst, err);
+            CHECK(err <= SAMPLE_PROB_TOL, "probs V=%lld T=%g k=%d p=%g: normalized error %.3g over %.0e", (long long)V,
+                  (double)s.temperature, s.top_k, (double)s.top_p, err, SAMPLE_PROB_TOL);
+            for (int r = 0; r < R; r++) {
+                int64_t diff = 0;
+                for (int64_t i = 0; i < V; i++) diff += (g[(size_t)r * V + i] > 0) != (c[(size_t)r * V + i] > 0);
+                rows++;
+                if (!diff) continue;
+                ds_probs_from_logits(l + (size_t)r * V, (int)V, &sp, plain);
+                const double m = cut_margin(plain, V, &s);
+                if (m < SAMPLE_PROB_TOL) {
+                    borderline++;
+                } else {
+                    kept_differ++;
+                    CHECK(0, "probs V=%lld T=%g k=%d p=%g row %d (shape %d): %lld tokens kept by one side only "
+                          "(cut margin %.3g)", (long long)V, (double)s.temperature, s.top_k, (double)s.top_p, r, r,
+                          (long long)diff, m);
+                }
+            }
+            release(&x);
+            release(&pg);
+        }
+        free(l), free(g), free(c), free(plain);
+    }
+    printf("  probs (V 151936 / 3000 / 7, %d settings, 4 shapes): worst err %.2e (bound %.0e); kept sets equal in "
+           "%d of %d rows, %d borderline cuts\n", N_SAMP, worst, SAMPLE_PROB_TOL, rows - kept_differ - borderline,
+           rows, borderline);
+}
+
+/* Draws from the same rows (uploaded identically) with the same uniforms. */
+static void test_sample_draw(void) {
+    const int64_t Vs[] = {151936, 7};
+    int draws = 0, differ = 0, excluded = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
+        const int64_t V = Vs[vi];
+        const int R = 24;
+        float *l = malloc((size_t)V * sizeof *l), *p = malloc((size_t)(R * V) * sizeof *p);
+        for (int r = 0; r < R; r++) {
+            float *row = p + (size_t)r * V;
+            if (r == R - 2) { /* one-hot */
+                memset(row, 0, (size_t)V * sizeof *row);
+                row[V / 2] = 1.0f;
+            } else if (r == R - 1) { /* nothing: the host returns 0 */
+                memset(row, 0, (size_t)V * sizeof *row);
+            } else {
+                shaped_logits(l, V, r % 4);
+                const ds_sampling s = samp(&SAMP[r % N_SAMP]);
+                ds_probs_from_logits(l, (int)V, &s, row);
+            }
+        }
+        pair pp = act(R, V, p);
+        for (int trial = 0; trial < 8; trial++) {
+            double u[24];
+            for (int r = 0; r < R; r++) u[r] = trial == 0 ? 0.0 : trial == 1 ? 0.9999999999999999 : ds_rng_uniform(&urng);
+            int32_t g[24], c[24];
+            gpu->ops->sample(gpu, pp.g, u, g);
+            cpu->ops->sample(cpu, pp.c, u, c);
+            check_gpu_ok("sample");
+            for (int r = 0; r < R; r++) {
+                draws++;
+                if (g[r] == c[r]) continue;
+                if (draw_margin(p + (size_t)r * V, V, u[r]) < DRAW_EPS) {
+                    excluded++;
+                    continue;
+                }
+                differ++;
+                CHECK(0, "sample V=%lld row %d u=%.17g: gpu %d, cpu %d", (long long)V, r, u[r], g[r], c[r]);
+            }
+        }
+        release(&pp);
+        free(l), free(p);
+    }
+    printf("  sample: %d draws, %d differ, %d excluded (u within %.0e of a CDF step)\n", draws, differ, excluded,
+           DRAW_EPS);
+    CHECK(excluded * 50 <= draws, "%d of %d draws excluded", excluded, draws);
+}
+
+/* ds_verify_uniforms' rule on processed rows pt[n+1][V], pd[n][V]; *margin:
+ * the closest any uniform came to its boundary (relative). */
+static int host_rule(const float *pt, const float *pd, const int32_t *x, int n, int64_t V, const double *u,
+                     float *res, int32_t *next, double *margin) {
+    int a = 0;
+    *margin = INFINITY;
+    for (; a < n; a++) {
+        const double q = pd[(size_t)a * V + x[a]];
+        const double ratio = (double)pt[(size_t)a * V + x[a]] / (q > 1e-8 ? q : 1e-8);
+        *margin = fmin(*margin, fabs(u[a] - ratio) / fmax(ratio, 1e-300));
+        if (!(u[a] < ratio)) break;
+    }
+    const float *row = pt + (size_t)a * V;
+    if (a < n) {
+        double mass = 0;
+        for (int64_t i = 0; i < V; i++) {
+            const float r = row[i] - pd[(size_t)a * V + i];
+            res[i] = r > 0 ? r : 0;
+            mass += res[i];
+        }
+        if (mass > 1e-8) row = res;
+    }
+    *next = ds_sample_probs_u(row, (int)V, u[n]);
+    *margin = fmin(*margin, draw_margin(row, V, u[n]));
+    return a;
+}
+
+/* Rejection sampling rounds on both backends: the same (accepted, next). */
+static void test_sample_verify(void) {
+    const int64_t Vs[] = {151936, 3000};
+    const int NS[] = {0, 1, 3, 8};
+    int rounds = 0, differ = 0, excluded = 0, none = 0, partial = 0, all = 0;
+    for (size_t vi = 0; vi < sizeof Vs / sizeof Vs[0]; vi++) {
+        const int64_t V = Vs[vi];
+        const int NMAX = 8;
+        float *tl = malloc((size_t)((NMAX + 1) * V) * sizeof *tl), *dl = malloc((size_t)V * sizeof *dl);
+        float *dp = malloc((size_t)(NMAX * V) * sizeof *dp), *ptc = malloc((size_t)((NMAX + 1) * V) * sizeof *ptc);
+        float *ptg = malloc((size_t)((NMAX + 1) * V) * sizeof *ptg), *res = malloc((size_t)V * sizeof *res);
+        for (int si = 0; si < N_SAMP; si++) {
+            const ds_sampling s = samp(&SAMP[si]);
+            for (int trial = 0; trial < (V > 100000 ? 4 : 12); trial++) {
+                const int n = NS[trial % 4];
+                int32_t x[8];
+                for (int r = 0; r <= n; r++) shaped_logits(tl + (size_t)r * V, V, (trial / 4 + r) % 3);
+                for (int i = 0; i < n; i++) {
+                    const float noise = trial % 2 ? 0.2f : 2.0f;
+                    for (int64_t j = 0; j < V; j++) dl[j] = tl[(size_t)i * V + j] + noise * frand();
+                    ds_probs_from_logits(dl, (int)V, &s, dp + (size_t)i * V);
+                    x[i] = ds_sample_probs(dp + (size_t)i * V, (int)V, &urng);
+                }
+                double u[9];
+                for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(&urng);
+                pair lt = act(n + 1, V, tl), pd = act(n > 0 ? n : 1, V, n > 0 ? dp : NULL), pt = act(n + 1, V, NULL);
+                const ds_tensor dg = n > 0 ? pd.g : ds_no_tensor(), dc = n > 0 ? pd.c : ds_no_tensor();
+                int32_t g[2], c[2];
+                gpu->ops->verify_sample(gpu, lt.g, x, n, dg, &s, u, g);
+                cpu->ops->verify_sample(cpu, lt.c, x, n, dc, &s, u, c);
+                gpu->ops->probs(gpu, pt.g, lt.g, &s); /* for the borderline analysis */
+                cpu->ops->probs(cpu, pt.c, lt.c, &s);
+                check_gpu_ok("verify_sample");
+                gpu->ops->download(gpu, pt.g, ptg);
+                cpu->ops->download(cpu, pt.c, ptc);
+                int32_t want_c, want_g;
+                double mc, mg;
+                const int ac = host_rule(ptc, dp, x, n, V, u, res, &want_c, &mc);
+                const int ag = host_rule(ptg, dp, x, n, V, u, res, &want_g, &mg);
+                CHECK(c[0] == ac && c[1] == want_c, "cpu verify_sample (%d, %d) vs the host rule (%d, %d)", c[0], c[1],
+                      ac, want_c);
+                rounds++;
+                if (n > 0) none += ac == 0, partial += ac > 0 && ac < n, all += ac == n;
+                if (g[0] != c[0] || g[1] != c[1]) {
+                    if (ac != ag || want_c != want_g || fmin(mc, mg) < DRAW_EPS) {
+                        excluded++;
+                    } else {
+                        differ++;
+                        CHECK(0, "verify_sample V=%lld T=%g k=%d p=%g n=%d: gpu (%d, %d), cpu (%d, %d)", (long long)V,
+                              (double)s.temperature, s.top_k, (double)s.top_p, n, g[0], g[1], c[0], c[1]);
+                    }
+                }
+                release(&lt), release(&pd), release(&pt);
+            }
+        }
+        free(tl), free(dl), free(dp), free(ptc), free(ptg), free(res);
+    }
+    printf("  verify_sample: %d rounds (%d reject the first draft, %d accept part, %d accept all), %d differ, "
+           "%d excluded (borderline)\n", rounds, none, partial, all, differ, excluded);
+    CHECK(excluded * 50 <= rounds, "%d of %d rounds excluded", excluded, rounds);
+    CHECK(none > 0 && partial > 0 && all > 0, "every acceptance path is exercised");
+    /* Greedy is argmax's business; more drafts than a launch takes are refused. */
+    pair l = act_rand(2, 16, 1.0f);
+    const ds_sampling greedy = {.temperature = 0.0f, .top_p = 1.0f}, t1 = {.temperature = 1.0f, .top_p = 1.0f};
+    const double u[2] = {0.5, 0.5};
+    int32_t out[2];
+    gpu->ops->verify_sample(gpu, l.g, NULL, 0, ds_no_tensor(), &greedy, u, out);
+    CHECK_ERR(ds_backend_check(gpu), "greedy");
+    int32_t many[65] = {0};
+    gpu->ops->verify_sample(gpu, l.g, many, 65, l.g, &t1, u, out);
+    CHECK_ERR(ds_backend_check(gpu), "cuda verify_sample");
+    release(&l);
+}
+
+/* A weight on both backends from values exact in dt. */
+static pair weight_of(ds_dtype dt, const float *v, int64_t rows, int64_t cols) {
+    pair p = {0};
+    const size_t n = (size_t)(rows * cols), es = ds_dtype_size(dt);
+    p.host = malloc(n * es);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == DS_BF16) ((uint16_t *)p.host)[i] = ds_f32_to_bf16(v[i]);
+        else ((float *)p.host)[i] = v[i];
+    }
+    ds_st_tensor st = {.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = p.host, .nbytes = n * es};
+    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &p.g);
+    if (!e) e = cpu->ops->weight(cpu, &st, rows, cols, &p.c);
+    if (e) {
+        CHECK(0, "weight: %s", ds_error_message(e));
+        ds_error_free(e);
+    }
+    return p;
+}
+
+/* The sampled Markov walk on both backends. Values are small multiples of
+ * powers of two (as test_markov_greedy's), so the corrected logits are
+ * exact on both and must agree to the bit, and so must the Markov inputs
+ * (emb); the distributions within SAMPLE_PROB_TOL; the drawn tokens
+ * exactly, up to the first step whose uniform is borderline (excluded:
+ * the walks may part there, so the rest of that walk is not compared). */
+static void test_sample_markov(void) {
+    /* r = 60: w2's rows miss the one-launch step's alignment (gather, linear, add instead). */
+    const struct {
+        int64_t V;
+        int r;
+    } cfg[] = {{3000, 64}, {3000, 60}, {151936, 64}};
+    int walks = 0, steps = 0, differ = 0, excluded = 0, logits_differ = 0, emb_differ = 0;
+    double worst = 0;
+    for (size_t vi = 0; vi < sizeof cfg / sizeof cfg[0]; vi++) {
+        const int64_t V = cfg[vi].V;
+        const int r = cfg[vi].r;
+        const int G = V > 100000 ? 4 : 7;
+        float *w1 = malloc((size_t)(V * r) * sizeof *w1), *w2 = malloc((size_t)(V * r) * sizeof *w2);
+        float *base = malloc((size_t)(G * V) * sizeof *base), *pg = malloc((size_t)(G * V) * sizeof *pg);
+        float *pc = malloc((size_t)(G * V) * sizeof *pc), *og = malloc((size_t)(G * V) * sizeof *og);
+        float *oc = malloc((size_t)(G * V) * sizeof *oc);
+        float eg[8 * 64], ec[8 * 64];
+        for (int64_t i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
+        for (int64_t i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 256.0f;
+        for (int head = 0; head < 3; head++) { /* bf16 head, fp32 head, none */
+            const bool markov = head < 2, bf16 = head == 0;
+            const ds_dtype dt = bf16 ? DS_BF16 : DS_F32;
+            pair pw1 = markov ? weight_of(dt, w1, V, r) : (pair){0}, pw2 = markov ? weight_of(dt, w2, V, r) : (pair){0};
+            for (int si = 0; si < N_SAMP; si += (V > 100000 ? 3 : 1)) {
+                const ds_sampling s = samp(&SAMP[si]);
+                for (int64_t i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (si % 2 ? 4.0f : 64.0f);
+                pair pb = act(G, V, base), po = act(G, V, NULL), pp = act(G, V, NULL), pe = act(G, r + 3, NULL);
+                const bool keep = si % 2 == 0;
+                double u[8];
+                for (int k = 0; k < G; k++) u[k] = ds_rng_uniform(&urng);
+                const int32_t anchor = (int32_t)(V / 3 + si);
+                int32_t tg[8], tc[8];
+                gpu->ops->markov_sample(gpu, pb.g, keep ? po.g : ds_no_tensor(), pp.g, markov ? pw1.g : ds_no_tensor(),
+                                        markov ? pw2.g : ds_no_tensor(), bf16, anchor, &s, u,
+                                        markov ? ds_cols(pe.g, 2, r) : ds_no_tensor(), tg);
+                cpu->ops->markov_sample(cpu, pb.c, keep ? po.c : ds_no_tensor(), pp.c, markov ? pw1.c : ds_no_tensor(),
+                                        markov ? pw2.c : ds_no_tensor(), bf16, anchor, &s, u,
+                                        markov ? ds_cols(pe.c, 2, r) : ds_no_tensor(), tc);
+                check_gpu_ok("markov_sample");
+                gpu->ops->download(gpu, pp.g, pg);
+                cpu->ops->download(cpu, pp.c, pc);
+                if (keep) {
+                    gpu->ops->download(gpu, po.g, og);
+                    cpu->ops->download(cpu, po.c, oc);
+                }
+                if (markov) {
+                    gpu->ops->download(gpu, ds_cols(pe.g, 2, r), eg);
+                    cpu->ops->download(cpu, ds_cols(pe.c, 2, r), ec);
+                }
+                walks++;
+                for (int k = 0; k < G; k++) {
+                    const size_t o = (size_t)k * V;
+                    if (keep) logits_differ += memcmp(og + o, oc + o, (size_t)V * sizeof *og) != 0;
+                    if (markov) emb_differ += memcmp(eg + k * r, ec + k * r, (size_t)r * sizeof *eg) != 0;
+                    worst = fmax(worst, rel_err_max(pg + o, pc + o, (size_t)V));
+                    steps++;
+                    if (tg[k] == tc[k]) continue;
+                    if (ds_sample_probs_u(pg + o, (int)V, u[k]) != ds_sample_probs_u(pc + o, (int)V, u[k]) ||
+                        draw_margin(pc + o, V, u[k]) < DRAW_EPS) {
+                        excluded++;
+                    } else {
+                        differ++;
+                        CHECK(0, "markov_sample V=%lld head %d T=%g k=%d p=%g step %d: gpu %d, cpu %d", (long long)V,
+                              head, (double)s.temperature, s.top_k, (double)s.top_p, k, tg[k], tc[k]);
+                    }
+                    break; /* the walks part here */
+                }
+                release(&pb), release(&po), release(&pp), release(&pe);
+            }
+            if (markov) release(&pw1), release(&pw2);
+        }
+        free(w1), free(w2), free(base), free(pg), free(pc), free(og), free(oc);
+    }
+    printf("  markov_sample (V 3000 r 64 / 60, V 151936 r 64; bf16, fp32, no head): %d walks, %d steps: %d tokens differ, %d excluded "
+           "(borderline); distributions worst err %.2e (bound %.0e); corrected logits differ in %d rows, Markov "
+           "inputs in %d\n", walks, steps, differ, excluded, worst, SAMPLE_PROB_TOL, logits_differ, emb_differ);
+    CHECK(worst <= SAMPLE_PROB_TOL, "markov_sample distributions: normalized error %.3g", worst);
+    CHECK(logits_differ == 0 && emb_differ == 0, "corrected logits / Markov inputs differ");
+}
+
+/* What a verification round and a drafted block cost on the GPU at Qwen3's
+ * vocabulary (reported, not checked): verify_sample of 17 rows (16 drafts)
+ * and a 16-position sampled walk (vanilla head, r = 256, bf16), with
+ * top-k 20 and top-p 0.95, and without truncation. */
+static void test_sample_speed(void) {
+    const int64_t V = 151936, G = 16, r = 256;
+    float *l = malloc((size_t)((G + 1) * V) * sizeof *l);
+    for (int64_t i = 0; i < (G + 1) * V; i++) l[i] = 4.0f * frand();
+    float *w = malloc((size_t)(V * r) * sizeof *w);
+    for (int64_t i = 0; i < V * r; i++) w[i] = (float)(int)(frand() * 16) / 256.0f;
+    pair lt = act(G + 1, V, l), pd = act(G, V, NULL), pb = act(G, V, l), pe = act(G, r, NULL);
+    pair pw1 = weight_of(DS_BF16, w, V, r), pw2 = weight_of(DS_BF16, w, V, r);
+    const ds_sampling sets[2] = {{.temperature = 0.8f, .top_k = 20, .top_p = 0.95f}, {.temperature = 1.0f, .top_p = 1.0f}};
+    for (int si = 0; si < 2; si++) {
+        const ds_sampling *s = &sets[si];
+        gpu->ops->probs(gpu, pd.g, ds_rows(lt.g, 0, G), s);
+        int32_t x[16], out[2], tok[16];
+        for (int i = 0; i < G; i++) x[i] = (int32_t)(i * 1000);
+        double u[17];
+        for (int i = 0; i <= G; i++) u[i] = ds_rng_uniform(&urng);
+        const int reps = 10;
+        double tv = 0, tm = 0;
+        for (int rep = -1; rep < reps; rep++) { /* one warm-up */
+            double t0 = now_s();
+            gpu->ops->verify_sample(gpu, lt.g, x, (int)G, pd.g, s, u, out);
+            double t1 = now_s();
+            gpu->ops->markov_sample(gpu, pb.g, ds_no_tensor(), pd.g, pw1.g, pw2.g, true, 5, s, u, pe.g, tok);
+            double t2 = now_s();
+            if (rep >= 0) tv += t1 - t0, tm += t2 - t1;
+        }
+        check_gpu_ok("sampling speed");
+        printf("  V=151936 T=%.1f top_k=%d top_p=%.2f: verify_sample (16 drafts) %.1f us, markov_sample (16 steps, "
+               "r=256 bf16) %.1f us (%.1f us a step)\n", (double)s->temperature, s->top_k, (double)s->top_p,
+               1e6 * tv / reps, 1e6 * tm / reps, 1e6 * tm / reps / G);
+    }
+    release(&lt), release(&pd), release(&pb), release(&pe), release(&pw1), release(&pw2);
+    free(l), free(w);
+}
+
+static void setup(void) {
+    CHECK_OK(ds_backend_cpu_new(2, &cpu));
+    ds_rng_seed(&urng, 31337);
+}
 static void teardown(void) {
     check_gpu_ok("teardown");
     gpu->ops->destroy(gpu);
@@ -813,7 +1259,9 @@ static void teardown(void) {
 #define CUDA_TESTS                                                                                           \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
         test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
-        test_argmax, test_markov_greedy, test_errors, test_linear_bandwidth, test_model_shapes_bandwidth, teardown
+        test_argmax, test_markov_greedy, test_sample_probs, test_sample_draw, test_sample_verify,                   \
+        test_sample_markov, test_errors, test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed,      \
+        teardown
 
 int main(void) {
     /* Every shape of these tests through the ring matmul where it applies (M <= 8), however few its tiles:

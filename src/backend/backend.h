@@ -19,6 +19,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "io/safetensors.h"
+#include "spec/sampler.h" /* ds_sampling, the sampling ops' parameters */
 
 typedef struct ds_backend ds_backend;
 
@@ -143,6 +144,36 @@ typedef struct {
      * (draft/markov.c) with the same results. */
     void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                           const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+    /* Sampling at T > 0 (ds_sampling_greedy(s) false; greedy decisions use
+     * argmax and markov_greedy) where the logits are, so that a round moves
+     * a few ints to the host instead of rows of V floats. Optional as a
+     * group: NULL where the backend has none; spec code then downloads the
+     * logits and runs spec/sampler.c and spec/verify.c on the host, which
+     * these ops follow (the CPU backend's call them). Uniforms are drawn on
+     * the host (ds_rng_uniform) in the order the host path draws them, so
+     * a seeded generation gives the same tokens on every backend except
+     * where rounding moves a uniform across a boundary (a CDF step or an
+     * acceptance ratio). Host arrays and results, like argmax.
+     * probs: out[r] = ds_probs_from_logits(logits[r]) (softmax(x/T) in fp32,
+     * top-k, top-p over the kept mass, renormalised). */
+    void (*probs)(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampling *s);
+    /* out[r] = ds_sample_probs_u(probs[r], u[r]), on the host when the call returns. */
+    void (*sample)(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);
+    /* ds_verify_uniforms: target logits [n+1, V] of the verify rows, the
+     * draft tokens x[n] (host), draft_probs [n, V] processed drafter
+     * distributions on the backend (unused when n = 0: then it is one draw
+     * from logits row 0), u[n+1]; out[0] = accepted count, out[1] = the
+     * next token, on the host when the call returns. n <= 64. */
+    void (*verify_sample)(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
+                          const ds_sampling *s, const double *u, int32_t *out);
+    /* markov_greedy's walk (same operands, no bound), drawing instead of
+     * taking the argmax: out[k] = the corrected logits (out.data NULL: not
+     * wanted), probs[k] = their processed distribution, tokens[k] =
+     * ds_sample_probs_u(probs[k], u[k]) = prev_{k+1}, on the host when the
+     * call returns. u: one uniform per position, as the host walk draws. */
+    void (*markov_sample)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
+                          int32_t *tokens);
     /* Ops queue work and have no error return: a backend records the first
      * failure (a GPU error, memory running out for a scratch buffer),
      * naming the op. check() waits for the queued work and returns that

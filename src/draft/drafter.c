@@ -123,7 +123,8 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
     DS_TRY(be->ops->alloc(be, DS_F32, G, H, &d->block_hidden));
     DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->logits));
-    if (be->ops->markov_greedy) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->mlogits));
+    if (be->ops->markov_greedy || be->ops->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->mlogits));
+    if (be->ops->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->probs));
     DS_TRY(be->ops->alloc(be, DS_F32, G, 2 * r + H + 1, &d->step_in));
     DS_TRY(be->ops->alloc(be, DS_F32, G, wide, &d->step_out));
     d->host_logits = malloc((size_t)G * V * sizeof(float));
@@ -145,7 +146,7 @@ void ds_drafter_release_common(ds_drafter *d) {
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
                         &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w,
                         &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
-                        &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->step_in, &d->step_out};
+                        &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->probs, &d->step_in, &d->step_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);
     free(d->host_probs);
@@ -234,4 +235,11 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
                 break;
             }
     return NULL;
+}
+
+ds_error *ds_drafter_host_probs(ds_drafter *d, ds_proposal *out) {
+    if (out->probs || !out->probs_dev.data) return NULL;
+    d->be->ops->download(d->be, out->probs_dev, d->host_probs);
+    out->probs = d->host_probs;
+    return ds_backend_check(d->be);
 }

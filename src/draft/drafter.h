@@ -49,6 +49,7 @@ struct ds_drafter {
     ds_tensor block_hidden; /* [gamma, hidden] */
     ds_tensor logits;       /* [gamma, vocab] base logits */
     ds_tensor mlogits;      /* [gamma, vocab] Markov-corrected logits, when the backend walks on the device */
+    ds_tensor probs;        /* [gamma, vocab] processed draft distributions, when the backend samples (markov_sample) */
     /* Greedy proposals walked on the device leave the corrected logits there;
      * set this to have propose() copy them to the host too (out->logits). */
     bool keep_logits;
@@ -69,7 +70,9 @@ typedef struct {
     int32_t tokens[DS_MAX_GAMMA];   /* all gamma drawn tokens */
     float conf_logit[DS_MAX_GAMMA]; /* confidence logits (when the head exists) */
     const float *logits;            /* [gamma, vocab] Markov-corrected logits (drafter-owned) */
-    const float *probs;             /* [gamma, vocab] processed draft distributions (T > 0) */
+    const float *probs;             /* [gamma, vocab] processed draft distributions (T > 0), or NULL when
+                                       they are on the backend only (probs_dev; ds_drafter_host_probs) */
+    ds_tensor probs_dev;            /* the same on the backend, when it sampled the walk (else data NULL) */
 } ds_proposal;
 
 typedef struct {
@@ -87,6 +90,10 @@ ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n);
  * cuts the proposal before the first confidence below it. */
 ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
                              ds_rng *rng, ds_proposal *out);
+
+/* Makes out->probs available on the host (a download when the walk was
+ * sampled on the backend), for a verifier that runs on the host. */
+ds_error *ds_drafter_host_probs(ds_drafter *d, ds_proposal *out);
 
 /* Shared pieces for architecture files. */
 ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *target);

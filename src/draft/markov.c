@@ -135,11 +135,43 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     score_confidence(d, out);
 }
 
+/* Sampled walks with a vanilla (or no) head run on the backend when it
+ * can: the G uniforms the host walk would draw one per position are drawn
+ * first, in the same order, and the drawn tokens come back once. The
+ * processed distributions stay on the backend (out->probs_dev) for
+ * verify_sample. */
+static void device_sample_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
+    const bool markov = d->markov == DS_MARKOV_VANILLA;
+    double u[DS_MAX_GAMMA];
+    for (int k = 0; k < G; k++) u[k] = ds_rng_uniform(rng);
+    ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
+    be->ops->markov_sample(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(), d->probs,
+                           markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
+                           d->logits_bf16, anchor, s, u, emb, out->tokens);
+    out->logits = NULL;
+    if (d->keep_logits) {
+        be->ops->download(be, d->mlogits, d->host_logits);
+        out->logits = d->host_logits;
+    }
+    out->probs = NULL;
+    out->probs_dev = d->probs;
+    if (!d->confidence) return;
+    be->ops->copy(be, ds_cols(ds_rows(d->step_in, 0, G), 0, H), d->block_hidden);
+    score_confidence(d, out);
+}
+
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
     ds_backend *be = d->be;
-    if (ds_sampling_greedy(s) && be->ops->markov_greedy && d->mlogits.data &&
-        (d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE)) {
+    out->probs_dev = ds_no_tensor();
+    const bool simple_head = d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE;
+    if (ds_sampling_greedy(s) && be->ops->markov_greedy && d->mlogits.data && simple_head) {
         device_chain(d, anchor, out);
+        return;
+    }
+    if (!ds_sampling_greedy(s) && be->ops->markov_sample && d->probs.data && d->mlogits.data && simple_head) {
+        device_sample_chain(d, anchor, s, rng, out);
         return;
     }
     const int G = d->gamma, V = d->vocab, H = d->hidden, r = d->markov_rank;

@@ -58,11 +58,31 @@ static ds_error *fetch_argmax(ds_target *t, int rows, int32_t *out) {
     return ds_backend_check(t->be);
 }
 
+/* Rejection sampling where the logits are (backend.h verify_sample): the
+ * n + 1 uniforms ds_verify would draw, drawn here in its order, go down;
+ * the accepted count and the next token come back. With n = 0 it is one
+ * draw from row 0's processed distribution (the host's pick()). */
+_Static_assert(DS_MAX_GAMMA <= DS_VERIFY_MAX_DRAFT, "a round's drafts fit a verification");
+static ds_error *verify_on_backend(ds_target *t, const int32_t *draft, int n, ds_tensor draft_probs,
+                                   const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next) {
+    double u[DS_VERIFY_MAX_DRAFT + 1];
+    for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(rng);
+    int32_t res[2];
+    t->be->ops->verify_sample(t->be, ds_rows(t->logits, 0, n + 1), draft, n,
+                              n > 0 ? ds_rows(draft_probs, 0, n) : ds_no_tensor(), s, u, res);
+    DS_TRY(ds_backend_check(t->be));
+    *accepted = res[0];
+    *next = res[1];
+    return NULL;
+}
+
 /* The token after the last forward's last row: its argmax (greedy) or a
  * draw from its processed distribution. */
 static ds_error *next_token(ds_target *t, const ds_sampling *s, ds_rng *rng, float *logits, float *probs,
                             int32_t *out) {
     if (ds_sampling_greedy(s)) return fetch_argmax(t, 1, out);
+    int unused;
+    if (t->be->ops->verify_sample) return verify_on_backend(t, NULL, 0, ds_no_tensor(), s, rng, &unused, out);
     DS_TRY(fetch_logits(t, 1, logits));
     *out = pick(logits, t->vocab, s, rng, probs);
     return NULL;
@@ -127,7 +147,10 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
             DS_TRY(fetch_argmax(t, n + 1, best));
             for (a = 0; a < n && best[a] == prop.tokens[a]; a++) {}
             next = best[a];
+        } else if (!p->verify && t->be->ops->verify_sample && prop.probs_dev.data) {
+            DS_TRY(verify_on_backend(t, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
         } else {
+            DS_TRY(ds_drafter_host_probs(d, &prop)); /* a host verifier reads them there */
             DS_TRY(fetch_logits(t, n + 1, logits));
             a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
                                                     &next);

@@ -105,10 +105,12 @@ void ds_probs_from_logits(const float *logits, int V, const ds_sampling *s, floa
     free(c);
 }
 
-int32_t ds_sample_probs(const float *probs, int V, ds_rng *rng) {
+int32_t ds_sample_probs(const float *probs, int V, ds_rng *rng) { return ds_sample_probs_u(probs, V, ds_rng_uniform(rng)); }
+
+int32_t ds_sample_probs_u(const float *probs, int V, double uniform) {
     double total = 0;
     for (int i = 0; i < V; i++) total += probs[i];
-    double u = ds_rng_uniform(rng) * total, cum = 0;
+    double u = uniform * total, cum = 0;
     int32_t last = 0;
     for (int i = 0; i < V; i++) {
         if (probs[i] <= 0) continue;

@@ -250,6 +250,10 @@ static const ds_backend_ops cpu_ops = {
     .linear_residual = ds_cpu_linear_residual,
     .linear_swiglu = ds_cpu_linear_swiglu,
     .linear_multi = ds_cpu_linear_multi,
+    .probs = ds_cpu_probs,
+    .sample = ds_cpu_sample,
+    .verify_sample = ds_cpu_verify_sample,
+    .markov_sample = ds_cpu_markov_sample,
     .check = cpu_check,
 };
 

@@ -85,5 +85,13 @@ void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);
+/* The sampling ops (cpu_sample.c). */
+void ds_cpu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampling *s);
+void ds_cpu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);
+void ds_cpu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
+                          const ds_sampling *s, const double *u, int32_t *out);
+void ds_cpu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
+                          int32_t *tokens);
 
 #endif

@@ -202,6 +202,10 @@ static const ds_backend_ops cuda_ops = {
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .qk_norm_rope = ds_cu_qk_norm_rope,
     .markov_greedy = ds_cu_markov_greedy,
+    .probs = ds_cu_probs,
+    .sample = ds_cu_sample,
+    .verify_sample = ds_cu_verify_sample,
+    .markov_sample = ds_cu_markov_sample,
     .check = cu_check,
 };
 

@@ -190,6 +190,18 @@ void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, 
                         const float *inv_freq);
 void ds_cu_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,
                         float eps, const int32_t *pos, const float *inv_freq);
+void ds_cu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampling *s);
+void ds_cu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);
+void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
+                         const ds_sampling *s, const double *u, int32_t *out);
+void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                         bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
+                         int32_t *tokens);
+/* probs[V] = the processed distribution of x[V] and *d_token (device) =
+ * a draw from it with uniform u, in one launch queued on the stream
+ * (sample.cu; the sampled Markov walk's step). */
+bool ds_cu_probs_draw_dev(ds_cuda_backend *cb, const char *op, const float *x, float *probs, int64_t V,
+                          const ds_sampling *s, double u, int32_t *d_token);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 

@@ -139,6 +139,23 @@ static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
     prof_flush(be);
 }
+static void p_probs(ds_backend *be, ds_tensor o, ds_tensor l, const ds_sampling *s) {
+    PROF("probs", prof_of(be)->inner->probs(be, o, l, s));
+}
+static void p_sample(ds_backend *be, ds_tensor p, const double *u, int32_t *out) {
+    PROF("sample", prof_of(be)->inner->sample(be, p, u, out));
+    prof_flush(be);
+}
+static void p_verify_sample(ds_backend *be, ds_tensor l, const int32_t *x, int n, ds_tensor pd, const ds_sampling *s,
+                            const double *u, int32_t *out) {
+    PROF("verify_sample", prof_of(be)->inner->verify_sample(be, l, x, n, pd, s, u, out));
+    prof_flush(be);
+}
+static void p_markov_sample(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor p, ds_tensor w1, ds_tensor w2, bool bf,
+                            int32_t a, const ds_sampling *s, const double *u, ds_tensor e, int32_t *t) {
+    PROF("markov_sample", prof_of(be)->inner->markov_sample(be, b, o, p, w1, w2, bf, a, s, u, e, t));
+    prof_flush(be);
+}
 static void p_rl_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, ds_tensor nw, float eps,
                        const ds_tensor *w, const ds_tensor *b) {
     PROF(WIDE(x.rows) ? "rmsnorm_linear_multi (wide)" : "rmsnorm_linear_multi",
@@ -212,6 +229,10 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.rmsnorm_rope = p_rmsnorm_rope;
     ops.qk_norm_rope = p_qk_norm_rope;
     ops.markov_greedy = p_markov;
+    ops.probs = p_probs;
+    ops.sample = p_sample;
+    ops.verify_sample = p_verify_sample;
+    ops.markov_sample = p_markov_sample;
     ops.rmsnorm_linear_multi = p_rl_multi;
     ops.rmsnorm_linear_swiglu = p_rl_swiglu;
     ops.check = p_check;

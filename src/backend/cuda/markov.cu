@@ -406,3 +406,93 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         cb->markov_vocab = V;
     }
 }
+
+/* The sampled walk (backend.h markov_sample): every step writes the whole
+ * corrected logits row (the full step kernel, whose argmax into idx[k+1]
+ * is then overwritten, or the unfused gather / linear / add), then one
+ * block turns the row into its processed distribution (probs[k]) and
+ * draws idx[k+1] from it with u[k] (sample.cu). The next step's gather
+ * reads that token on the device; the G tokens come back once. */
+void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                         bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
+                         int32_t *tokens) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const int G = (int)base.rows;
+    const int64_t V = base.cols;
+    if (G <= 0 || V <= 0) return;
+    const bool markov = w1.data != NULL, keep = out.data != NULL;
+    if ((keep && (out.rows < G || out.cols != V)) || probs.rows < G || probs.cols != V ||
+        (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols))) {
+        ds_cu_fail(cb, "markov_sample", "shapes do not match: base %lldx%lld, out %lldx%lld, probs %lldx%lld, "
+                   "w1 %lldx%lld, w2 %lldx%lld, emb %lldx%lld", (long long)G, (long long)V, (long long)out.rows,
+                   (long long)out.cols, (long long)probs.rows, (long long)probs.cols, (long long)w1.rows,
+                   (long long)w1.cols, (long long)w2.rows, (long long)w2.cols, (long long)emb.rows,
+                   (long long)emb.cols);
+        return;
+    }
+    if (markov && !ds_cu_float_dtype(cb, "markov_sample", w1.dtype)) return;
+    if (G > DS_CU_ROWS) {
+        ds_cu_fail(cb, "markov_sample", "block of %d positions (at most %d)", G, DS_CU_ROWS);
+        return;
+    }
+    /* idx as markov_greedy lays it out: [anchor, tokens[G], ticket, rows]. */
+    int32_t *idx = ds_cu_indices(cb, "markov_sample", G + 3);
+    if (!idx) return;
+    int32_t init[DS_CU_ROWS + 3] = {anchor};
+    if (!ds_cu_ok(cb, "markov_sample", cudaMemcpyAsync(idx, init, (size_t)(G + 3) * sizeof(int32_t),
+                                                       cudaMemcpyHostToDevice, cb->stream)))
+        return;
+    unsigned *ticket = (unsigned *)(idx + G + 1);
+    const int r = markov ? (int)w1.cols : 0;
+    const bool one_launch = markov && step_fits(w2, emb);
+    /* Where the corrected row goes when out does not keep it. */
+    float *row = markov && !keep ? (float *)ds_cu_tmp2(cb, "markov_sample", (size_t)V * sizeof(float)) : NULL;
+    float *bias = markov && !one_launch ? (float *)ds_cu_tmp(cb, "markov_sample", (size_t)V * sizeof(float)) : NULL;
+    if (markov && ((!keep && !row) || (!one_launch && !bias))) return;
+    const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
+    float *pv = NULL;
+    int *pi = NULL;
+    if (one_launch) {
+        char *part = (char *)ds_cu_scratch(cb, "markov_sample", (size_t)blocks * (sizeof(float) + sizeof(int)));
+        if (!part) return;
+        pv = (float *)part;
+        pi = (int *)(part + (size_t)blocks * sizeof(float));
+    }
+    for (int k = 0; k < G; k++) {
+        const float *bk = (const float *)ds_rows(base, k, 1).data;
+        float *lk = keep ? (float *)ds_rows(out, k, 1).data : row;
+        if (markov) {
+            float *ek = (float *)ds_rows(emb, k, 1).data;
+            if (one_launch) {
+                const size_t smem = (size_t)r * sizeof(float);
+#define SSTEP(DT_)                                                                                                \
+    ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk, w1.data,        \
+                      (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi, ticket)
+                if (w2.dtype == DS_BF16) SSTEP(DS_BF16);
+                else if (w2.dtype == DS_F16) SSTEP(DS_F16);
+                else SSTEP(DS_F32);
+#undef SSTEP
+            } else {
+                ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, ek, w1.data, (int)w1.dtype, w1.stride, r, idx + k);
+                if (!ds_cu_launched(cb, "markov_sample")) return;
+                ds_tensor bt = {DS_F32, bias, 1, V, V, false};
+                ds_cu_linear(be, bt, ds_rows(emb, k, 1), w2, ds_no_tensor());
+                ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, lk, bk,
+                             (const float *)bias, V, (int)bf16);
+            }
+            if (!ds_cu_launched(cb, "markov_sample")) return;
+        } else if (keep) {
+            be->ops->copy(be, ds_rows(out, k, 1), ds_rows(base, k, 1));
+        } else {
+            lk = (float *)bk; /* no head: the base logits are the corrected ones (read only) */
+        }
+        if (!ds_cu_probs_draw_dev(cb, "markov_sample", lk, (float *)ds_rows(probs, k, 1).data, V, s, u[k],
+                                  idx + k + 1))
+            return;
+    }
+    int32_t got[DS_CU_ROWS];
+    if (ds_cu_ok(cb, "markov_sample",
+                 cudaMemcpyAsync(got, idx + 1, (size_t)G * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)) &&
+        ds_cu_ok(cb, "markov_sample", cudaStreamSynchronize(cb->stream)))
+        memcpy(tokens, got, (size_t)G * sizeof(int32_t));
+}
