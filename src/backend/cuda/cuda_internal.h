@@ -36,6 +36,7 @@ extern "C" {
 #define DS_CU_WALK (DS_CU_ROWS + 3)
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
+#define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */
 
 typedef struct {
     bool active;          /* ops read the step's values from d_step (run now or recorded) */
@@ -72,7 +73,9 @@ typedef struct {
     bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */
     uint64_t gen;         /* bumped whenever device memory a recording may hold is (re)allocated or freed */
     int32_t *d_step;      /* DS_CU_STEP_INTS on the device */
-    int32_t *h_step;      /* its host staging */
+    int32_t *h_step;      /* pinned staging: DS_CU_STEP_SLOTS slots of DS_CU_STEP_INTS, then the outputs */
+    cudaEvent_t step_ev[DS_CU_STEP_SLOTS]; /* a slot's copy has been done (NULL: never used) */
+    int step_slot;
     ds_cu_region reg;
     struct ds_cu_graph *graphs;
     int n_graphs, cap_graphs;

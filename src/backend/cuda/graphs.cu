@@ -43,16 +43,21 @@ static bool env_graphs(void) {
     return true;
 }
 
+/* The outputs' pinned staging, after the slots. */
+static int32_t *h_out(ds_cuda_backend *cb) { return cb->h_step + DS_CU_STEP_SLOTS * DS_CU_STEP_INTS; }
+
 void ds_cu_graphs_init(ds_cuda_backend *cb) {
     cb->graphs_on = env_graphs();
     if (!cb->graphs_on) return;
-    cb->h_step = (int32_t *)calloc(DS_CU_STEP_INTS, sizeof(int32_t));
-    if (!cb->h_step || cudaMalloc(&cb->d_step, DS_CU_STEP_INTS * sizeof(int32_t)) != cudaSuccess) {
+    const size_t host = (size_t)(DS_CU_STEP_SLOTS * DS_CU_STEP_INTS + DS_CU_STEP_MAX) * sizeof(int32_t);
+    if (cudaMallocHost(&cb->h_step, host) != cudaSuccess ||
+        cudaMalloc(&cb->d_step, DS_CU_STEP_INTS * sizeof(int32_t)) != cudaSuccess) {
         /* Without the buffers the regions run op by op. */
-        free(cb->h_step);
+        if (cb->h_step) cudaFreeHost(cb->h_step);
         cb->h_step = NULL;
         cb->d_step = NULL;
         cb->graphs_on = false;
+        cudaGetLastError();
     }
     cb->stats.enabled = cb->graphs_on;
 }
@@ -71,7 +76,9 @@ void ds_cu_graphs_free(ds_cuda_backend *cb) {
     cb->n_graphs = cb->cap_graphs = 0;
     ds_cu_retired_free(cb);
     if (cb->d_step) cudaFree(cb->d_step);
-    free(cb->h_step);
+    if (cb->h_step) cudaFreeHost(cb->h_step);
+    for (int i = 0; i < DS_CU_STEP_SLOTS; i++)
+        if (cb->step_ev[i]) cudaEventDestroy(cb->step_ev[i]);
     cb->d_step = NULL;
     cb->h_step = NULL;
 }
@@ -131,9 +138,21 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
         cb->stats.eager++;
         return true;
     }
-    /* The step's values, one copy (pageable staging: the driver has taken
-     * them when the call returns, so the next region may refill it). */
-    int32_t *h = cb->h_step;
+    /* The step's values, one copy from a pinned slot (truly asynchronous),
+     * refilled only once its previous copy has run (its event). */
+    const int slot = cb->step_slot;
+    cb->step_slot = (slot + 1) % DS_CU_STEP_SLOTS;
+    if (cb->step_ev[slot]) {
+        if (!ds_cu_ok(cb, "region", cudaEventSynchronize(cb->step_ev[slot]))) {
+            cb->stats.eager++;
+            return true;
+        }
+    } else if (!ds_cu_ok(cb, "region", cudaEventCreateWithFlags(&cb->step_ev[slot], cudaEventDisableTiming))) {
+        cb->step_ev[slot] = NULL;
+        cb->stats.eager++;
+        return true;
+    }
+    int32_t *h = cb->h_step + (size_t)slot * DS_CU_STEP_INTS;
     memset(h, 0, (1 + DS_CU_WALK) * sizeof *h);
     h[0] = step->n_keys;
     if (step->n_ids > 0) h[1] = step->ids[0]; /* the walk's anchor */
@@ -146,7 +165,8 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
     off += step->n_pos;
     cb->reg.off_out = off;
     if (!ds_cu_ok(cb, "region", cudaMemcpyAsync(cb->d_step, h, (size_t)off * sizeof *h, cudaMemcpyHostToDevice,
-                                                 cb->stream))) {
+                                                 cb->stream)) ||
+        !ds_cu_ok(cb, "region", cudaEventRecord(cb->step_ev[slot], cb->stream))) {
         cb->stats.eager++;
         return true;
     }
@@ -223,10 +243,12 @@ void ds_cu_region_end(ds_backend *be) {
     }
     const ds_step *st = r.step;
     if (st->n_out > 0 && !cb->err) {
-        if (ds_cu_ok(cb, "region", cudaMemcpyAsync(st->out, cb->d_step + r.off_out, (size_t)st->n_out * sizeof(int32_t),
+        if (ds_cu_ok(cb, "region", cudaMemcpyAsync(h_out(cb), cb->d_step + r.off_out, (size_t)st->n_out * sizeof(int32_t),
                                                     cudaMemcpyDeviceToHost, cb->stream)) &&
-            ds_cu_ok(cb, "region", cudaStreamSynchronize(cb->stream)))
+            ds_cu_ok(cb, "region", cudaStreamSynchronize(cb->stream))) {
+            memcpy(st->out, h_out(cb), (size_t)st->n_out * sizeof(int32_t));
             ds_cu_retired_free(cb);
+        }
     }
     cb->reg = ds_cu_region{};
 }
