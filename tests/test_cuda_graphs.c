@@ -12,6 +12,7 @@
  *   both == graphs off), across the boundary;
  * - the graphs backend did capture and replay, the other never did.
  * Skips (exit 77) where no CUDA device can be used. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,185 @@ static void test_generate_lossless(void) {
            (long long)s.captures, (long long)s.replays, (long long)s.eager, (long long)s.graphs);
 }
 
+/* ---- ops in regions, shapes the pico model does not reach ---------------- */
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((rs >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+/* The same random fp32 tensor on both backends. */
+static void pair_rand(int64_t rows, int64_t cols, float scale, ds_tensor t[2]) {
+    float *v = malloc((size_t)(rows * cols) * sizeof *v);
+    for (int64_t i = 0; i < rows * cols; i++) v[i] = frand() * scale;
+    for (int i = 0; i < 2; i++) {
+        ds_error *e = be[i]->ops->alloc(be[i], DS_F32, rows, cols, &t[i]);
+        if (e) {
+            CHECK(0, "alloc: %s", ds_error_message(e));
+            ds_error_free(e);
+        } else {
+            be[i]->ops->upload(be[i], t[i], v);
+        }
+    }
+    free(v);
+}
+
+static bool same_tensor(ds_tensor t[2], const char *what, int at) {
+    size_t n = (size_t)(t[0].rows * t[0].cols);
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    be[0]->ops->download(be[0], t[0], a);
+    be[1]->ops->download(be[1], t[1], b);
+    check_backends(what);
+    bool eq = !memcmp(a, b, n * sizeof *a);
+    CHECK(eq, "%s at %d: graphs on and off differ", what, at);
+    free(a);
+    free(b);
+    return eq;
+}
+
+/* Attention in a region (graphs on) vs op by op (off), bit for bit: decode
+ * and verify rows at positions that move through buckets of 1, 2, 4 and 8
+ * key chunks, causal, windowed over a ring, and not causal; every shape
+ * several times (warm-up, capture, replays). */
+static void attention_case(bool causal, int window, int ring, const char *name) {
+    enum { H = 4, KVH = 2, D = 64, CAP = 2048 };
+    const int rows_cache = ring ? ring : CAP;
+    ds_tensor q[2], k[2], v[2], out[2];
+    pair_rand(8, H * D, 1.0f, q);
+    pair_rand(rows_cache, KVH * D, 1.0f, k);
+    pair_rand(rows_cache, KVH * D, 1.0f, v);
+    pair_rand(8, H * D, 0.0f, out);
+    int32_t ids[8] = {0}, pos[8], res[8];
+    ds_step st = {.ids = ids, .pos = pos, .out = res, .cap = 8};
+    const int p0s[] = {3, 200, 250, 260, 500, 700, 1000, 1030, 1500, 1900};
+    ds_region_stats before = ds_backend_region_stats(be[1]);
+    int bad = 0;
+    for (int R = 1; R <= 8; R += 7)
+        for (int rep = 0; rep < 3 && bad < 3; rep++)
+            for (size_t c = 0; c < sizeof p0s / sizeof p0s[0] && bad < 3; c++) {
+                const int p0 = p0s[c] + 5 * rep;
+                for (int i = 0; i < R; i++) pos[i] = p0 + i;
+                st.n_keys = p0 + R;
+                st.n_ids = 0;
+                st.n_pos = R;
+                st.n_out = 0;
+                ds_attn_params ap = {.n_heads = H, .n_kv_heads = KVH, .head_dim = D, .v_head_dim = D,
+                                     .n_keys = st.n_keys, .causal = causal, .window = window, .ring_size = ring,
+                                     .scale = 0.125f, .q_pos = pos};
+                ds_tensor qr[2] = {ds_rows(q[0], 0, R), ds_rows(q[1], 0, R)};
+                ds_tensor orow[2] = {ds_rows(out[0], 0, R), ds_rows(out[1], 0, R)};
+                be[0]->ops->attention(be[0], orow[0], qr[0], k[0], v[0], &ap);
+                ds_region_key key = {100, R, (causal ? 1 : 0) | window << 1 | ring << 12, &st};
+                if (ds_region_begin(be[1], &key, &st)) be[1]->ops->attention(be[1], orow[1], qr[1], k[1], v[1], &ap);
+                ds_region_end(be[1]);
+                if (!same_tensor(orow, name, p0 * 10 + R)) bad++;
+            }
+    ds_region_stats after = ds_backend_region_stats(be[1]);
+    printf("  attention %-22s %lld captures, %lld replays\n", name, (long long)(after.captures - before.captures),
+           (long long)(after.replays - before.replays));
+    CHECK(after.replays - before.replays >= 10, "%s: only %lld replays", name,
+          (long long)(after.replays - before.replays));
+    ds_tensor *all[] = {q, k, v, out};
+    for (size_t t = 0; t < 4; t++)
+        for (int i = 0; i < 2; i++) be[i]->ops->release(be[i], &all[t][i]);
+}
+
+static void test_attention_regions(void) {
+    attention_case(true, 0, 0, "causal");
+    attention_case(true, 300, 512, "causal, window 300, ring");
+    attention_case(false, 0, 0, "not causal");
+}
+
+/* Random values into rows [0, rows) of t on both backends (outside regions). */
+static void refill(ds_tensor t[2], int64_t rows, float scale) {
+    float *v = malloc((size_t)(rows * t[0].cols) * sizeof *v);
+    for (int64_t i = 0; i < rows * t[0].cols; i++) v[i] = frand() * scale;
+    for (int i = 0; i < 2; i++) be[i]->ops->upload(be[i], ds_rows(t[i], 0, rows), v);
+    free(v);
+}
+
+static bool same_host(ds_backend *b, ds_tensor x, ds_tensor y) {
+    size_t n = (size_t)(x.rows * x.cols);
+    float *a = malloc(n * sizeof *a), *c = malloc(n * sizeof *c);
+    b->ops->download(b, x, a);
+    b->ops->download(b, y, c);
+    bool eq = !memcmp(a, c, n * sizeof *a);
+    free(a);
+    free(c);
+    return eq;
+}
+
+/* qk_norm_rope_store in a region vs op by op, and op by op vs the unfused
+ * sequence (qk_norm_rope in place, then row copies): q and the caches bit
+ * for bit, positions wrapping a ring, rows 1, 3, 5, 7, each shape recorded
+ * and replayed. */
+static void test_store_regions(void) {
+    enum { H = 4, KVH = 2, D = 64, RING = 40, STEPS_ = 32 };
+    float inv_freq[D / 2];
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / D);
+    ds_tensor qw[2], kw[2], kc[2], vc[2], kc2[2], vc2[2], q[2], k[2], v[2], qu[2], ku[2];
+    pair_rand(1, D, 1.0f, qw);
+    pair_rand(1, D, 1.0f, kw);
+    pair_rand(RING, KVH * D, 0.0f, kc);
+    pair_rand(RING, KVH * D, 0.0f, vc);
+    pair_rand(RING, KVH * D, 0.0f, kc2);
+    pair_rand(RING, KVH * D, 0.0f, vc2);
+    pair_rand(8, H * D, 0.0f, q);
+    pair_rand(8, KVH * D, 0.0f, k);
+    pair_rand(8, KVH * D, 0.0f, v);
+    pair_rand(8, H * D, 0.0f, qu);
+    pair_rand(8, KVH * D, 0.0f, ku);
+    int32_t ids[8] = {0}, pos[8], res[8];
+    ds_step st = {.ids = ids, .pos = pos, .out = res, .cap = 8};
+    ds_region_stats before = ds_backend_region_stats(be[1]);
+    int bad = 0;
+    for (int step = 0; step < STEPS_ && bad < 3; step++) {
+        const int R = 1 + step % 4 * 2, p0 = 7 * step; /* wraps the ring of 40 */
+        refill(q, R, 2.0f);
+        refill(k, R, 2.0f);
+        refill(v, R, 2.0f);
+        for (int i = 0; i < R; i++) pos[i] = p0 + i;
+        st.n_keys = p0 + R;
+        st.n_ids = 0;
+        st.n_pos = R;
+        st.n_out = 0;
+        ds_tensor qr[2], kr[2], vr[2];
+        for (int i = 0; i < 2; i++) qr[i] = ds_rows(q[i], 0, R), kr[i] = ds_rows(k[i], 0, R), vr[i] = ds_rows(v[i], 0, R);
+        /* The unfused sequence, graphs-off backend, on copies. */
+        ds_tensor qur = ds_rows(qu[0], 0, R), kur = ds_rows(ku[0], 0, R);
+        be[0]->ops->copy(be[0], qur, qr[0]);
+        be[0]->ops->copy(be[0], kur, kr[0]);
+        be[0]->ops->qk_norm_rope(be[0], qur, qw[0], kur, kw[0], D, 1e-6f, pos, inv_freq);
+        ds_store_rows(be[0], kc2[0], kur, RING, pos);
+        ds_store_rows(be[0], vc2[0], vr[0], RING, pos);
+        be[0]->ops->qk_norm_rope_store(be[0], qr[0], qw[0], kr[0], kw[0], vr[0], kc[0], vc[0], RING, D, 1e-6f, pos,
+                                       inv_freq);
+        ds_region_key key = {101, R, 0, &st};
+        if (ds_region_begin(be[1], &key, &st))
+            be[1]->ops->qk_norm_rope_store(be[1], qr[1], qw[1], kr[1], kw[1], vr[1], kc[1], vc[1], RING, D, 1e-6f,
+                                           pos, inv_freq);
+        ds_region_end(be[1]);
+        bool ok = same_tensor(qr, "store: q", step) & same_tensor(kc, "store: k cache", step) &
+                  same_tensor(vc, "store: v cache", step);
+        bool q_ok = same_host(be[0], qur, qr[0]), k_ok = same_host(be[0], kc2[0], kc[0]),
+             v_ok = same_host(be[0], vc2[0], vc[0]);
+        CHECK(q_ok && k_ok && v_ok, "store step %d: qk_norm_rope_store differs from qk_norm_rope + row copies (q %d, "
+              "k %d, v %d)", step, q_ok, k_ok, v_ok);
+        bad += !ok || !q_ok || !k_ok || !v_ok;
+    }
+    check_backends("store");
+    ds_region_stats after = ds_backend_region_stats(be[1]);
+    printf("  qk_norm_rope_store: %d steps, %lld captures, %lld replays\n", STEPS_,
+           (long long)(after.captures - before.captures), (long long)(after.replays - before.replays));
+    CHECK(after.replays - before.replays >= 8, "store: only %lld replays", (long long)(after.replays - before.replays));
+    ds_tensor *all[] = {qw, kw, kc, vc, kc2, vc2, q, k, v, qu, ku};
+    for (size_t t = 0; t < sizeof all / sizeof all[0]; t++)
+        for (int i = 0; i < 2; i++) be[i]->ops->release(be[i], &all[t][i]);
+}
+
 static void teardown(void) {
     for (int i = 0; i < 2; i++) {
         ds_drafter_free(dr[i]);
@@ -266,8 +446,9 @@ int main(void) {
             return 77;
         }
     }
-    test_fn fns[] = {setup, test_ar_steps, test_verify_shapes, test_drafter_rounds, test_generate_lossless, teardown};
+    test_fn fns[] = {setup, test_ar_steps, test_verify_shapes, test_drafter_rounds, test_generate_lossless,
+                     test_attention_regions, test_store_regions, teardown};
     const char *names[] = {"setup", "test_ar_steps", "test_verify_shapes", "test_drafter_rounds",
-                           "test_generate_lossless", "teardown"};
+                           "test_generate_lossless", "test_attention_regions", "test_store_regions", "teardown"};
     return run_tests("cuda_graphs", fns, names, (int)(sizeof fns / sizeof fns[0]));
 }
