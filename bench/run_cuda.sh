@@ -25,6 +25,20 @@ timeout 300 ./$B/tests/test_cuda_ops >"$OUT/test_cuda_ops.log" 2>&1
 echo "test_cuda_ops rc=$?"
 cat "$OUT/test_cuda_ops.log"
 
+# CUDA graphs (step regions) against the same GPU op by op, bit for bit.
+timeout 300 ./$B/tests/test_cuda_graphs >"$OUT/test_cuda_graphs.log" 2>&1
+echo "test_cuda_graphs rc=$?"
+cat "$OUT/test_cuda_graphs.log"
+
+# Sampling at T > 0 on the GPU: the ops against the host path on the same device logits, and the
+# statistical losslessness test through the GPU path.
+DS_BACKEND=cuda timeout 300 ./$B/tests/test_sample_ops >"$OUT/test_sample_ops.log" 2>&1
+echo "test_sample_ops (DS_BACKEND=cuda) rc=$?"
+grep -vE "^ok " "$OUT/test_sample_ops.log" | head -20
+DS_BACKEND=cuda DS_TEST_QUICK=1 timeout 300 ./$B/tests/test_lossless_sampling >"$OUT/test_lossless_cuda.log" 2>&1
+echo "test_lossless_sampling (DS_BACKEND=cuda, quick) rc=$?"
+tail -12 "$OUT/test_lossless_cuda.log"
+
 DS_BACKEND=cuda timeout 420 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|pico)$' -j4 -V \
   >"$OUT/golden_cuda.log" 2>&1
 echo "golden tests (DS_BACKEND=cuda) rc=$?"
@@ -42,3 +56,11 @@ run ar2 --no-draft
 run dspark
 run dflash -d models/pico-qwen3-dflash
 run dspark_thr05 --threshold 0.5
+
+# Graphs off vs on (DS_CUDA_GRAPHS): the pico pair's steps, where launches dominate.
+for g in 0 1; do
+  DS_CUDA_GRAPHS=$g timeout 240 ./$B/dspark bench --backend cuda -m models/pico-qwen3 -d models/pico-qwen3-dspark \
+    --prompt-len 200 --decode 128 >"$OUT/bench_graphs$g.txt" 2>&1
+  echo "bench DS_CUDA_GRAPHS=$g rc=$?"
+  grep -E "graphs|AR decode|bare step|verify +n=(1|8) |draft |drafted" "$OUT/bench_graphs$g.txt"
+done

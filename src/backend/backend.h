@@ -66,6 +66,43 @@ typedef struct {
  * e, |w2[n] . e - coef[n] . (proj e)| <= radius[n] |e|, fp32 rounding of
  * those three dot products included. */
 #define DS_MARKOV_BOUND_K 8 /* the most directions a bound may have */
+/* Step regions: a sequence of ops that is the same from one step to the
+ * next but for a few values (token ids, positions, the key count), which a
+ * backend may record once and replay (CUDA graphs). The values live in a
+ * ds_step the model owns; inside a region, ops take them by pointer into
+ * it: embed's ids, rope / norm-rope / qk_norm_rope_store's positions and
+ * attention's q_pos point into step->ids / step->pos (any offset), an
+ * attention's n_keys equals step->n_keys, argmax's and markov_greedy's
+ * host outputs point into step->out, and markov_greedy's anchor is
+ * step->ids[0]. Every other argument (tensors, row counts, constants such
+ * as inv_freq) must be a function of the region's key. No op in a region
+ * may wait for the backend or move host memory (download, upload, check). */
+typedef struct {
+    int32_t n_keys;            /* the key count of every attention in the region */
+    int32_t *ids, *pos, *out;  /* host arrays of cap entries each */
+    int cap;
+    int n_ids, n_pos, n_out;   /* entries the region reads (ids, pos) and leaves for the host (out) */
+} ds_step;
+
+/* What makes two regions the same recording: the model's kind of step, its
+ * largest op row count and whatever else changes its op sequence. */
+typedef struct {
+    int kind;          /* DS_REGION_* */
+    int rows;          /* the most rows any op of the region takes */
+    int variant;       /* model-defined: anything else that changes the op sequence */
+    const void *owner; /* the model object (two models on one backend never share a recording) */
+} ds_region_key;
+enum { DS_REGION_TARGET = 1, DS_REGION_DRAFT = 2 };
+
+/* How a backend ran its regions (dspark bench, tests). */
+typedef struct {
+    bool enabled;         /* regions are recorded and replayed (CUDA graphs on) */
+    int64_t captures;     /* recordings made (first capture and re-captures) */
+    int64_t replays;      /* regions replayed from a recording */
+    int64_t eager;        /* regions run op by op (warm-up, too many rows, graphs off) */
+    int64_t graphs;       /* recordings held now */
+} ds_region_stats;
+
 typedef struct {
     ds_tensor proj;   /* [k, r] fp32 */
     ds_tensor coef;   /* [V, k] fp32 */
@@ -174,6 +211,23 @@ typedef struct {
     void (*markov_sample)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                           bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                           int32_t *tokens);
+    /* q (rows 0: none) and k: rmsnorm_rope in place, as qk_norm_rope /
+     * rmsnorm_rope (weights qw, kw); then row i of k and of v goes to row
+     * pos[i] of k_cache / v_cache (pos[i] % ring_size when ring_size > 0).
+     * Optional: NULL runs that sequence and row copies (ds_qk_norm_rope_store). */
+    void (*qk_norm_rope_store)(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
+                               ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
+                               const int32_t *pos, const float *inv_freq);
+    /* Step regions (see ds_step), optional (NULL: every region runs its ops
+     * as written). region_begin returns true when the caller must issue the
+     * region's ops (to run them, or to have them recorded), false when the
+     * backend has replayed the recording of this key with step's values (the
+     * caller then skips the ops). region_end is called either way; after it
+     * step->out[0 .. n_out) holds the region's host outputs. Allocations and
+     * releases invalidate recordings. */
+    bool (*region_begin)(ds_backend *be, const ds_region_key *key, ds_step *step);
+    void (*region_end)(ds_backend *be);
+    void (*region_stats)(ds_backend *be, ds_region_stats *out);
     /* Ops queue work and have no error return: a backend records the first
      * failure (a GPU error, memory running out for a scratch buffer),
      * naming the op. check() waits for the queued work and returns that
@@ -270,6 +324,42 @@ static inline void ds_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds
     }
     ds_rmsnorm_rope(be, q, qw, head_dim, eps, pos, inv_freq);
     ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
+}
+
+/* Step regions: begin / end, for backends with or without them. */
+static inline bool ds_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step) {
+    return be->ops->region_begin ? be->ops->region_begin(be, key, step) : true;
+}
+static inline void ds_region_end(ds_backend *be) {
+    if (be->ops->region_end) be->ops->region_end(be);
+}
+static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
+    ds_region_stats s = {false, 0, 0, 0, 0};
+    if (be->ops->region_stats) be->ops->region_stats(be, &s);
+    return s;
+}
+
+/* Row i of src to row pos[i] (mod ring) of dst, as runs of consecutive rows. */
+static inline void ds_store_rows(ds_backend *be, ds_tensor dst, ds_tensor src, int ring, const int32_t *pos) {
+    for (int64_t i = 0; i < src.rows;) {
+        const int64_t r0 = ring > 0 ? pos[i] % ring : pos[i];
+        int64_t n = 1;
+        while (i + n < src.rows && pos[i + n] == pos[i] + n && (ring <= 0 || r0 + n < ring)) n++;
+        be->ops->copy(be, ds_rows(dst, r0, n), ds_rows(src, i, n));
+        i += n;
+    }
+}
+static inline void ds_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
+                                         ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int ring_size,
+                                         int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
+    if (be->ops->qk_norm_rope_store) {
+        be->ops->qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, ring_size, head_dim, eps, pos, inv_freq);
+        return;
+    }
+    if (q.rows > 0) ds_qk_norm_rope(be, q, qw, k, kw, head_dim, eps, pos, inv_freq);
+    else ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
+    ds_store_rows(be, k_cache, k, ring_size, pos);
+    ds_store_rows(be, v_cache, v, ring_size, pos);
 }
 
 #endif

@@ -135,6 +135,11 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     d->host_feat = malloc((size_t)(2 * r + H + 1) * sizeof(float));
     d->host_proj = malloc((size_t)(3 * r + 1) * sizeof(float));
     d->host_state = malloc((size_t)(r + 1) * sizeof(float));
+    d->step.cap = d->max_rows + G;
+    d->step.ids = calloc((size_t)d->step.cap, sizeof *d->step.ids);
+    d->step.pos = calloc((size_t)d->step.cap, sizeof *d->step.pos);
+    d->step.out = calloc((size_t)d->step.cap, sizeof *d->step.out);
+    if (!d->step.ids || !d->step.pos || !d->step.out) return ds_errorf("out of memory");
     if (!d->host_state || !d->host_logits || !d->host_probs || !d->host_hidden || !d->host_bias || !d->host_prev || !d->host_feat ||
         !d->host_proj)
         return ds_errorf("out of memory");
@@ -156,6 +161,9 @@ void ds_drafter_release_common(ds_drafter *d) {
     free(d->host_feat);
     free(d->host_proj);
     free(d->host_state);
+    free(d->step.ids);
+    free(d->step.pos);
+    free(d->step.out);
 }
 
 ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
@@ -193,39 +201,80 @@ void ds_drafter_free(ds_drafter *d) {
     ds_checkpoint_close(ck);
 }
 
-ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n) {
-    if (n <= 0) return NULL;
+static ds_error *check_append(const ds_drafter *d, int pos0, int n) {
     if (n > d->max_rows) return ds_errorf("drafter context append of %d rows (at most %d)", n, d->max_rows);
     if (pos0 < 0 || pos0 > d->n_ctx)
         return ds_errorf("drafter context append at position %d but it holds %d rows", pos0, d->n_ctx);
     if (pos0 + n > d->max_ctx) return ds_errorf("drafter context of %d rows exceeds %d", pos0 + n, d->max_ctx);
+    return NULL;
+}
+
+/* ctx = hidden_norm(fc(taps)) for n rows, into every layer's K/V at pos[0..n). */
+static void context_ops(ds_drafter *d, ds_tensor taps, int n, const int32_t *pos) {
     ds_backend *be = d->be;
     ds_tensor ctx = ds_rows(d->ctx, 0, n);
     be->ops->linear(be, ctx, ds_rows(taps, 0, n), d->fc, ds_no_tensor());
     be->ops->rmsnorm(be, ctx, ctx, d->hidden_norm, d->hidden, d->eps);
-    d->ops->context(d, ctx, pos0);
+    d->ops->context(d, ctx, pos);
+}
+
+ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n) {
+    if (n <= 0) return NULL;
+    DS_TRY(check_append(d, pos0, n));
+    for (int i = 0; i < n; i++) d->step.pos[i] = pos0 + i;
+    context_ops(d, taps, n, d->step.pos);
     d->n_ctx = pos0 + n;
     return NULL;
 }
 
 ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
                              ds_rng *rng, ds_proposal *out) {
-    if (start != d->n_ctx)
-        return ds_errorf("drafting at position %d but the drafter context holds %d rows", start, d->n_ctx);
+    return ds_drafter_round(d, ds_no_tensor(), start, 0, anchor, start, s, threshold, rng, out);
+}
+
+ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
+                           const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out) {
+    if (n < 0) n = 0;
+    if (n > 0) DS_TRY(check_append(d, pos0, n));
+    const int have = n > 0 ? pos0 + n : d->n_ctx;
+    if (start != have)
+        return ds_errorf("drafting at position %d but the drafter context holds %d rows", start, have);
     ds_backend *be = d->be;
-    int32_t ids[DS_MAX_GAMMA];
-    ids[0] = anchor;
-    for (int k = 1; k < d->gamma; k++) ids[k] = d->mask_id;
-    d->ops->block(d, ids, start);
-    be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
-    /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
-     * both bf16 results (as the target's logits). */
-    if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
-    if (d->logit_softcap > 0) {
-        be->ops->softcap(be, d->logits, d->logit_softcap);
+    const int G = d->gamma;
+    /* The step: context positions pos0.., then the block's start..; the
+     * block's ids [anchor, mask, ...]; the walked tokens come back in out. */
+    ds_step *st = &d->step;
+    for (int i = 0; i < n; i++) st->pos[i] = pos0 + i;
+    for (int k = 0; k < G; k++) st->pos[n + k] = start + k;
+    st->ids[0] = anchor;
+    for (int k = 1; k < G; k++) st->ids[k] = d->mask_id;
+    st->n_keys = start + G;
+    const bool walk = ds_markov_device_walk(d, s);
+    st->n_ids = G;
+    st->n_pos = n + G;
+    st->n_out = walk ? G : 0;
+    ds_region_key key = {DS_REGION_DRAFT, n > G ? n : G, n | (walk ? 1 << 16 : 0) | (d->keep_logits ? 1 << 17 : 0), d};
+    if (!d->graph_safe || ds_region_begin(be, &key, st)) {
+        if (n > 0) context_ops(d, taps, n, st->pos);
+        d->ops->block(d, st->ids, st->pos + n);
+        be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
+        /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
+         * both bf16 results (as the target's logits). */
         if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+        if (d->logit_softcap > 0) {
+            be->ops->softcap(be, d->logits, d->logit_softcap);
+            if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+        }
+        if (walk) ds_markov_walk_queue(d, anchor, st->out);
     }
-    ds_markov_chain(d, anchor, s, rng, out);
+    if (d->graph_safe) ds_region_end(be);
+    if (n > 0) d->n_ctx = pos0 + n;
+    if (walk) {
+        memcpy(out->tokens, st->out, (size_t)G * sizeof *out->tokens);
+        ds_markov_walk_finish(d, out);
+    } else {
+        ds_markov_chain(d, anchor, s, rng, out);
+    }
     out->n = d->gamma;
     if (d->confidence && threshold > 0)
         for (int k = 0; k < d->gamma; k++)

@@ -19,10 +19,12 @@ typedef enum { DS_MARKOV_NONE = 0, DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV
 typedef struct ds_drafter ds_drafter;
 
 typedef struct {
-    /* K/V of projected context rows ctx[n, hidden] at positions pos0.. into every layer's cache. */
-    void (*context)(ds_drafter *d, ds_tensor ctx, int pos0);
-    /* Backbone over ids[gamma] at positions start..: fills d->block_hidden (final-normed). */
-    void (*block)(ds_drafter *d, const int32_t *ids, int start);
+    /* K/V of projected context rows ctx[n, hidden] at positions pos[0..n) (consecutive) into every layer's
+     * cache. pos points into d->step (backend.h ds_step). */
+    void (*context)(ds_drafter *d, ds_tensor ctx, const int32_t *pos);
+    /* Backbone over ids[gamma] at positions pos[0..gamma) = start..: fills d->block_hidden (final-normed);
+     * its attentions see keys 0..start+gamma-1 (d->step.n_keys). ids, pos point into d->step. */
+    void (*block)(ds_drafter *d, const int32_t *ids, const int32_t *pos);
     void (*destroy)(ds_drafter *d);
 } ds_drafter_ops;
 
@@ -62,6 +64,13 @@ struct ds_drafter {
     float *host_feat;       /* [2*markov_rank + hidden + 1] head inputs */
     float *host_proj;       /* [3*markov_rank + 1] head projections */
     float *host_state;      /* [markov_rank + 1] RNN head state */
+    /* A round's per-step values (block ids, context and block positions, the
+     * key count; the walked tokens), read by the architecture's context and
+     * block through the pointers they are given. graph_safe: they take every
+     * per-step value from there, so a backend may record and replay a round
+     * as a step region (backend.h ds_step). */
+    ds_step step;
+    bool graph_safe;
 };
 
 /* One round's proposal. */
@@ -90,6 +99,13 @@ ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n);
  * cuts the proposal before the first confidence below it. */
 ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
                              ds_rng *rng, ds_proposal *out);
+/* One drafter round: ds_drafter_append(d, taps, pos0, n) (none when n is 0),
+ * then ds_drafter_propose(d, anchor, start, ...), start == pos0 + n. On a
+ * backend that records steps the context update, the block forward, the LM
+ * head and a greedy walk on the device are one recording per (n, gamma),
+ * with one device->host copy (the walked tokens). */
+ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
+                           const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out);
 
 /* Makes out->probs available on the host (a download when the walk was
  * sampled on the backend), for a verifier that runs on the host. */
@@ -105,5 +121,12 @@ ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_targ
 /* Markov chain + confidence over the block (markov.c). */
 ds_error *ds_markov_load_bound(ds_drafter *d);
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);
+/* The greedy walk on the backend, in two halves: whether it applies; the
+ * walk queued (tokens on the host when the backend says so: at once, or at
+ * the end of a step region); what follows once out->tokens holds them
+ * (corrected logits kept, confidence). ds_markov_chain runs both. */
+bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s);
+void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
+void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out);
 
 #endif

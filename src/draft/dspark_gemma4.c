@@ -28,25 +28,21 @@ typedef struct {
     int32_t *pos;
 } gemma4_drafter;
 
-static void set_positions(int32_t *pos, int p0, int n) {
-    for (int i = 0; i < n; i++) pos[i] = p0 + i;
-}
-
-static void gd_context(ds_drafter *d, ds_tensor ctx, int pos0) {
+/* Not graph-safe (d->graph_safe stays false): the K/V rows written are
+ * computed on the host from pos[0]. */
+static void gd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
-    const int n = (int)ctx.rows;
-    set_positions(g->pos, pos0, n);
+    const int n = (int)ctx.rows, pos0 = pos[0];
     for (int l = 0; l < g->c.n_layers; l++)
         ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, ds_rows(g->st.k[l], pos0, n),
-                            ds_rows(g->st.v[l], pos0, n), g->pos);
+                            ds_rows(g->st.v[l], pos0, n), pos);
 }
 
-static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
+static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
     ds_backend *be = d->be;
     const ds_gemma4_config *c = &g->c;
-    const int G = d->gamma;
-    set_positions(g->pos, start, G);
+    const int G = d->gamma, start = pos[0];
     ds_tensor x = ds_rows(g->x, 0, G), xn = ds_rows(g->s.xn, 0, G);
     be->ops->embed(be, x, d->embed, ids, g->embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
@@ -55,11 +51,11 @@ static void gd_block(ds_drafter *d, const int32_t *ids, int start) {
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, G), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, G);
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
                              .v_head_dim = L->head_dim, .n_keys = start + G, .causal = false,
-                             .scale = 1.0f, .q_pos = g->pos};
+                             .scale = 1.0f, .q_pos = pos};
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
-        ds_gemma4_query(be, c, L, xn, q, g->pos);
+        ds_gemma4_query(be, c, L, xn, q, pos);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_gemma4_key_value(be, c, L, xn, ds_rows(g->st.k[l], start, G), ds_rows(g->st.v[l], start, G), g->pos);
+        ds_gemma4_key_value(be, c, L, xn, ds_rows(g->st.k[l], start, G), ds_rows(g->st.v[l], start, G), pos);
         be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
     }

@@ -17,38 +17,29 @@ typedef struct {
     ds_qwen3_stack st; /* layers + K/V [max_ctx + gamma, kv]: context rows, then the block's */
     ds_tensor x;
     ds_qwen3_scratch s;
-    int32_t *pos;
 } qwen3_drafter;
 
-static void set_positions(int32_t *pos, int p0, int n) {
-    for (int i = 0; i < n; i++) pos[i] = p0 + i;
-}
-
-static void qd_context(ds_drafter *d, ds_tensor ctx, int pos0) {
+static void qd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     qwen3_drafter *q = (qwen3_drafter *)d;
-    const int n = (int)ctx.rows;
-    set_positions(q->pos, pos0, n);
     for (int l = 0; l < q->c.n_layers; l++)
-        ds_qwen3_key_value(d->be, &q->c, &q->st.layers[l], ctx, ds_rows(q->st.k[l], pos0, n),
-                           ds_rows(q->st.v[l], pos0, n), q->pos);
+        ds_qwen3_key_value(d->be, &q->c, &q->st.layers[l], ctx, q->st.k[l], q->st.v[l], &q->s, pos);
 }
 
-static void qd_block(ds_drafter *d, const int32_t *ids, int start) {
+static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     qwen3_drafter *q = (qwen3_drafter *)d;
     ds_backend *be = d->be;
     const ds_qwen3_config *c = &q->c;
     const int G = d->gamma;
-    set_positions(q->pos, start, G);
     ds_tensor x = ds_rows(q->x, 0, G), xn = ds_rows(q->s.xn, 0, G);
     ds_tensor qt = ds_rows(q->s.q, 0, G), attn = ds_rows(q->s.attn, 0, G);
     be->ops->embed(be, x, d->embed, ids, 1.0f);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                         .v_head_dim = c->head_dim, .n_keys = start + G, .causal = false,
-                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
+                         .v_head_dim = c->head_dim, .n_keys = pos[0] + G, .causal = false,
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_qwen3_qkv(be, c, L, x, xn, qt, ds_rows(q->st.k[l], start, G), ds_rows(q->st.v[l], start, G), q->pos);
+        ds_qwen3_qkv(be, c, L, x, xn, qt, q->st.k[l], q->st.v[l], &q->s, pos);
         be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
     }
@@ -64,7 +55,6 @@ static void qd_destroy(ds_drafter *d) {
     ds_qwen3_scratch_release(be, &q->s);
     ds_qwen3_config_free(&q->c);
     ds_drafter_release_common(d);
-    free(q->pos);
     free(q);
 }
 
@@ -83,17 +73,13 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     ds_error *e = ds_qwen3_config_read(ck->config, ck->dir, &q->c);
     if (!e) e = ds_drafter_load_common(d, target);
     const ds_qwen3_config *c = &q->c;
-    if (!e) {
-        int rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
-        q->pos = calloc((size_t)rows, sizeof *q->pos);
-        if (!q->pos) e = ds_errorf("out of memory");
-        if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
-    }
+    if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
     if (!e) e = ds_qwen3_stack_load(be, ck, "layers.", c, d->max_ctx + d->gamma, &q->st);
     /* Buffers sized by the config come after the weights have confirmed it
      * (a bogus intermediate_size must not allocate gigabytes first). */
     if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
-    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, &q->s);
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, d->max_rows > d->gamma ? d->max_rows : d->gamma, &q->s);
+    d->graph_safe = !e;
     if (e) {
         qd_destroy(d);
         return e;

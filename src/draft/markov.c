@@ -114,7 +114,12 @@ static void confidence(ds_drafter *d, ds_proposal *out) {
  * (one host round trip per block instead of several per position); the
  * confidence head then reads its inputs where they already are. Same
  * operations, same results as the host walk below. */
-static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
+bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s) {
+    return ds_sampling_greedy(s) && d->be->ops->markov_greedy && d->mlogits.data &&
+           (d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE);
+}
+
+void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden, r = d->markov_rank;
     const bool markov = d->markov == DS_MARKOV_VANILLA;
@@ -123,13 +128,19 @@ static void device_chain(ds_drafter *d, int32_t anchor, ds_proposal *out) {
     /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
     be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                            markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
-                           markov ? &d->markov_bound : NULL, d->logits_bf16, anchor, emb, out->tokens);
+                           markov ? &d->markov_bound : NULL, d->logits_bf16, anchor, emb, tokens);
+}
+
+void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden;
     out->logits = NULL;
     if (d->keep_logits) {
         be->ops->download(be, d->mlogits, d->host_logits);
         out->logits = d->host_logits;
     }
     out->probs = NULL;
+    out->probs_dev = ds_no_tensor();
     if (!d->confidence) return;
     be->ops->copy(be, ds_cols(ds_rows(d->step_in, 0, G), 0, H), d->block_hidden);
     score_confidence(d, out);
@@ -166,8 +177,9 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
     ds_backend *be = d->be;
     out->probs_dev = ds_no_tensor();
     const bool simple_head = d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE;
-    if (ds_sampling_greedy(s) && be->ops->markov_greedy && d->mlogits.data && simple_head) {
-        device_chain(d, anchor, out);
+    if (ds_markov_device_walk(d, s)) {
+        ds_markov_walk_queue(d, anchor, out->tokens);
+        ds_markov_walk_finish(d, out);
         return;
     }
     if (!ds_sampling_greedy(s) && be->ops->markov_sample && d->probs.data && d->mlogits.data && simple_head) {

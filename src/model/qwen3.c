@@ -14,7 +14,6 @@ typedef struct {
     ds_qwen3_stack st; /* layers + KV caches [max_ctx, kv_heads*head_dim] */
     ds_tensor x;                  /* residual stream [max_rows, hidden] */
     ds_qwen3_scratch s;
-    int32_t *pos;
 } qwen3_target;
 
 static void qwen3_destroy(ds_target *t) {
@@ -27,7 +26,6 @@ static void qwen3_destroy(ds_target *t) {
     be->ops->release(be, &q->x);
     ds_qwen3_scratch_release(be, &q->s);
     ds_qwen3_config_free(&q->c);
-    free(q->pos);
     free(q);
 }
 
@@ -35,17 +33,19 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
     qwen3_target *q = (qwen3_target *)t;
     ds_backend *be = t->be;
     const ds_qwen3_config *c = &q->c;
-    for (int i = 0; i < n; i++) q->pos[i] = pos0 + i;
+    /* Positions (and the K/V rows written) from the step, as the ids: a
+     * recording of this forward replays at any pos0. */
+    const int32_t *pos = t->step.pos;
     ds_tensor x = ds_rows(q->x, 0, n), xn = ds_rows(q->s.xn, 0, n);
     be->ops->embed(be, x, q->embed, ids, 1.0f);
     ds_target_tap(t, -1, x, n);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                          .v_head_dim = c->head_dim, .n_keys = pos0 + n, .causal = true,
-                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = q->pos};
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         ds_tensor qt = ds_rows(q->s.q, 0, n), attn = ds_rows(q->s.attn, 0, n);
-        ds_qwen3_qkv(be, c, L, x, xn, qt, ds_rows(q->st.k[l], pos0, n), ds_rows(q->st.v[l], pos0, n), q->pos);
+        ds_qwen3_qkv(be, c, L, x, xn, qt, q->st.k[l], q->st.v[l], &q->s, pos);
         be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);
@@ -70,8 +70,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
         t->hidden = c->hidden;
         t->n_layers = c->n_layers;
         t->max_ctx = c->max_pos;
-        q->pos = calloc((size_t)t->max_rows, sizeof *q->pos);
-        if (!q->pos) e = ds_errorf("out of memory");
+        t->graph_safe = true;
     }
     const int H = c->hidden;
     if (!e) e = ds_load_weight(be, ck, "model.embed_tokens.weight", c->vocab, H, &q->embed);
@@ -87,7 +86,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
     if (!e) e = ds_qwen3_stack_load(be, ck, "model.layers.", c, t->max_ctx, &q->st);
     t->logits_bf16 = !e && q->lm_head.dtype == DS_BF16;
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &q->x);
-    if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, &q->s);
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, t->max_rows, &q->s);
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits);
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden);
     if (e) {

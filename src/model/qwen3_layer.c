@@ -155,35 +155,42 @@ void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st) {
     *st = (ds_qwen3_stack){0};
 }
 
-ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, ds_qwen3_scratch *s) {
+ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, int kv_rows,
+                                 ds_qwen3_scratch *s) {
     *s = (ds_qwen3_scratch){0};
+    const int kvd = c->n_kv_heads * c->head_dim;
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->xn));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->n_heads * c->head_dim, &s->q));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->n_heads * c->head_dim, &s->attn));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->tmp));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->inter, &s->gate));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->inter, &s->up));
+    DS_TRY(be->ops->alloc(be, DS_F32, kv_rows, kvd, &s->k));
+    DS_TRY(be->ops->alloc(be, DS_F32, kv_rows, kvd, &s->v));
     return NULL;
 }
 
 void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
-    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up};
+    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up, &s->k, &s->v};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
-void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
-                        ds_tensor v, const int32_t *pos) {
+void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor kc,
+                        ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos) {
+    ds_tensor k = ds_rows(s->k, 0, x.rows), v = ds_rows(s->v, 0, x.rows);
     const ds_tensor outs[2] = {k, v}, ws[2] = {L->k_proj, L->v_proj}, bs[2] = {L->k_bias, L->v_bias};
     ds_linear_multi(be, 2, outs, x, ws, bs);
-    ds_rmsnorm_rope(be, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
+    ds_qk_norm_rope_store(be, ds_rows(s->q, 0, 0), ds_no_tensor(), k, L->k_norm, v, kc, vc, 0, c->head_dim, c->eps,
+                          pos, c->inv_freq);
 }
 
 void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
-                  ds_tensor q, ds_tensor k, ds_tensor v, const int32_t *pos) {
+                  ds_tensor q, ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos) {
+    ds_tensor k = ds_rows(s->k, 0, x.rows), v = ds_rows(s->v, 0, x.rows);
     const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
     const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
     ds_rmsnorm_linear_multi(be, 3, outs, x, L->in_norm, c->eps, ws, bs, xn);
-    ds_qk_norm_rope(be, q, L->q_norm, k, L->k_norm, c->head_dim, c->eps, pos, c->inv_freq);
+    ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, 0, c->head_dim, c->eps, pos, c->inv_freq);
 }
 
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,

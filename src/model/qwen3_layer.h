@@ -33,9 +33,10 @@ ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const cha
                               int cache_rows, ds_qwen3_stack *st);
 void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st);
 
-/* Per-call scratch for rows rows. */
+/* Per-call scratch for rows rows; k, v: the new K/V rows before they go
+ * into the caches (kv_rows rows). */
 typedef struct {
-    ds_tensor xn, q, attn, tmp, gate, up;
+    ds_tensor xn, q, attn, tmp, gate, up, k, v;
 } ds_qwen3_scratch;
 
 ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_config *c);
@@ -46,17 +47,21 @@ ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head
 ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
                               ds_qwen3_layer *L);
 void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L);
-ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, ds_qwen3_scratch *s);
+ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, int kv_rows,
+                                 ds_qwen3_scratch *s);
 void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
 
-/* k = rope(k_norm(k_proj(x))), v = v_proj(x), written into cache rows. */
-void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor k,
-                        ds_tensor v, const int32_t *pos);
+/* k = rope(k_norm(k_proj(x))), v = v_proj(x) for the rows of x (through
+ * s->k, s->v), written into rows pos[i] of the caches kc, vc (whole cache
+ * tensors: the rows written are the positions, read by the backend, so a
+ * recorded step replays at any position). */
+void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor kc,
+                        ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos);
 /* xn = input_layernorm(x) (xn: scratch, unused where the backend fuses the
  * norm), q = rope(q_norm(q_proj(xn))) and ds_qwen3_key_value of xn; the
  * three projections in one pass where the backend fuses them. */
 void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
-                  ds_tensor q, ds_tensor k, ds_tensor v, const int32_t *pos);
+                  ds_tensor q, ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos);
 /* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
                              ds_qwen3_scratch *s, int rows);

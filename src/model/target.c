@@ -59,6 +59,14 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
         return e;
     }
     e = read_stop_ids(t);
+    if (!e) {
+        int cap = t->max_rows > t->max_logit_rows ? t->max_rows : t->max_logit_rows;
+        t->step.cap = cap;
+        t->step.ids = calloc((size_t)cap, sizeof *t->step.ids);
+        t->step.pos = calloc((size_t)cap, sizeof *t->step.pos);
+        t->step.out = calloc((size_t)cap, sizeof *t->step.out);
+        if (!t->step.ids || !t->step.pos || !t->step.out) e = ds_errorf("out of memory");
+    }
     if (e) {
         ds_target_free(t);
         return e;
@@ -74,6 +82,9 @@ void ds_target_free(ds_target *t) {
     be->ops->release(be, &t->taps);
     be->ops->release(be, &t->final_hidden);
     ds_checkpoint *ck = t->ck;
+    free(t->step.ids);
+    free(t->step.pos);
+    free(t->step.out);
     if (t->ops) t->ops->destroy(t); /* frees t */
     ds_checkpoint_close(ck);
 }
@@ -91,9 +102,14 @@ ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n) {
 }
 
 ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    return ds_target_forward_argmax(t, ids, n, pos0, n_logits, NULL);
+}
+
+ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits, int32_t *best) {
     if (n <= 0 || n > t->max_rows) return ds_errorf("forward of %d tokens (1..%d per call)", n, t->max_rows);
     if (n_logits < 0 || n_logits > n || n_logits > t->max_logit_rows)
         return ds_errorf("forward asks logits for %d rows (at most %d)", n_logits, t->max_logit_rows);
+    if (best && n_logits < 1) return ds_errorf("forward asks the argmax of no logits rows");
     if (pos0 < 0 || pos0 > t->n_cached)
         return ds_errorf("forward at position %d but the KV cache holds only %d positions", pos0, t->n_cached);
     if (pos0 + n > t->max_ctx)
@@ -101,7 +117,25 @@ ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, i
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->vocab) return ds_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], t->vocab - 1);
     t->n_cached = pos0;
-    DS_TRY(t->ops->forward(t, ids, n, pos0, n_logits));
+    ds_step *st = &t->step;
+    memmove(st->ids, ids, (size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++) st->pos[i] = pos0 + i;
+    st->n_keys = pos0 + n;
+    st->n_ids = st->n_pos = n;
+    st->n_out = best ? n_logits : 0;
+    /* The op sequence depends on n, n_logits, the argmax, the bf16 rounding
+     * and the taps (whose buffer is allocated anew when they change). */
+    ds_region_key key = {DS_REGION_TARGET, n, n_logits | (best ? 1 << 16 : 0) | (t->logits_bf16 ? 1 << 17 : 0) |
+                                                  t->n_taps << 18, t};
+    ds_backend *be = t->be;
+    ds_error *e = NULL;
+    if (!t->graph_safe || ds_region_begin(be, &key, st)) {
+        e = t->ops->forward(t, st->ids, n, pos0, n_logits);
+        if (!e && best) be->ops->argmax(be, ds_rows(t->logits, 0, n_logits), st->out);
+    }
+    if (t->graph_safe) ds_region_end(be);
+    if (e) return e;
+    if (best) memcpy(best, st->out, (size_t)n_logits * sizeof *best);
     t->n_cached = pos0 + n;
     return NULL;
 }

@@ -37,6 +37,13 @@ struct ds_target {
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
     ds_tensor taps;         /* [max_rows, n_taps*hidden] */
     ds_tensor final_hidden; /* [max_rows, hidden]: final-normed states of the last forward */
+    /* A forward's per-step values (ids, positions, key count; argmax
+     * results), which the architecture's forward reads its ids and
+     * positions from (backend.h ds_step). graph_safe: the architecture's
+     * forward takes every per-step value from here, so a backend may record
+     * and replay it as a step region. */
+    ds_step step;
+    bool graph_safe;
 };
 
 typedef struct {
@@ -52,6 +59,10 @@ ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n);
 /* Scores ids[0..n) at positions pos0.. (pos0 <= n_cached; the cache is cut
  * to pos0 first). n <= max_rows, n_logits <= min(n, max_logit_rows). */
 ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits);
+/* ds_target_forward, then best[i] = argmax of logits row i for i < n_logits
+ * (ties to the lowest id): on a backend that records steps, one recording
+ * per shape and one device->host copy for the whole step. */
+ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits, int32_t *best);
 /* Forgets cached positions >= len. */
 void ds_target_crop(ds_target *t, int len);
 bool ds_target_is_stop(const ds_target *t, int32_t id);

@@ -128,29 +128,35 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
     const int gamma = p->gamma > 0 && p->gamma < d->gamma ? p->gamma : d->gamma;
     int start = n_prompt;
     int32_t verify_ids[DS_MAX_GAMMA + 1];
+    /* The accepted rows' taps become drafter context at the start of the
+     * next round, in the same drafter round (one step region on the GPU). */
+    int ctx_pos0 = start, ctx_n = 0;
     /* start - n_prompt, not n_prompt + max_new: max_new may be INT_MAX. */
     while (start - n_prompt < p->max_new && !em->done && start < t->max_ctx) {
         double t0 = now_s();
         ds_proposal prop;
-        DS_TRY(ds_drafter_propose(d, last, start, &p->sampling, p->threshold, rng, &prop));
+        DS_TRY(ds_drafter_round(d, t->taps, ctx_pos0, ctx_n, last, start, &p->sampling, p->threshold, rng, &prop));
+        ctx_n = 0;
         int n = prop.n < gamma ? prop.n : gamma;
         if (n > t->max_ctx - start - 1) n = t->max_ctx - start - 1; /* verify rows must fit the context */
         double t1 = now_s();
         verify_ids[0] = last;
         memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
-        DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
         int32_t next;
         int a;
         if (ds_sampling_greedy(&p->sampling) && !p->verify) {
             /* longest prefix the target's argmax agrees with, then its argmax */
             int32_t best[DS_MAX_GAMMA + 1];
-            DS_TRY(fetch_argmax(t, n + 1, best));
+            DS_TRY(ds_target_forward_argmax(t, verify_ids, n + 1, start, n + 1, best));
+            DS_TRY(ds_backend_check(t->be));
             for (a = 0; a < n && best[a] == prop.tokens[a]; a++) {}
             next = best[a];
         } else if (!p->verify && t->be->ops->verify_sample && prop.probs_dev.data) {
+            DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
             DS_TRY(verify_on_backend(t, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
         } else {
             DS_TRY(ds_drafter_host_probs(d, &prop)); /* a host verifier reads them there */
+            DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
             DS_TRY(fetch_logits(t, n + 1, logits));
             a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
                                                     &next);
@@ -172,20 +178,26 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
         emit(em, next);
         ds_target_crop(t, start + a + 1);
         /* The anchor's and the accepted drafts' taps become context rows. */
-        DS_TRY(ds_drafter_append(d, t->taps, start, a + 1));
+        ctx_pos0 = start;
+        ctx_n = a + 1;
         start += a + 1;
         last = next;
         if (is_stop(em, next)) break;
     }
-    return NULL;
+    return ds_drafter_append(d, t->taps, ctx_pos0, ctx_n);
 }
 
 static ds_error *autoregress(emitter *em, int n_prompt, int32_t last, ds_rng *rng, float *logits, float *probs) {
     ds_target *t = em->t;
     for (int pos = n_prompt; !em->done && em->r->n_tokens < em->p->max_new; pos++) {
         if (pos >= t->max_ctx) break;
-        DS_TRY(ds_target_forward(t, &last, 1, pos, 1));
-        DS_TRY(next_token(t, &em->p->sampling, rng, logits, probs, &last));
+        if (ds_sampling_greedy(&em->p->sampling)) { /* forward and argmax: one step region on the GPU */
+            DS_TRY(ds_target_forward_argmax(t, &last, 1, pos, 1, &last));
+            DS_TRY(ds_backend_check(t->be));
+        } else {
+            DS_TRY(ds_target_forward(t, &last, 1, pos, 1));
+            DS_TRY(next_token(t, &em->p->sampling, rng, logits, probs, &last));
+        }
         emit(em, last);
     }
     return NULL;

@@ -227,8 +227,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         const int n = o->decode > 1 ? o->decode : 2;
         double t0 = now_s();
         for (int i = 0; i < n && !e; i++) {
-            e = ds_target_forward(t, &tok, 1, P + i, 1);
-            if (!e) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, 1), &tok);
+            e = ds_target_forward_argmax(t, &tok, 1, P + i, 1, &tok); /* one step region (graph) on the GPU */
             if (!e) e = ds_backend_check(b->be);
         }
         bare_tok = (now_s() - t0) / n;
@@ -349,6 +348,16 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         cJSON_AddItemToArray(pj, it);
     }
 done:
+    if (!e) { /* whether the steps ran as recorded CUDA graphs (DS_CUDA_GRAPHS=0: op by op) */
+        ds_region_stats rs = ds_backend_region_stats(b->be);
+        cJSON *g = cJSON_AddObjectToObject(root, "graphs");
+        cJSON_AddBoolToObject(g, "enabled", rs.enabled);
+        cJSON_AddBoolToObject(g, "used", rs.replays > 0);
+        cJSON_AddNumberToObject(g, "captures", (double)rs.captures);
+        cJSON_AddNumberToObject(g, "replays", (double)rs.replays);
+        cJSON_AddNumberToObject(g, "regions_op_by_op", (double)rs.eager);
+        cJSON_AddNumberToObject(g, "graphs_held", (double)rs.graphs);
+    }
     free(tm);
     return e;
 }
@@ -363,6 +372,17 @@ static void print_report(const cJSON *r) {
            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "type")), NUM(m, "layers"), NUM(m, "hidden"),
            NUM(m, "weight_bytes") / 1e9, NUM(m, "bytes_read_per_token") / 1e9);
     printf("backend    %s\n", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "backend")));
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(r, "graphs");
+    if (g) {
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g, "enabled")))
+            printf("graphs     %s: %.0f captured, %.0f steps replayed, %.0f regions op by op\n",
+                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g, "used")) ? "used" : "on but unused",
+                   NUM(g, "captures"), NUM(g, "replays"), NUM(g, "regions_op_by_op"));
+        else
+            printf("graphs     not used (%s)\n", strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "backend")), "cuda")
+                                                      ? "this backend has none"
+                                                      : "DS_CUDA_GRAPHS=0, DS_CUDA_PROFILE or DS_CUDA_RING_TRACE");
+    }
     printf("prefill    %.0f tokens: %.2f ms, %.1f tokens/s\n", NUM(r, "prompt_len"), NUM(pf, "seconds") * 1e3,
            NUM(pf, "tokens_per_s"));
     printf("AR decode  %.3f ms/token, %.2f tokens/s; HBM floor %.3f ms/token (%.0f%% of it reached)\n",

@@ -69,6 +69,11 @@ bool ds_cu_argmax_dev(ds_cuda_backend *cb, ds_tensor x, int32_t *d_out) {
 void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
     ds_cuda_backend *cb = ds_cu(be);
     if (x.rows <= 0 || x.cols <= 0) return;
+    if (cb->reg.active) { /* into the step's outputs, which come back at the region's end */
+        int32_t *d = (int32_t *)ds_cu_step_ptr(cb, "argmax", out, x.rows);
+        if (d) ds_cu_argmax_dev(cb, x, d);
+        return;
+    }
     int32_t *d = ds_cu_indices(cb, "argmax", (int)x.rows);
     if (!d || !ds_cu_argmax_dev(cb, x, d)) return;
     if (ds_cu_ok(cb, "argmax",

@@ -9,7 +9,13 @@
  * chunk order by a second kernel. Every step depends only on the row's own
  * key range [lo, hi) and the head size, never on the other rows of the call
  * or on n_keys beyond that range, so a row's result is bit-identical
- * whether it is decoded alone or verified with others. */
+ * whether it is decoded alone or verified with others.
+ *
+ * In a step region (graphs.cu) the positions and n_keys are read from the
+ * device and the grid spans chunks 0 .. att_ny-1, a bucket of n_keys fixed
+ * by the recording: blocks of chunks outside a row's keys exit at once and
+ * the partials are merged over the row's own chunks, so the values are the
+ * same as with the grid the host would size from the live positions. */
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -30,10 +36,16 @@ typedef struct {
     int H, group, D, Dv, n_keys, causal, window, ring;
     float scale;
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
+    const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
 } att_geo;
 
+/* Row m's position and key range. */
+__device__ __forceinline__ int row_pos(const att_geo &g, const pos_arg &pa, int m) {
+    return g.dpos ? g.dpos[m] : pa.v[m];
+}
+
 __device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, int *hi) {
-    int a = 0, b = g.n_keys;
+    int a = 0, b = g.dnk ? *g.dnk : g.n_keys;
     if (g.causal) {
         if (pos + 1 < b) b = pos + 1;
         if (g.window > 0 && pos - g.window + 1 > a) a = pos - g.window + 1;
@@ -68,7 +80,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H, c = g.c0 + (int)blockIdx.y;
     float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
     int lo, hi;
-    key_range(g, pa.v[m], &lo, &hi);
+    key_range(g, row_pos(g, pa, m), &lo, &hi);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
         if (blockIdx.y == 0)
             for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) orow[d] = 0;
@@ -163,7 +175,7 @@ __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
     ds_cu_grid_wait();
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
     int lo, hi;
-    key_range(g, pa.v[m], &lo, &hi);
+    key_range(g, row_pos(g, pa, m), &lo, &hi);
     if (hi <= lo) return;
     const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
     if (cfirst == clast) return;
@@ -220,12 +232,31 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
     g.window = p->window;
     g.ring = p->ring_size;
     g.scale = p->scale;
+    const int32_t *dpos = NULL;
+    if (cb->reg.active) {
+        if (!(dpos = ds_cu_step_ptr(cb, "attention", p->q_pos, M))) return;
+        if (p->n_keys != cb->reg.step->n_keys) {
+            ds_cu_fail(cb, "attention", "n_keys %d in a step region whose n_keys is %d", p->n_keys,
+                       cb->reg.step->n_keys);
+            return;
+        }
+        g.dnk = ds_cu_step_nkeys(cb);
+    }
     for (int64_t r0 = 0; r0 < M;) {
         /* Chunks this launch's rows need; rows per launch bounded by the partial buffer. */
         int n = (int)(M - r0 < DS_CU_ROWS ? M - r0 : DS_CU_ROWS);
         int cmin = 0, cmax = 0;
         bool multi = false;
-        for (;;) {
+        /* A region: the bucket's chunks from 0, merged whenever there can be two. */
+        for (; dpos;) {
+            cmin = 0;
+            cmax = cb->reg.att_ny - 1;
+            multi = cmax > 0;
+            size_t need = (size_t)n * g.H * (size_t)(cmax + 1) * (size_t)(g.Dv + 2) * sizeof(float);
+            if (!multi || need <= ATT_PART_BYTES || n == 1) break;
+            n = n / 2;
+        }
+        for (; !dpos;) {
             cmin = 1 << 30;
             cmax = 0;
             multi = false;
@@ -253,7 +284,8 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
             if (!g.part) return;
         }
         pos_arg pa;
-        for (int i = 0; i < n; i++) pa.v[i] = p->q_pos[r0 + i];
+        for (int i = 0; i < n; i++) pa.v[i] = dpos ? 0 : p->q_pos[r0 + i];
+        g.dpos = dpos ? dpos + r0 : NULL;
         dim3 grid((unsigned)(n * g.H), (unsigned)g.ny);
         /* Few lanes per key, many keys per block in flight: decode is bound
          * by the latency of fetching keys, not by arithmetic. The choice

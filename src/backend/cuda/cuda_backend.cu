@@ -28,12 +28,28 @@ bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e) {
     return false;
 }
 
+/* A buffer being replaced: freed now (cudaFree waits for the work that may
+ * still read it), or, while a step region is being recorded (whose earlier
+ * nodes may hold it), after the next wait. Either way recordings made
+ * before hold a stale pointer: the generation moves on. */
+static bool drop(ds_cuda_backend *cb, const char *op, void *p) {
+    cb->gen++;
+    if (cb->reg.capturing) {
+        if (cb->n_retired == (int)(sizeof cb->retired / sizeof cb->retired[0])) {
+            ds_cu_fail(cb, op, "too many buffers replaced while recording a step region");
+            return false;
+        }
+        cb->retired[cb->n_retired++] = p;
+        return true;
+    }
+    return ds_cu_ok(cb, op, cudaFree(p));
+}
+
 static void *grow(ds_cuda_backend *cb, const char *op, void **buf, size_t *have, size_t bytes) {
     if (bytes <= *have) return *buf;
     size_t want = bytes + bytes / 4;
     if (*buf) {
-        /* cudaFree waits for the work that may still read the old buffer. */
-        if (!ds_cu_ok(cb, op, cudaFree(*buf))) return NULL;
+        if (!drop(cb, op, *buf)) return NULL;
         *buf = NULL;
         *have = 0;
     }
@@ -52,7 +68,7 @@ void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes) {
 int32_t *ds_cu_indices(ds_cuda_backend *cb, const char *op, int n) {
     if (n <= cb->idx_len) return cb->idx;
     const int want = n < 256 ? 256 : n;
-    if (cb->idx && !ds_cu_ok(cb, op, cudaFree(cb->idx))) return NULL;
+    if (cb->idx && !drop(cb, op, cb->idx)) return NULL;
     cb->idx = NULL;
     cb->idx_len = 0;
     if (!ds_cu_ok(cb, op, cudaMalloc(&cb->idx, (size_t)want * sizeof(int32_t)))) {
@@ -88,6 +104,7 @@ static ds_error *cu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t 
     ds_cuda_backend *cb = ds_cu(be);
     size_t bytes = (size_t)(rows * cols) * ds_dtype_size(dtype);
     void *p = NULL;
+    cb->gen++; /* a new buffer may take a freed one's address: recordings are made again */
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess)
         return ds_errorf("cuda backend: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
@@ -119,13 +136,16 @@ static ds_error *cu_weight(ds_backend *be, const ds_st_tensor *src, int64_t rows
 }
 
 static void cu_release(ds_backend *be, ds_tensor *t) {
-    if (t->owned && t->data) ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
+    if (t->owned && t->data) {
+        ds_cu(be)->gen++;
+        ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
+    }
     *t = ds_no_tensor();
 }
 
 static void cu_upload(ds_backend *be, ds_tensor dst, const float *src) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (dst.rows <= 0 || dst.cols <= 0) return;
+    if (dst.rows <= 0 || dst.cols <= 0 || !ds_cu_outside_region(cb, "upload")) return;
     /* From pageable memory the call returns once src has been staged: the
      * caller may reuse it at once. */
     ds_cu_ok(cb, "upload",
@@ -135,11 +155,12 @@ static void cu_upload(ds_backend *be, ds_tensor dst, const float *src) {
 
 static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (src.rows <= 0 || src.cols <= 0) return;
+    if (src.rows <= 0 || src.cols <= 0 || !ds_cu_outside_region(cb, "download")) return;
     if (ds_cu_ok(cb, "download",
                  cudaMemcpy2DAsync(dst, (size_t)src.cols * 4, src.data, (size_t)src.stride * 4, (size_t)src.cols * 4,
-                                   (size_t)src.rows, cudaMemcpyDeviceToHost, cb->stream)))
-        ds_cu_ok(cb, "download", cudaStreamSynchronize(cb->stream));
+                                   (size_t)src.rows, cudaMemcpyDeviceToHost, cb->stream)) &&
+        ds_cu_ok(cb, "download", cudaStreamSynchronize(cb->stream)))
+        ds_cu_retired_free(cb);
 }
 
 static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
@@ -152,7 +173,8 @@ static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
 
 static ds_error *cu_check(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
-    ds_cu_ok(cb, "check", cudaStreamSynchronize(cb->stream));
+    if (ds_cu_outside_region(cb, "check") && ds_cu_ok(cb, "check", cudaStreamSynchronize(cb->stream)))
+        ds_cu_retired_free(cb);
     ds_error *e = cb->err;
     cb->err = NULL;
     return e;
@@ -160,7 +182,13 @@ static ds_error *cu_check(ds_backend *be) {
 
 static void cu_destroy(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
+    if (cb->reg.capturing) { /* a region left open: end its recording */
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(cb->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        cb->reg.capturing = false;
+    }
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    ds_cu_graphs_free(cb);
     ds_cu_ring_trace_close(cb);
     if (cb->scratch) cudaFree(cb->scratch);
     if (cb->tmp) cudaFree(cb->tmp);
@@ -206,6 +234,10 @@ static const ds_backend_ops cuda_ops = {
     .sample = ds_cu_sample,
     .verify_sample = ds_cu_verify_sample,
     .markov_sample = ds_cu_markov_sample,
+    .qk_norm_rope_store = ds_cu_qk_norm_rope_store,
+    .region_begin = ds_cu_region_begin,
+    .region_end = ds_cu_region_end,
+    .region_stats = ds_cu_region_stats,
     .check = cu_check,
 };
 
@@ -253,6 +285,7 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
             return te;
         }
     }
+    ds_cu_graphs_init(cb);
     const char *prof = getenv("DS_CUDA_PROFILE");
     if (prof && *prof && strcmp(prof, "0")) ds_cu_profile_wrap(cb);
     *out = &cb->base;

@@ -6,7 +6,10 @@
  * returned by check(). Small host arrays an op takes (token ids, positions,
  * RoPE frequencies) travel as kernel parameters by value, at most
  * DS_CU_ROWS rows per launch: row-wise ops are split into launches of that
- * many rows, which changes nothing in any row's result. */
+ * many rows, which changes nothing in any row's result. Inside a step
+ * region (backend.h ds_step, graphs.cu) token ids, positions and the key
+ * count are read from the device copy of the step instead, so that a
+ * recorded graph replays with new values. */
 #ifndef DS_CUDA_INTERNAL_H
 #define DS_CUDA_INTERNAL_H
 
@@ -26,6 +29,24 @@ extern "C" {
 /* Matmuls of at most this many rows use the row-invariant narrow kernel;
  * wider ones (prefill) go through cuBLAS. The CPU backend's threshold. */
 #define DS_CU_NARROW_M 32
+
+/* Step regions (graphs.cu): the device copy of a region's ds_step, laid
+ * out as [n_keys | walk (DS_CU_WALK) | ids | pos | out], int32. The walk is
+ * the Markov walk's [anchor = ids[0], tokens..., ticket, rows done]. */
+#define DS_CU_WALK (DS_CU_ROWS + 3)
+#define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
+#define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
+#define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */
+
+typedef struct {
+    bool active;          /* ops read the step's values from d_step (run now or recorded) */
+    bool capturing;       /* the stream is being recorded */
+    const ds_step *step;  /* the host step the ops' pointers point into */
+    int off_ids, off_pos, off_out; /* int32 offsets of the arrays in d_step */
+    int att_ny;           /* key chunks every attention's grid spans (a bucket of n_keys) */
+    uint64_t cap_gen;     /* buffer generation when the recording began */
+    struct ds_cu_graph *entry;
+} ds_cu_region;
 
 typedef struct {
     ds_backend base;
@@ -48,12 +69,42 @@ typedef struct {
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
+    /* Step regions and their CUDA graphs (graphs.cu). */
+    bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */
+    uint64_t gen;         /* bumped whenever device memory a recording may hold is (re)allocated or freed */
+    int32_t *d_step;      /* DS_CU_STEP_INTS on the device */
+    int32_t *h_step;      /* pinned staging: DS_CU_STEP_SLOTS slots of DS_CU_STEP_INTS, then the outputs */
+    cudaEvent_t step_ev[DS_CU_STEP_SLOTS]; /* a slot's copy has been done (NULL: never used) */
+    int step_slot;
+    ds_cu_region reg;
+    struct ds_cu_graph *graphs;
+    int n_graphs, cap_graphs;
+    void *retired[32];    /* buffers replaced while recording, freed after the next wait */
+    int n_retired;
+    ds_region_stats stats;
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
 
 /* Frees the ring matmul's tensor map cache. */
 void ds_cu_tmaps_free(ds_cuda_backend *cb);
+
+/* Step regions (graphs.cu). */
+bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step);
+void ds_cu_region_end(ds_backend *be);
+void ds_cu_region_stats(ds_backend *be, ds_region_stats *out);
+void ds_cu_graphs_init(ds_cuda_backend *cb);
+void ds_cu_graphs_free(ds_cuda_backend *cb);
+/* Frees the retired buffers (call after the stream has been waited for, outside a recording). */
+void ds_cu_retired_free(ds_cuda_backend *cb);
+/* In an active region: the device address of n entries of the step's ids,
+ * pos or out arrays starting at host pointer p, or NULL with a recorded
+ * failure when p does not point into them. Outside a region: NULL. */
+const int32_t *ds_cu_step_ptr(ds_cuda_backend *cb, const char *op, const int32_t *p, int64_t n);
+/* The device n_keys of the active region. */
+static inline const int32_t *ds_cu_step_nkeys(ds_cuda_backend *cb) { return cb->d_step; }
+/* Fails (recorded) when a region is active: op waits for the device or reads host memory. */
+bool ds_cu_outside_region(ds_cuda_backend *cb, const char *op);
 
 /* Records the first failure: "cuda <op>: <message>". */
 void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -202,6 +253,9 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
  * (sample.cu; the sampled Markov walk's step). */
 bool ds_cu_probs_draw_dev(ds_cuda_backend *cb, const char *op, const float *x, float *probs, int64_t V,
                           const ds_sampling *s, double u, int32_t *d_token);
+void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
+                              ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
+                              const int32_t *pos, const float *inv_freq);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 

@@ -134,6 +134,12 @@ static void p_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor 
                            const int32_t *pos, const float *f) {
     PROF("qk_norm_rope", prof_of(be)->inner->qk_norm_rope(be, q, qw, k, kw, hd, eps, pos, f));
 }
+static void p_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
+                                 ds_tensor kc, ds_tensor vc, int ring, int hd, float eps, const int32_t *pos,
+                                 const float *f) {
+    PROF("qk_norm_rope_store",
+         prof_of(be)->inner->qk_norm_rope_store(be, q, qw, k, kw, v, kc, vc, ring, hd, eps, pos, f));
+}
 static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2,
                      const ds_markov_bound *bnd, bool bf, int32_t a, ds_tensor e, int32_t *t) {
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
@@ -228,6 +234,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.linear_multi = p_linear_multi;
     ops.rmsnorm_rope = p_rmsnorm_rope;
     ops.qk_norm_rope = p_qk_norm_rope;
+    ops.qk_norm_rope_store = p_qk_norm_rope_store;
     ops.markov_greedy = p_markov;
     ops.probs = p_probs;
     ops.sample = p_sample;

@@ -58,14 +58,18 @@ typedef struct {
     int32_t v[DS_CU_ROWS];
 } ids_arg;
 
-/* out[i] = table[ids[i]] * scale; blockIdx.y = row of the launch. */
+/* out[i] = table[ids[i]] * scale; blockIdx.y = row of the launch. The ids
+ * by value, or from the device (dids, a step region's: checked on the host
+ * before the region; one outside the table gives a row of zeros). */
 __global__ void embed_kernel(float *__restrict__ out, int64_t os, const void *table, int dtype, int64_t ts,
-                             int64_t cols, ids_arg ids, float scale) {
+                             int64_t cols, ids_arg ids, const int32_t *dids, int64_t vocab, float scale) {
     ds_cu_grid_wait();
     const int i = blockIdx.y;
-    const int64_t base = (int64_t)ids.v[i] * ts;
+    const int64_t id = dids ? dids[i] : ids.v[i];
+    const bool ok = id >= 0 && id < vocab;
+    const int64_t base = ok ? id * ts : 0;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
-        float v = ds_cu_load(table, dtype, base + c);
+        float v = ok ? ds_cu_load(table, dtype, base + c) : 0.0f;
         out[i * os + c] = scale != 1.0f ? v * scale : v;
     }
 }
@@ -81,12 +85,15 @@ void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *
     const int threads = 256;
     unsigned gx = (unsigned)((out.cols + threads - 1) / threads);
     if (gx > 64) gx = 64;
+    const int32_t *dids = NULL;
+    if (cb->reg.active && !(dids = ds_cu_step_ptr(cb, "embed", ids, out.rows))) return;
     for (int64_t r0 = 0; r0 < out.rows; r0 += DS_CU_ROWS) {
         int n = (int)(out.rows - r0 < DS_CU_ROWS ? out.rows - r0 : DS_CU_ROWS);
         ids_arg a;
-        for (int i = 0; i < n; i++) a.v[i] = ids[r0 + i];
+        for (int i = 0; i < n; i++) a.v[i] = dids ? 0 : ids[r0 + i];
         ds_cu_launch(embed_kernel, dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride,
-                     out.stride, table.data, table.dtype, table.stride, out.cols, a, scale);
+                     out.stride, table.data, table.dtype, table.stride, out.cols, a, dids ? dids + r0 : NULL,
+                     table.rows, scale);
         if (!ds_cu_launched(cb, "embed")) return;
     }
 }

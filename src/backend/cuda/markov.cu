@@ -332,13 +332,27 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     }
     /* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
      * kernel's ticket (zero between launches), idx[G+2] the rows the pruned
-     * steps computed: one upload sets them all, one download reads them. */
-    int32_t *idx = ds_cu_indices(cb, "markov_greedy", G + 3);
-    if (!idx) return;
-    int32_t init[DS_CU_ROWS + 3] = {anchor};
-    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 3) * sizeof(int32_t),
-                                                       cudaMemcpyHostToDevice, cb->stream)))
-        return;
+     * steps computed: one upload sets them all, one download reads them.
+     * In a step region they are the step's walk (graphs.cu: the region's
+     * upload sets the anchor, step->ids[0], and zeros), and the tokens are
+     * copied to the step's outputs, which come back at the region's end. */
+    const bool region = cb->reg.active;
+    int32_t *dtok = NULL, *idx;
+    if (region) {
+        if (!(dtok = (int32_t *)ds_cu_step_ptr(cb, "markov_greedy", tokens, G))) return;
+        if (cb->reg.step->n_ids < 1 || anchor != cb->reg.step->ids[0]) {
+            ds_cu_fail(cb, "markov_greedy", "in a step region the anchor must be the step's ids[0]");
+            return;
+        }
+        idx = cb->d_step + 1;
+    } else {
+        idx = ds_cu_indices(cb, "markov_greedy", G + 3);
+        if (!idx) return;
+        int32_t init[DS_CU_ROWS + 3] = {anchor};
+        if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 3) * sizeof(int32_t),
+                                                           cudaMemcpyHostToDevice, cb->stream)))
+            return;
+    }
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
@@ -393,6 +407,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             }
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
+    }
+    if (region) {
+        ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t),
+                                                      cudaMemcpyDeviceToDevice, cb->stream));
+        return;
     }
     int32_t got[DS_CU_ROWS + 2];
     if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(got, idx + 1, (size_t)(G + 2) * sizeof(int32_t),

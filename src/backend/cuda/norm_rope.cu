@@ -63,15 +63,21 @@ typedef struct {
     float inv_freq[DS_CU_MAX_HALF];
 } rope_arg;
 
+/* Row r's position: by value, or from the device (a step region's). */
+__device__ __forceinline__ int row_pos(const rope_arg &a, const int32_t *dpos, int r) {
+    return dpos ? dpos[r] : a.pos[r];
+}
+
 /* blockIdx.x = row of the launch; thread i < half rotates pair (i, i+half)
  * of every head: angle = pos * inv_freq[i] in fp32, then cos/sin (as the
  * reference). */
-__global__ void rope_kernel(float *x, int64_t xs, int64_t heads, int head_dim, rope_arg a) {
+__global__ void rope_kernel(float *x, int64_t xs, int64_t heads, int head_dim, rope_arg a, const int32_t *dpos) {
     ds_cu_grid_wait();
     const int half = head_dim / 2, r = blockIdx.x;
     float *row = x + (int64_t)r * xs;
+    const int pos = row_pos(a, dpos, r);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float ang = (float)a.pos[r] * a.inv_freq[i];
+        const float ang = (float)pos * a.inv_freq[i];
         const float c = cosf(ang), s = sinf(ang);
         for (int64_t h = 0; h < heads; h++) {
             float *v = row + h * head_dim;
@@ -94,41 +100,83 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
         ds_cu_fail(cb, "rope", "head_dim %d is over the supported %d", head_dim, 2 * DS_CU_MAX_HALF);
         return;
     }
+    const int32_t *dpos = NULL;
+    if (cb->reg.active && !(dpos = ds_cu_step_ptr(cb, "rope", pos, x.rows))) return;
     rope_arg a;
     for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
     const int threads = half < 32 ? 32 : (half + 31) / 32 * 32;
     for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
         int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
-        for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
+        for (int i = 0; i < n; i++) a.pos[i] = dpos ? 0 : pos[r0 + i];
         ds_cu_launch(rope_kernel, (unsigned)n, threads, cb->stream, (float *)x.data + r0 * x.stride, x.stride,
-                     x.cols / head_dim, head_dim, a);
+                     x.cols / head_dim, head_dim, a, dpos ? dpos + r0 : NULL);
         if (!ds_cu_launched(cb, "rope")) return;
     }
 }
 
-/* One tensor of heads for rmsnorm_rope_kernel: x rows of `heads` heads. */
+/* One tensor of heads for rmsnorm_rope_kernel: x rows of `heads` heads
+ * (heads 0: none), normed and rotated in place, or into row pos (mod ring)
+ * of dst when dst is set (K into its cache). */
 typedef struct {
     float *x;
     int64_t xs;
     const void *w;
     int wdtype, heads;
+    float *dst;
+    int64_t ds;
 } rope_part;
 
+/* Rows of v copied to rows pos (mod ring) of dst (V into its cache); cols 0: none. */
+typedef struct {
+    const float *v;
+    int64_t vs;
+    float *dst;
+    int64_t ds;
+    int cols;
+} copy_part;
+
+/* Row r of a cache written at position pos: pos % ring for a ring; -1 past
+ * the cache's rows (never, for positions the model checked). */
+__device__ __forceinline__ int64_t cache_row(int pos, int ring, int64_t rows) {
+    const int64_t r = ring > 0 ? pos % ring : pos;
+    return r >= 0 && r < rows ? r : -1;
+}
+
 /* Per-head RMSNorm then RoPE in one pass (Qwen3's q/k path), over one or
- * two tensors that share the positions (q and k in one launch): block b
- * takes head b % heads of row b / heads of part 0, the blocks after those
- * part 1. The sum of squares has rmsnorm_kernel's order; thread i < half
- * then rotates the normed pair (i, i + half). */
+ * two tensors that share the positions (q and k in one launch), and V rows
+ * copied to their cache rows: block b takes head b % heads of row b / heads
+ * of part 0, the blocks after those part 1, then one block per row of the
+ * V copy. The sum of squares has rmsnorm_kernel's order; thread i < half
+ * then rotates the normed pair (i, i + half). Where the result goes (in
+ * place or a cache row) changes no value. */
 __global__ void __launch_bounds__(NORM_THREADS)
-    rmsnorm_rope_kernel(rope_part p0, rope_part p1, int rows, int head_dim, float eps, rope_arg a) {
+    rmsnorm_rope_kernel(rope_part p0, rope_part p1, copy_part pv, int rows, int head_dim, float eps, int ring,
+                        int64_t cache_rows, rope_arg a, const int32_t *dpos) {
     ds_cu_grid_wait();
     __shared__ float part[NORM_THREADS / 32];
     int b = blockIdx.x;
-    const bool second = b >= rows * p0.heads;
+    const int n0 = rows * p0.heads, n1 = rows * p1.heads;
+    if (b >= n0 + n1) {
+        const int r = b - n0 - n1;
+        const int64_t dr = cache_row(row_pos(a, dpos, r), ring, cache_rows);
+        if (dr < 0) return;
+        const float *src = pv.v + (int64_t)r * pv.vs;
+        float *d = pv.dst + dr * pv.ds;
+        for (int i = threadIdx.x; i < pv.cols; i += NORM_THREADS) d[i] = src[i];
+        return;
+    }
+    const bool second = b >= n0;
     const rope_part &P = second ? p1 : p0;
-    if (second) b -= rows * p0.heads;
+    if (second) b -= n0;
     const int r = b / P.heads, h = b % P.heads, half = head_dim / 2;
+    const int pos = row_pos(a, dpos, r);
     float *v = P.x + (int64_t)r * P.xs + (int64_t)h * head_dim;
+    float *o = v;
+    if (P.dst) {
+        const int64_t dr = cache_row(pos, ring, cache_rows);
+        if (dr < 0) return;
+        o = P.dst + dr * P.ds + (int64_t)h * head_dim;
+    }
     const float rs = block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
         float p = v[i] * rs, q = v[i + half] * rs;
@@ -136,10 +184,10 @@ __global__ void __launch_bounds__(NORM_THREADS)
             p *= ds_cu_load(P.w, P.wdtype, i);
             q *= ds_cu_load(P.w, P.wdtype, i + half);
         }
-        const float ang = (float)a.pos[r] * a.inv_freq[i];
+        const float ang = (float)pos * a.inv_freq[i];
         const float c = cosf(ang), s = sinf(ang);
-        v[i] = p * c - q * s;
-        v[i + half] = q * c + p * s;
+        o[i] = p * c - q * s;
+        o[i + half] = q * c + p * s;
     }
 }
 
@@ -155,39 +203,81 @@ static bool rope_heads_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_t
     return !w.data || ds_cu_float_dtype(cb, op, w.dtype);
 }
 
-/* x2 may be empty (rows 0): one tensor. Otherwise both have x's rows. */
+/* x2 may be empty (rows 0): one tensor. Otherwise both have x's rows.
+ * With kc set, x2 (k) goes to rows pos (mod ring) of kc and v to those of
+ * vc; x may then be empty (rows 0: k and v only). */
 static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor w, ds_tensor x2,
-                             ds_tensor w2, int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
-    if (x.rows <= 0 || x.cols <= 0) return;
-    if (!rope_heads_ok(cb, op, x, w, head_dim) || (x2.rows > 0 && !rope_heads_ok(cb, op, x2, w2, head_dim))) return;
-    if (x2.rows > 0 && x2.rows != x.rows) {
+                             ds_tensor w2, ds_tensor v, ds_tensor kc, ds_tensor vc, int ring, int head_dim, float eps,
+                             const int32_t *pos, const float *inv_freq) {
+    const bool store = kc.data != NULL;
+    const int64_t rows = x.rows > 0 ? x.rows : x2.rows;
+    if (rows <= 0 || (x.rows > 0 && x.cols <= 0)) return;
+    if ((x.rows > 0 && !rope_heads_ok(cb, op, x, w, head_dim)) ||
+        (x2.rows > 0 && !rope_heads_ok(cb, op, x2, w2, head_dim)))
+        return;
+    if (x.rows > 0 && x2.rows > 0 && x2.rows != x.rows) {
         ds_cu_fail(cb, op, "q has %lld rows, k %lld", (long long)x.rows, (long long)x2.rows);
         return;
     }
+    if (store && (x2.rows != rows || v.rows != rows || kc.cols != x2.cols || vc.cols != v.cols || kc.rows != vc.rows ||
+                  kc.dtype != DS_F32 || vc.dtype != DS_F32 || v.dtype != DS_F32)) {
+        ds_cu_fail(cb, op, "k %lldx%lld, v %lldx%lld do not fit the caches %lldx%lld, %lldx%lld (fp32)",
+                   (long long)x2.rows, (long long)x2.cols, (long long)v.rows, (long long)v.cols, (long long)kc.rows,
+                   (long long)kc.cols, (long long)vc.rows, (long long)vc.cols);
+        return;
+    }
+    const int32_t *dpos = NULL;
+    if (cb->reg.active && !(dpos = ds_cu_step_ptr(cb, op, pos, rows))) return;
+    if (store && !dpos) /* host positions: check them here (a region's were checked by the model) */
+        for (int64_t i = 0; i < rows; i++) {
+            const int64_t r = ring > 0 ? pos[i] % ring : pos[i];
+            if (pos[i] < 0 || r >= kc.rows) {
+                ds_cu_fail(cb, op, "position %d is outside the cache's %lld rows", pos[i], (long long)kc.rows);
+                return;
+            }
+        }
     const int half = head_dim / 2;
     rope_arg a;
     for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
-    for (int64_t r0 = 0; r0 < x.rows; r0 += DS_CU_ROWS) {
-        int n = (int)(x.rows - r0 < DS_CU_ROWS ? x.rows - r0 : DS_CU_ROWS);
-        for (int i = 0; i < n; i++) a.pos[i] = pos[r0 + i];
-        rope_part p0 = {(float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, (int)(x.cols / head_dim)};
-        rope_part p1 = {NULL, 0, NULL, 0, 1};
-        unsigned blocks = (unsigned)(n * p0.heads);
-        if (x2.rows > 0) {
-            p1 = {(float *)x2.data + r0 * x2.stride, x2.stride, w2.data, w2.dtype, (int)(x2.cols / head_dim)};
-            blocks += (unsigned)(n * p1.heads);
-        }
-        ds_cu_launch(rmsnorm_rope_kernel, blocks, NORM_THREADS, cb->stream, p0, p1, n, head_dim, eps, a);
+    for (int64_t r0 = 0; r0 < rows; r0 += DS_CU_ROWS) {
+        int n = (int)(rows - r0 < DS_CU_ROWS ? rows - r0 : DS_CU_ROWS);
+        for (int i = 0; i < n; i++) a.pos[i] = dpos ? 0 : pos[r0 + i];
+        rope_part p0 = {NULL, 0, NULL, 0, 0, NULL, 0}, p1 = {NULL, 0, NULL, 0, 0, NULL, 0};
+        copy_part pv = {NULL, 0, NULL, 0, 0};
+        if (x.rows > 0)
+            p0 = {(float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, (int)(x.cols / head_dim), NULL, 0};
+        if (x2.rows > 0)
+            p1 = {(float *)x2.data + r0 * x2.stride, x2.stride, w2.data, w2.dtype, (int)(x2.cols / head_dim),
+                  store ? (float *)kc.data : NULL, kc.stride};
+        if (store) pv = {(const float *)v.data + r0 * v.stride, v.stride, (float *)vc.data, vc.stride, (int)v.cols};
+        const unsigned blocks = (unsigned)(n * p0.heads + n * p1.heads + (store ? n : 0));
+        ds_cu_launch(rmsnorm_rope_kernel, blocks, NORM_THREADS, cb->stream, p0, p1, pv, n, head_dim, eps, ring,
+                     store ? kc.rows : (int64_t)0, a, dpos ? dpos + r0 : NULL);
         if (!ds_cu_launched(cb, op)) return;
     }
 }
 
 void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                         const float *inv_freq) {
-    norm_rope_launch(ds_cu(be), "rmsnorm_rope", x, w, ds_no_tensor(), ds_no_tensor(), head_dim, eps, pos, inv_freq);
+    norm_rope_launch(ds_cu(be), "rmsnorm_rope", x, w, ds_no_tensor(), ds_no_tensor(), ds_no_tensor(), ds_no_tensor(),
+                     ds_no_tensor(), 0, head_dim, eps, pos, inv_freq);
 }
 
 void ds_cu_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,
                         float eps, const int32_t *pos, const float *inv_freq) {
-    norm_rope_launch(ds_cu(be), "qk_norm_rope", q, qw, k, kw, head_dim, eps, pos, inv_freq);
+    norm_rope_launch(ds_cu(be), "qk_norm_rope", q, qw, k, kw, ds_no_tensor(), ds_no_tensor(), ds_no_tensor(), 0,
+                     head_dim, eps, pos, inv_freq);
+}
+
+void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
+                              ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
+                              const int32_t *pos, const float *inv_freq) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (k.rows <= 0) return;
+    if (!k_cache.data || !v_cache.data) {
+        ds_cu_fail(cb, "qk_norm_rope_store", "no cache to store into");
+        return;
+    }
+    norm_rope_launch(cb, "qk_norm_rope_store", q, qw, k, kw, v, k_cache, v_cache, ring_size, head_dim, eps, pos,
+                     inv_freq);
 }
