@@ -38,6 +38,10 @@ t "dspark built"
 # Correctness first: the op checks and the golden tests on the GPU.
 timeout 120 ./$B/tests/test_cuda_ops >"$OUT/test_cuda_ops.log" 2>&1
 echo "test_cuda_ops rc=$? $(tail -1 "$OUT/test_cuda_ops.log")"
+timeout 200 ./$B/tests/test_cuda_graphs >"$OUT/test_cuda_graphs.log" 2>&1
+echo "test_cuda_graphs rc=$? $(tail -1 "$OUT/test_cuda_graphs.log")"
+DS_BACKEND=cuda timeout 200 ./$B/tests/test_sample_ops >"$OUT/test_sample_ops.log" 2>&1
+echo "test_sample_ops (DS_BACKEND=cuda) rc=$? $(tail -1 "$OUT/test_sample_ops.log")"
 DS_BACKEND=cuda timeout 200 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|pico)$' -j4 >"$OUT/golden.log" 2>&1
 echo "golden tests (DS_BACKEND=cuda) rc=$? $(grep "tests passed" "$OUT/golden.log")"
 t "tests done"

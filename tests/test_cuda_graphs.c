@@ -257,10 +257,15 @@ static float frand(void) {
     return (float)((rs >> 40) & 0xffffff) / 8388608.0f - 1.0f;
 }
 
-/* The same random fp32 tensor on both backends. */
+/* The same random fp32 tensor on both backends. Scale 0: +0.0 everywhere
+ * (a negative draw times 0 is -0.0, and tensors compared bit for bit must
+ * not differ in the sign of a zero nobody wrote). */
 static void pair_rand(int64_t rows, int64_t cols, float scale, ds_tensor t[2]) {
     float *v = malloc((size_t)(rows * cols) * sizeof *v);
-    for (int64_t i = 0; i < rows * cols; i++) v[i] = frand() * scale;
+    for (int64_t i = 0; i < rows * cols; i++) {
+        const float r = frand() * scale;
+        v[i] = r == 0.0f ? 0.0f : r;
+    }
     for (int i = 0; i < 2; i++) {
         ds_error *e = be[i]->ops->alloc(be[i], DS_F32, rows, cols, &t[i]);
         if (e) {
