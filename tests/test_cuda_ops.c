@@ -72,6 +72,18 @@ static uint16_t f16_exact(float f) {
     return (uint16_t)(sign | ((exp - 112) << 10) | (man >> 13));
 }
 
+/* p->host (rows x cols of dt) as a weight on both backends. */
+static void weight_load(pair *p, ds_dtype dt, int64_t rows, int64_t cols) {
+    const size_t nbytes = (size_t)(rows * cols) * ds_dtype_size(dt);
+    ds_st_tensor st = {.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = p->host, .nbytes = nbytes};
+    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &p->g);
+    if (!e) e = cpu->ops->weight(cpu, &st, rows, cols, &p->c);
+    if (e) {
+        CHECK(0, "weight: %s", ds_error_message(e));
+        ds_error_free(e);
+    }
+}
+
 /* A [rows, cols] weight of dtype dt. Values are multiples of 2^-10 in
  * (-1, 1): exact in fp32, bf16 (up to its 8 bits) and f16. */
 static pair weight(ds_dtype dt, int64_t rows, int64_t cols) {
@@ -90,13 +102,7 @@ static pair weight(ds_dtype dt, int64_t rows, int64_t cols) {
             memcpy((char *)p.host + i * 4, &f, 4);
         }
     }
-    ds_st_tensor st = {.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = p.host, .nbytes = n * es};
-    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &p.g);
-    if (!e) e = cpu->ops->weight(cpu, &st, rows, cols, &p.c);
-    if (e) {
-        CHECK(0, "weight: %s", ds_error_message(e));
-        ds_error_free(e);
-    }
+    weight_load(&p, dt, rows, cols);
     return p;
 }
 
@@ -1111,13 +1117,7 @@ static pair weight_of(ds_dtype dt, const float *v, int64_t rows, int64_t cols) {
         if (dt == DS_BF16) ((uint16_t *)p.host)[i] = ds_f32_to_bf16(v[i]);
         else ((float *)p.host)[i] = v[i];
     }
-    ds_st_tensor st = {.name = "w", .dtype = dt, .ndim = 2, .shape = {rows, cols}, .data = p.host, .nbytes = n * es};
-    ds_error *e = gpu->ops->weight(gpu, &st, rows, cols, &p.g);
-    if (!e) e = cpu->ops->weight(cpu, &st, rows, cols, &p.c);
-    if (e) {
-        CHECK(0, "weight: %s", ds_error_message(e));
-        ds_error_free(e);
-    }
+    weight_load(&p, dt, rows, cols);
     return p;
 }
 

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/dtype.h"
 #include "base/error.h"
@@ -337,6 +338,23 @@ static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
     ds_region_stats s = {false, 0, 0, 0, 0};
     if (be->ops->region_stats) be->ops->region_stats(be, &s);
     return s;
+}
+
+/* markov_sample's operands fit one another (base [G, V]; out, when kept,
+ * and probs at least G rows of V; w2 [V, r], emb at least G rows of r with a
+ * head): true, or false with what does not fit in msg[n] (each backend
+ * reports it as its op's failure). */
+static inline bool ds_markov_sample_fits(ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                                         ds_tensor emb, char *msg, size_t n) {
+    const int64_t G = base.rows, V = base.cols;
+    if ((!out.data || (out.rows >= G && out.cols == V)) && probs.rows >= G && probs.cols == V &&
+        (!w1.data || (w2.rows == V && w2.cols == w1.cols && emb.rows >= G && emb.cols == w1.cols)))
+        return true;
+    snprintf(msg, n, "shapes do not match: base %lldx%lld, out %lldx%lld, probs %lldx%lld, w1 %lldx%lld, w2 %lldx%lld, "
+             "emb %lldx%lld", (long long)G, (long long)V, (long long)out.rows, (long long)out.cols,
+             (long long)probs.rows, (long long)probs.cols, (long long)w1.rows, (long long)w1.cols, (long long)w2.rows,
+             (long long)w2.cols, (long long)emb.rows, (long long)emb.cols);
+    return false;
 }
 
 /* Row i of src to row pos[i] (mod ring) of dst, as runs of consecutive rows. */

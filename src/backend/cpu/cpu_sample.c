@@ -67,13 +67,9 @@ void ds_cpu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tens
     if (!sampling_ok(be, "markov_sample", s)) return;
     const int64_t G = base.rows, V = base.cols;
     const bool markov = w1.data != NULL, keep = out.data != NULL;
-    if ((keep && (out.rows < G || out.cols != V)) || probs.rows < G || probs.cols != V ||
-        (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols))) {
-        ds_cpu_fail(be, "markov_sample", "shapes do not match: base %lldx%lld, out %lldx%lld, probs %lldx%lld, "
-                    "w1 %lldx%lld, w2 %lldx%lld, emb %lldx%lld", (long long)G, (long long)V, (long long)out.rows,
-                    (long long)out.cols, (long long)probs.rows, (long long)probs.cols, (long long)w1.rows,
-                    (long long)w1.cols, (long long)w2.rows, (long long)w2.cols, (long long)emb.rows,
-                    (long long)emb.cols);
+    char why[256];
+    if (!ds_markov_sample_fits(base, out, probs, w1, w2, emb, why, sizeof why)) {
+        ds_cpu_fail(be, "markov_sample", "%s", why);
         return;
     }
     /* The bias row, and the corrected logits when out does not keep them. */

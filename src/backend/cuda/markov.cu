@@ -440,13 +440,9 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     const int64_t V = base.cols;
     if (G <= 0 || V <= 0) return;
     const bool markov = w1.data != NULL, keep = out.data != NULL;
-    if ((keep && (out.rows < G || out.cols != V)) || probs.rows < G || probs.cols != V ||
-        (markov && (w2.rows != V || w2.cols != w1.cols || emb.rows < G || emb.cols != w1.cols))) {
-        ds_cu_fail(cb, "markov_sample", "shapes do not match: base %lldx%lld, out %lldx%lld, probs %lldx%lld, "
-                   "w1 %lldx%lld, w2 %lldx%lld, emb %lldx%lld", (long long)G, (long long)V, (long long)out.rows,
-                   (long long)out.cols, (long long)probs.rows, (long long)probs.cols, (long long)w1.rows,
-                   (long long)w1.cols, (long long)w2.rows, (long long)w2.cols, (long long)emb.rows,
-                   (long long)emb.cols);
+    char why[256];
+    if (!ds_markov_sample_fits(base, out, probs, w1, w2, emb, why, sizeof why)) {
+        ds_cu_fail(cb, "markov_sample", "%s", why);
         return;
     }
     if (markov && !ds_cu_float_dtype(cb, "markov_sample", w1.dtype)) return;
