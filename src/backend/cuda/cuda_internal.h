@@ -253,6 +253,21 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
  * (sample.cu; the sampled Markov walk's step). */
 bool ds_cu_probs_draw_dev(ds_cuda_backend *cb, const char *op, const float *x, float *probs, int64_t V,
                           const ds_sampling *s, double u, int32_t *d_token);
+/* Processed distributions spread over many blocks a row (sample.cu):
+ * whether they apply to V and s (otherwise the block-per-row kernels do);
+ * the device workspace for `rows` rows of V; zeroing its row states (before
+ * the first run that uses them); queueing rows x[r] (stride xs) ->
+ * out[r] (stride os) with workspace rows ws_row.. of ws_rows, and with
+ * d_tok the draws with u[r] into d_tok[r] (device). max_ready: the max of
+ * x/T is already in the row state (markov.cu's step kernel wrote it to
+ * ds_cu_dist_max_slot). */
+bool ds_cu_dist_fast(int64_t V, const ds_sampling *s);
+size_t ds_cu_dist_bytes(int rows, int64_t V);
+bool ds_cu_dist_reset(ds_cuda_backend *cb, const char *op, void *ws, int rows);
+float *ds_cu_dist_max_slot(void *ws, int rows, int64_t V, int row);
+bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, int ws_row, const float *x,
+                    int64_t xs, float *out, int64_t os, int rows, int64_t V, const ds_sampling *s, const double *u,
+                    int32_t *d_tok, bool max_ready);
 void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                               ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
                               const int32_t *pos, const float *inv_freq);

@@ -1,8 +1,13 @@
 /* Sampling on the GPU (backend.h probs, sample, verify_sample; the Markov
  * walk's per-step draw for markov.cu): spec/sampler.c's and spec/verify.c's
- * rules, one block of SAMPLE_THREADS per row, so that a verification round
- * sends n + 1 uniforms down and brings two ints back instead of n + 1 rows
- * of V logits.
+ * rules, so that a verification round sends n + 1 uniforms down and brings
+ * two ints back instead of n + 1 rows of V logits.
+ *
+ * Two implementations. The common settings (no truncation, or top-k with
+ * or without top-p, k <= SAMPLE_CAND) spread each row over many blocks
+ * ("One distribution spread over many blocks" below: dist_fast). The rest
+ * (top-p alone, larger k) use one block of SAMPLE_THREADS per row, as
+ * follows.
  *
  * Processed distribution (ds_probs_from_logits): max of x/T, e = exp(x/T -
  * max) with the CPU's own exp (ds_v8f_exp's operations, so e is usually the
@@ -129,8 +134,8 @@ __device__ int block_max_int(int v, sample_shared &sh) {
  * finds the digit d (scanning from the highest) at which the count (or
  * mass) above plus the digits >= d first reaches `need`. Writes d (-1: never
  * reached), the count and mass of the digits above d, and d's count. */
-template <bool MASS>
-__device__ void find_digit(sample_shared &sh, unsigned above_c, u64 above_m, u64 need) {
+template <bool MASS, class SH>
+__device__ void find_digit(SH &sh, unsigned above_c, u64 above_m, u64 need) {
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     unsigned c[8];
@@ -412,6 +417,694 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
+/* ---- One distribution spread over many blocks ------------------------------
+ *
+ * The block-per-row kernels above make ~10 passes over a 600 KB row with
+ * one SM each (~10 us a pass). Here every row is cut into slices of
+ * DIST_CHUNK tokens, one block of DIST_THREADS each (149 blocks a row at
+ * V = 151936), grid (slices, rows), and each stage is one launch whose
+ * last block (per row: a ticket, as markov.cu's step_end) merges the
+ * blocks' partials in slice order and leaves the row's state for the next
+ * launch. No block ever waits for another (no co-residency assumption, no
+ * cooperative launch); the launches chain by programmatic dependent launch.
+ *
+ *   max   (or markov.cu's step kernel, which writes the row): mx = max x/T
+ *   sum   sum of e = exp(x/T - mx): per block a fixed tree (4 elements a
+ *         thread in order, warp butterfly, warps in order), blocks in
+ *         order: deterministic. The old kernel's order differed from the
+ *         host's sequential sum too; both are within ~1e-16 relative of it,
+ *         so p = float(e / sum) is the host's p except where e / sum lies
+ *         within that of a float rounding boundary (an ulp: the tests'
+ *         SAMPLE_PROB_TOL).
+ *   norm  p = float(e / sum) written; without top-k, the draw (below) in
+ *         the same launch; with top-k, the first radix pass.
+ *   hist  (top-k) radix passes on the rank key (bits of p, then the lower
+ *         id first: cand_desc's order), 8 bits each: per-block histograms
+ *         (warp-aggregated shared atomics) added into the row's histogram
+ *         by integer atomics (order-free: deterministic); the last block
+ *         picks the digit. Passes stop (the launches that remain exit at
+ *         once) when the tokens ranked at or above the contenders fit on
+ *         chip (at most max(1024, top_k)).
+ *   finish (top-k) those tokens are compacted (slot atomics: arbitrary
+ *         order) and the last block sorts them by key (bitonic, shared
+ *         memory): from here the rule is the host's own, in the host's
+ *         order: the first top_k in rank order, their mass, top-p by the
+ *         cumulative mass in rank order (cum >= top_p * kept, as
+ *         spec/sampler.c: no fixed-point approximation), and the draw, over
+ *         the kept tokens sorted by id, one sequential sum (the zeros the
+ *         host also adds change nothing): the host's ds_sample_probs_u on
+ *         the same values. Only the kept mass of top-k is summed in rank
+ *         order where the host sums it in its quickselect order (rounding).
+ *   apply (top-k) out = key >= the last kept key ? float(p / mass) : 0.
+ *
+ * The draw without truncation (and verify's residual draw): slice masses
+ * (positive values, a block tree), the slices' starts in order by one
+ * thread, the last slice with mass starting at or below u * total; in it
+ * each thread's 4 contiguous tokens' mass, their starts in order, the last
+ * such run at or below the target, scanned token by token as the host
+ * does (first cumulative above the target; the last positive token where
+ * rounding left the target past the run). Against the host's one
+ * sequential chain the drawn token can differ only where u * total lies
+ * within rounding of a CDF step (the tests' DRAW_EPS).
+ *
+ * Top-p without top-k (or top_k > SAMPLE_CAND, or V > DIST_MAX_V) keeps
+ * the block-per-row kernels above (dist_fast). */
+#define DIST_THREADS 256
+#define DIST_WARPS (DIST_THREADS / 32)
+#define DIST_PER 4 /* tokens a thread of a slice: i = slice start + t + DIST_THREADS * j */
+#define DIST_CHUNK (DIST_THREADS * DIST_PER)
+#define DIST_MAX_BLOCKS 1024 /* slices of a row: V <= 1M */
+#define DIST_MAX_V ((int64_t)DIST_MAX_BLOCKS * DIST_CHUNK)
+#define DIST_FIT 1024 /* contenders the finish sorts, unless top_k needs more (then SAMPLE_CAND) */
+
+/* A row's state between launches (zeroed before the first: ds_cu_dist_reset). */
+typedef struct {
+    unsigned ticket; /* blocks of the launch done with this row; the last re-arms it */
+    int fit;         /* top-k: the tokens with key >= prefix fit on chip; the passes stop */
+    int si;          /* the radix pass next (dist_shift) */
+    int ncand;       /* tokens compacted by finish */
+    unsigned above_c;
+    float mx;        /* max of x / T */
+    double sum;      /* sum of exp(x / T - mx) */
+    u64 prefix, mask;
+    u64 thr;         /* the last kept key (top-k) */
+    double mass;     /* what the kept tokens are divided by */
+    unsigned hist[256];
+} dist_row;
+
+/* The workspace of `rows` rows of nb slices (carved from one device buffer). */
+typedef struct {
+    dist_row *st;
+    float *pmax;   /* [rows][nb] */
+    double *psum;  /* [rows][nb] */
+    double *pdraw; /* [rows][2 nb]: slice masses of the row drawn from (verify: the residual, then the plain row) */
+    u64 *cand;     /* [rows][SAMPLE_CAND] */
+    int nb;
+} dist_ws;
+
+typedef struct {
+    unsigned cnt[256];
+    u64 mass[256]; /* find_digit reads it: zeros (counts only here) */
+    u64 dig_above_m;
+    unsigned dig_above_c, dig_cnt;
+    int digit;
+    double rd[DIST_WARPS];
+    float rf[DIST_WARPS];
+    int ri[DIST_WARPS];
+    int result;
+    double total;
+    bool last;
+    double start[DIST_MAX_BLOCKS]; /* slice starts (the draw) */
+    double tpart[DIST_THREADS];    /* each thread's run mass, then its start */
+} dist_shared; /* ~13 KiB: eight blocks of DIST_THREADS an SM */
+
+__device__ float dist_block_max(float v, dist_shared &sh) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) sh.rf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sh.rf[0];
+    for (int w = 1; w < DIST_WARPS; w++) v = fmaxf(v, sh.rf[w]);
+    __syncthreads();
+    return v;
+}
+__device__ double dist_block_sum(double v, dist_shared &sh) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0) sh.rd[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sh.rd[0];
+    for (int w = 1; w < DIST_WARPS; w++) v += sh.rd[w];
+    __syncthreads();
+    return v;
+}
+__device__ int dist_block_max_int(int v, dist_shared &sh) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) sh.ri[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = sh.ri[0];
+    for (int w = 1; w < DIST_WARPS; w++) v = max(v, sh.ri[w]);
+    __syncthreads();
+    return v;
+}
+
+/* Whether this block is the last of its row in this launch (every thread
+ * gets the answer). Each thread's global writes and atomics are fenced
+ * before the ticket, and the last block fences after it (acquire), so it
+ * sees every other block's partials (read them with __ldcg: L2). */
+__device__ bool dist_last(dist_row *st, dist_shared &sh) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) sh.last = atomicAdd(&st->ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    const bool last = sh.last;
+    if (last) __threadfence();
+    return last;
+}
+
+/* Radix pass si's shift (-1: none left) and the constant ones of the id
+ * complement's high bits, as select_top lays the digits out. */
+__device__ __host__ inline int dist_id_bits(int64_t V) {
+    int idb = 1;
+    while (idb < 32 && ((int64_t)1 << idb) < V) idb++;
+    return idb;
+}
+__device__ int dist_shift(int si, int64_t V, u64 *ones) {
+    const int idb = dist_id_bits(V);
+    *ones = idb >= 32 ? 0 : (u64)(0xffffffffu << idb);
+    if (si < 4) return 56 - 8 * si;
+    const int s = (idb + 7) / 8 * 8 - 8 - 8 * (si - 4);
+    return s >= 0 ? s : -1;
+}
+static int dist_passes(int64_t V) { return 4 + (dist_id_bits(V) + 7) / 8; }
+
+/* Adds digit d (256: none) of this thread's token to the block's
+ * histogram, one shared atomic per distinct digit in the warp (the first
+ * passes put most of a row in a few digits). Every lane must call it. */
+__device__ __forceinline__ void dist_hist_add(unsigned *cnt, int d) {
+    const unsigned grp = __match_any_sync(0xffffffffu, d);
+    if (d < 256 && (int)(threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&cnt[d], (unsigned)__popc(grp));
+}
+
+/* The last block of a radix pass (shift s): the row's histogram to the
+ * next digit, the state for the next launch. */
+__device__ void dist_select_step(dist_row *st, int top_k, int s, u64 ones, dist_shared &sh) {
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+        sh.cnt[d] = __ldcg(&st->hist[d]);
+        sh.mass[d] = 0;
+        st->hist[d] = 0; /* ready for the next pass */
+    }
+    __syncthreads();
+    find_digit<false>(sh, st->above_c, 0, (u64)top_k);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int d = sh.digit;
+        const unsigned cap = top_k > DIST_FIT ? SAMPLE_CAND : DIST_FIT;
+        if (d < 0) { /* fewer than top_k contenders: cannot happen (the contenders always hold the k-th) */
+            st->fit = 1;
+        } else {
+            u64 prefix = st->prefix, mask = st->mask;
+            if (s < 32) prefix |= ones, mask |= ones;
+            st->prefix = prefix | (u64)d << s;
+            st->mask = mask | (u64)255 << s;
+            st->above_c = sh.dig_above_c;
+            /* keys >= prefix: the tokens above the digit and the digit's own. */
+            if ((u64)sh.dig_above_c + sh.dig_cnt <= cap || sh.dig_cnt <= 1) st->fit = 1;
+        }
+        st->si++;
+        st->ticket = 0;
+    }
+}
+
+/* Sorts k[0..N) descending, N a power of two (bitonic; the block's threads). */
+__device__ void dist_sort_desc(u64 *k, int N) {
+    for (int size = 2; size <= N; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < N; i += blockDim.x) {
+                const int l = i ^ stride;
+                if (l > i) {
+                    const u64 a = k[i], b = k[l];
+                    if ((i & size) == 0 ? a < b : a > b) k[i] = b, k[l] = a;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* Row value for the spread draw: draw_value through L2 (the last block
+ * reads slices other blocks of the same launch may have written). */
+__device__ __forceinline__ float dist_value(const float *a, const float *b, int64_t i) {
+    if (!b) return __ldcg(a + i);
+    const float r = __fsub_rn(__ldcg(a + i), __ldcg(b + i));
+    return r > 0 ? r : 0.0f;
+}
+
+/* The last block's draw from row a (or the residual of a and b) with the
+ * slice masses part[0..nb): the token, or -2 without drawing when the
+ * total is <= min_total. Every thread gets the answer. */
+__device__ int dist_draw(const float *a, const float *b, int64_t V, const double *part, int nb, double u,
+                         double min_total, dist_shared &sh) {
+    if (threadIdx.x == 0) {
+        double q = 0;
+        for (int c = 0; c < nb; c++) {
+            const double t = __ldcg(part + c);
+            sh.start[c] = q;
+            q += t;
+        }
+        sh.total = q;
+    }
+    __syncthreads();
+    const double total = sh.total;
+    if (!(total > min_total)) {
+        __syncthreads();
+        return -2;
+    }
+    const double target = u * total;
+    int c = -1;
+    for (int j = threadIdx.x; j < nb; j += blockDim.x)
+        if (__ldcg(part + j) > 0 && sh.start[j] <= target) c = j; /* increasing j: the last */
+    c = dist_block_max_int(c, sh);
+    if (c < 0) return 0; /* no mass at all: the host's answer */
+    const int64_t r0 = (int64_t)c * DIST_CHUNK + DIST_PER * threadIdx.x;
+    double s = 0;
+    for (int j = 0; j < DIST_PER; j++) {
+        if (r0 + j >= V) break;
+        const float v = dist_value(a, b, r0 + j);
+        if (v > 0) s += v;
+    }
+    sh.tpart[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double q = sh.start[c];
+        for (int t = 0; t < DIST_THREADS; t++) {
+            const double m = sh.tpart[t];
+            sh.tpart[t] = q;
+            q += m;
+        }
+        sh.result = c * DIST_CHUNK; /* (replaced below: the slice has mass) */
+    }
+    __syncthreads();
+    const double start = sh.tpart[threadIdx.x];
+    const int t = dist_block_max_int(s > 0 && start <= target ? (int)threadIdx.x : -1, sh);
+    if ((int)threadIdx.x == t) {
+        double cum = start;
+        int64_t last = -1, got = -1;
+        for (int j = 0; j < DIST_PER && r0 + j < V && got < 0; j++) {
+            const float v = dist_value(a, b, r0 + j);
+            if (v <= 0) continue;
+            cum += v;
+            last = r0 + j;
+            if (target < cum) got = r0 + j;
+        }
+        sh.result = (int)(got >= 0 ? got : last); /* rounding left the target past this run */
+    }
+    __syncthreads();
+    const int res = sh.result;
+    __syncthreads();
+    return res;
+}
+
+/* This block's slice mass of row a (or the residual of a and b): positive values, a fixed tree. */
+__device__ double dist_slice_mass(const float *a, const float *b, int64_t V, dist_shared &sh) {
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i < V) {
+            const float v = dist_value(a, b, i);
+            if (v > 0) s += v;
+        }
+    }
+    return dist_block_sum(s, sh);
+}
+
+__global__ void __launch_bounds__(DIST_THREADS) dist_max_kernel(const float *x, int64_t xs, int64_t V, float T, dist_ws ws) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    const float *xr = x + (int64_t)row * xs;
+    dist_row *st = ws.st + row;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i < V) m = fmaxf(m, __fdiv_rn(xr[i], T));
+    }
+    m = dist_block_max(m, sh);
+    if (threadIdx.x == 0) ws.pmax[(int64_t)row * ws.nb + blockIdx.x] = m;
+    if (!dist_last(st, sh)) return;
+    m = -INFINITY;
+    for (int c = threadIdx.x; c < (int)gridDim.x; c += blockDim.x) m = fmaxf(m, __ldcg(ws.pmax + (int64_t)row * ws.nb + c));
+    m = dist_block_max(m, sh); /* a max: the order is irrelevant */
+    if (threadIdx.x == 0) {
+        st->mx = m;
+        st->ticket = 0;
+    }
+}
+
+__global__ void __launch_bounds__(DIST_THREADS) dist_sum_kernel(const float *x, int64_t xs, int64_t V, float T, dist_ws ws) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    const float *xr = x + (int64_t)row * xs;
+    dist_row *st = ws.st + row;
+    const float mx = st->mx;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i < V) s += cpu_exp(__fsub_rn(__fdiv_rn(xr[i], T), mx));
+    }
+    s = dist_block_sum(s, sh);
+    if (threadIdx.x == 0) ws.psum[(int64_t)row * ws.nb + blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    if (threadIdx.x == 0) { /* the slices in order */
+        double q = 0;
+        for (int c = 0; c < (int)gridDim.x; c++) q += __ldcg(ws.psum + (int64_t)row * ws.nb + c);
+        st->sum = q;
+        /* the radix select starts here (norm's pass is the first) */
+        st->fit = 0;
+        st->si = 0;
+        st->ncand = 0;
+        st->above_c = 0;
+        st->prefix = 0;
+        st->mask = 0;
+    }
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) st->hist[d] = 0;
+    if (threadIdx.x == 0) st->ticket = 0;
+}
+
+/* p = float(e / sum) into out; top_k > 0: the first radix pass; else with
+ * tok: the draw with u[row] into tok[row]. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_norm_kernel(const float *x, int64_t xs, float *out, int64_t os, int64_t V, float T, int top_k, dist_ws ws,
+                     sample_args args, int32_t *tok) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    const float *xr = x + (int64_t)row * xs;
+    float *pr = out + (int64_t)row * os;
+    dist_row *st = ws.st + row;
+    const float mx = st->mx;
+    const double sum = st->sum;
+    if (top_k > 0)
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0;
+    __syncthreads();
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        float p = 0.0f;
+        if (i < V) {
+            const float e = cpu_exp(__fsub_rn(__fdiv_rn(xr[i], T), mx));
+            p = __double2float_rn(__ddiv_rn((double)e, sum));
+            pr[i] = p;
+            if (p > 0) s += p;
+        }
+        if (top_k > 0) dist_hist_add(sh.cnt, i < V ? (int)(rank_key(p, i) >> 56) : 256);
+    }
+    if (top_k > 0) {
+        __syncthreads();
+        for (int d = threadIdx.x; d < 256; d += blockDim.x)
+            if (sh.cnt[d]) atomicAdd(&st->hist[d], sh.cnt[d]);
+        if (!dist_last(st, sh)) return;
+        u64 ones;
+        dist_select_step(st, top_k, dist_shift(0, V, &ones), ones, sh);
+        return;
+    }
+    if (!tok) return;
+    s = dist_block_sum(s, sh);
+    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    /* (pr's other slices were written by other blocks: dist_draw reads through L2) */
+    const int t = dist_draw(pr, NULL, V, part, ws.nb, args.u[row], -1.0, sh);
+    if (threadIdx.x == 0) {
+        tok[row] = t;
+        st->ticket = 0;
+    }
+}
+
+/* One radix pass (top-k) on the rows' p; nothing once they fit. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_hist_kernel(const float *out, int64_t os, int64_t V, int top_k, dist_ws ws) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    dist_row *st = ws.st + row;
+    if (st->fit) return; /* the same for every block of the row */
+    u64 ones;
+    const int s = dist_shift(st->si, V, &ones);
+    if (s < 0) return;
+    u64 prefix = st->prefix, mask = st->mask;
+    if (s < 32) prefix |= ones, mask |= ones;
+    const float *pr = out + (int64_t)row * os;
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0;
+    __syncthreads();
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        int d = 256;
+        if (i < V) {
+            const u64 k = rank_key(pr[i], i);
+            if ((k & mask) == prefix) d = (int)(k >> s) & 255;
+        }
+        dist_hist_add(sh.cnt, d);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < 256; d += blockDim.x)
+        if (sh.cnt[d]) atomicAdd(&st->hist[d], sh.cnt[d]);
+    if (!dist_last(st, sh)) return;
+    dist_select_step(st, top_k, s, ones, sh);
+}
+
+/* Top-k's end (see above): the tokens with key >= prefix compacted, sorted,
+ * cut by top_k and top_p as the host does; with tok, the draw. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_finish_kernel(const float *out, int64_t os, int64_t V, int top_k, float top_p, dist_ws ws, sample_args args,
+                       int32_t *tok) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    __shared__ u64 key[SAMPLE_CAND]; /* the compacted tokens (32 KiB) */
+    const int row = blockIdx.y;
+    dist_row *st = ws.st + row;
+    const float *pr = out + (int64_t)row * os;
+    u64 *cand = ws.cand + (int64_t)row * SAMPLE_CAND;
+    const u64 lo = st->prefix;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i >= V) continue;
+        const u64 k = rank_key(pr[i], i);
+        if (k >= lo) {
+            const int slot = atomicAdd(&st->ncand, 1);
+            if (slot < SAMPLE_CAND) cand[slot] = k; /* (the passes guarantee it fits) */
+        }
+    }
+    if (!dist_last(st, sh)) return;
+    const int n = min(__ldcg(&st->ncand), SAMPLE_CAND);
+    int N = 1;
+    while (N < n) N <<= 1;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) key[i] = i < n ? __ldcg(cand + i) : 0; /* 0: below every token */
+    __syncthreads();
+    dist_sort_desc(key, N);
+    if (threadIdx.x == 0) {
+        const int keep = top_k < n ? top_k : n;
+        double kept = 0;
+        for (int i = 0; i < keep; i++) kept += key_p(key[i]);
+        int m = keep;
+        double mass = kept;
+        if (top_p > 0 && top_p < 1.0f) { /* spec/sampler.c's loop */
+            const double target = (double)top_p * kept;
+            double cum = 0;
+            m = 0;
+            while (m < keep) {
+                cum += key_p(key[m]);
+                m++;
+                if (cum >= target) break;
+            }
+            mass = cum;
+        }
+        if (m < 1) m = 1; /* (n >= 1: the row's top token is always a contender) */
+        st->thr = key[m - 1];
+        st->mass = mass;
+        st->ncand = 0;
+        st->ticket = 0;
+        sh.result = m;
+        sh.total = mass;
+    }
+    __syncthreads();
+    if (!tok) return;
+    /* The kept tokens' values, ordered by id (the complement's bits lead), for the host's draw. */
+    const int m = sh.result;
+    const double mass = sh.total;
+    int M = 1;
+    while (M < m) M <<= 1;
+    for (int i = threadIdx.x; i < M; i += blockDim.x) {
+        u64 k2 = 0;
+        if (i < m) {
+            const u64 k = key[i];
+            k2 = (k << 32) | __float_as_uint(__double2float_rn(__ddiv_rn((double)key_p(k), mass)));
+        }
+        key[i] = k2; /* (each thread rewrites only the slots it read) */
+    }
+    __syncthreads();
+    dist_sort_desc(key, M);
+    if (threadIdx.x == 0) {
+        double total = 0;
+        for (int i = 0; i < m; i++) total += __uint_as_float((unsigned)key[i]);
+        const double target = args.u[row] * total;
+        double cum = 0;
+        int last = 0, got = -1;
+        for (int i = 0; i < m && got < 0; i++) {
+            const float q = __uint_as_float((unsigned)key[i]);
+            if (q <= 0) continue;
+            const int id = (int)(0xffffffffu - (unsigned)(key[i] >> 32));
+            cum += q;
+            last = id;
+            if (target < cum) got = id;
+        }
+        tok[row] = got >= 0 ? got : last;
+    }
+}
+
+/* Top-k's output row: the kept tokens renormalised, the rest 0 (in place). */
+__global__ void __launch_bounds__(DIST_THREADS) dist_apply_kernel(float *out, int64_t os, int64_t V, dist_ws ws) {
+    ds_cu_grid_wait();
+    const int row = blockIdx.y;
+    const dist_row *st = ws.st + row;
+    const u64 thr = st->thr;
+    const double mass = st->mass;
+    float *pr = out + (int64_t)row * os;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i >= V) continue;
+        const float p = pr[i];
+        pr[i] = rank_key(p, i) >= thr ? __double2float_rn(__ddiv_rn((double)p, mass)) : 0.0f;
+    }
+}
+
+/* ds_sample_probs_u on rows of p, u[row] into tok[row]. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_draw_kernel(const float *p, int64_t ps, int64_t V, dist_ws ws, sample_args args, int32_t *tok) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    const float *pr = p + (int64_t)row * ps;
+    dist_row *st = ws.st + row;
+    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
+    const double s = dist_slice_mass(pr, NULL, V, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    const int t = dist_draw(pr, NULL, V, part, ws.nb, args.u[row], -1.0, sh);
+    if (threadIdx.x == 0) {
+        tok[row] = t;
+        st->ticket = 0;
+    }
+}
+
+/* ds_verify_uniforms' decision on the processed target rows pt[n+1][V] and
+ * the draft rows pd: every block finds the accepted count a itself (thread
+ * i < n tests draft i's ratio, as the host's loop does; a = the first that
+ * fails, else n), adds its slices of the residual of row a and of row a
+ * itself, and the last block draws: out[0] = a, out[1] = next. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_verify_kernel(const float *pt, int64_t V, const float *pd, int64_t pds, int n, dist_ws ws, sample_args args,
+                       int32_t *out) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    int fail = n;
+    if ((int)threadIdx.x < n) {
+        const int i = threadIdx.x;
+        const int32_t x = args.draft[i];
+        const double q = pd[(int64_t)i * pds + x];
+        const double ratio = (double)pt[(int64_t)i * V + x] / (q > 1e-8 ? q : 1e-8);
+        if (!(args.u[i] < ratio)) fail = i;
+    }
+    const int a = -dist_block_max_int(-fail, sh); /* the first rejected draft */
+    const float *row = pt + (int64_t)a * V, *drow = a < n ? pd + (int64_t)a * pds : NULL;
+    double *part = ws.pdraw; /* row 0's: [nb] residual, [nb] plain */
+    const double sr = drow ? dist_slice_mass(row, drow, V, sh) : 0.0;
+    const double sp = dist_slice_mass(row, NULL, V, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = sr, part[ws.nb + blockIdx.x] = sp;
+    if (!dist_last(ws.st, sh)) return;
+    int next = -2;
+    if (drow) next = dist_draw(row, drow, V, part, ws.nb, args.u[n], 1e-8, sh); /* the residual */
+    if (next == -2) next = dist_draw(row, NULL, V, part + ws.nb, ws.nb, args.u[n], -1.0, sh); /* the bonus, or no residual mass */
+    if (threadIdx.x == 0) {
+        out[0] = a;
+        out[1] = next;
+        ws.st->ticket = 0;
+    }
+}
+
+/* ---- host side of the spread distribution ---- */
+
+static int dist_nb(int64_t V) { return (int)((V + DIST_CHUNK - 1) / DIST_CHUNK); }
+static size_t dist_align(size_t b) { return (b + 255) & ~(size_t)255; }
+static size_t dist_state_bytes(int rows) { return dist_align((size_t)rows * sizeof(dist_row)); }
+
+size_t ds_cu_dist_bytes(int rows, int64_t V) {
+    const size_t nb = (size_t)dist_nb(V), R = (size_t)rows;
+    return dist_state_bytes(rows) + dist_align(R * nb * sizeof(float)) + dist_align(R * nb * sizeof(double)) +
+           dist_align(2 * R * nb * sizeof(double)) + R * SAMPLE_CAND * sizeof(u64);
+}
+
+/* ws (rows of V) from ws_base, shifted to start at row r. */
+static dist_ws dist_carve(void *base, int rows, int64_t V, int r) {
+    const size_t nb = (size_t)dist_nb(V), R = (size_t)rows;
+    char *p = (char *)base;
+    dist_ws w;
+    w.nb = (int)nb;
+    w.st = (dist_row *)p + r;
+    p += dist_state_bytes(rows);
+    w.pmax = (float *)p + (size_t)r * nb;
+    p += dist_align(R * nb * sizeof(float));
+    w.psum = (double *)p + (size_t)r * nb;
+    p += dist_align(R * nb * sizeof(double));
+    w.pdraw = (double *)p + (size_t)r * 2 * nb;
+    p += dist_align(2 * R * nb * sizeof(double));
+    w.cand = (u64 *)p + (size_t)r * SAMPLE_CAND;
+    return w;
+}
+
+bool ds_cu_dist_fast(int64_t V, const ds_sampling *s) {
+    const bool use_k = s->top_k > 0 && s->top_k < V, use_p = s->top_p > 0 && s->top_p < 1.0f;
+    return V >= 1 && V <= DIST_MAX_V && (use_k ? s->top_k <= SAMPLE_CAND : !use_p);
+}
+
+bool ds_cu_dist_reset(ds_cuda_backend *cb, const char *op, void *ws, int rows) {
+    return ds_cu_ok(cb, op, cudaMemsetAsync(ws, 0, dist_state_bytes(rows), cb->stream));
+}
+
+float *ds_cu_dist_max_slot(void *ws, int rows, int64_t V, int row) { return &dist_carve(ws, rows, V, row).st->mx; }
+
+bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, int ws_row, const float *x,
+                    int64_t xs, float *out, int64_t os, int rows, int64_t V, const ds_sampling *s, const double *u,
+                    int32_t *d_tok, bool max_ready) {
+    if (rows < 1 || rows > SAMPLE_MAX_ROWS || ws_row + rows > ws_rows || !ds_cu_dist_fast(V, s)) {
+        ds_cu_fail(cb, op, "spread distribution of %d rows of %lld (workspace rows %d at %d)", rows, (long long)V,
+                   ws_rows, ws_row);
+        return false;
+    }
+    const dist_ws w = dist_carve(ws, ws_rows, V, ws_row);
+    const dim3 grid((unsigned)w.nb, (unsigned)rows);
+    const float T = s->temperature;
+    const int top_k = s->top_k > 0 && s->top_k < V ? s->top_k : 0;
+    sample_args args;
+    memset(&args, 0, sizeof args);
+    if (u)
+        for (int r = 0; r < rows; r++) args.u[r] = u[r];
+    if (!max_ready) {
+        ds_cu_launch(dist_max_kernel, grid, DIST_THREADS, cb->stream, x, xs, V, T, w);
+        if (!ds_cu_launched(cb, op)) return false;
+    }
+    ds_cu_launch(dist_sum_kernel, grid, DIST_THREADS, cb->stream, x, xs, V, T, w);
+    if (!ds_cu_launched(cb, op)) return false;
+    ds_cu_launch(dist_norm_kernel, grid, DIST_THREADS, cb->stream, x, xs, out, os, V, T, top_k, w, args,
+                 top_k ? (int32_t *)NULL : d_tok);
+    if (!ds_cu_launched(cb, op)) return false;
+    if (!top_k) return true;
+    for (int si = 1; si < dist_passes(V); si++) {
+        ds_cu_launch(dist_hist_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, top_k, w);
+        if (!ds_cu_launched(cb, op)) return false;
+    }
+    ds_cu_launch(dist_finish_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, top_k, s->top_p, w,
+                 args, d_tok);
+    if (!ds_cu_launched(cb, op)) return false;
+    ds_cu_launch(dist_apply_kernel, grid, DIST_THREADS, cb->stream, out, os, V, w);
+    return ds_cu_launched(cb, op);
+}
+
 static bool sampling_ok(ds_cuda_backend *cb, const char *op, const ds_sampling *s, int64_t V) {
     if (ds_sampling_greedy(s)) {
         ds_cu_fail(cb, op, "temperature %g is greedy (argmax / markov_greedy decide those)", (double)s->temperature);
@@ -440,6 +1133,18 @@ void ds_cu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampl
         return;
     }
     if (!sampling_ok(cb, "probs", s, logits.cols) || logits.rows <= 0) return;
+    if (ds_cu_dist_fast(logits.cols, s)) { /* spread over blocks, SAMPLE_MAX_ROWS rows a launch */
+        const int R = logits.rows < SAMPLE_MAX_ROWS ? (int)logits.rows : SAMPLE_MAX_ROWS;
+        void *ws = ds_cu_scratch(cb, "probs", ds_cu_dist_bytes(R, logits.cols));
+        if (!ws || !ds_cu_dist_reset(cb, "probs", ws, R)) return;
+        for (int64_t r0 = 0; r0 < logits.rows; r0 += SAMPLE_MAX_ROWS) {
+            const int m = logits.rows - r0 < SAMPLE_MAX_ROWS ? (int)(logits.rows - r0) : SAMPLE_MAX_ROWS;
+            if (!ds_cu_dist_run(cb, "probs", ws, R, 0, (const float *)ds_rows(logits, r0, 1).data, logits.stride,
+                                (float *)ds_rows(out, r0, 1).data, out.stride, m, logits.cols, s, NULL, NULL, false))
+                return;
+        }
+        return;
+    }
     for (int64_t r0 = 0; r0 < logits.rows; r0 += 65535) {
         const int64_t m = logits.rows - r0 < 65535 ? logits.rows - r0 : 65535;
         ds_cu_launch(probs_kernel, (unsigned)m, SAMPLE_THREADS, cb->stream, (const float *)ds_rows(logits, r0, 1).data,
@@ -458,13 +1163,22 @@ void ds_cu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out
     }
     int32_t *d = ds_cu_indices(cb, "sample", (int)probs.rows);
     if (!d) return;
+    const bool spread = probs.cols <= DIST_MAX_V; /* slices of the row over blocks */
+    const int R = probs.rows < SAMPLE_MAX_ROWS ? (int)probs.rows : SAMPLE_MAX_ROWS;
+    void *ws = spread ? ds_cu_scratch(cb, "sample", ds_cu_dist_bytes(R, probs.cols)) : NULL;
+    if (spread && (!ws || !ds_cu_dist_reset(cb, "sample", ws, R))) return;
     for (int64_t r0 = 0; r0 < probs.rows; r0 += SAMPLE_MAX_ROWS) {
         const int64_t m = probs.rows - r0 < SAMPLE_MAX_ROWS ? probs.rows - r0 : SAMPLE_MAX_ROWS;
         sample_args args;
         memset(&args, 0, sizeof args);
         for (int64_t r = 0; r < m; r++) args.u[r] = u[r0 + r];
-        ds_cu_launch(draw_kernel, (unsigned)m, SAMPLE_THREADS, cb->stream, (const float *)ds_rows(probs, r0, 1).data,
-                     probs.stride, probs.cols, args, d + r0);
+        if (spread)
+            ds_cu_launch(dist_draw_kernel, dim3((unsigned)dist_nb(probs.cols), (unsigned)m), DIST_THREADS, cb->stream,
+                         (const float *)ds_rows(probs, r0, 1).data, probs.stride, probs.cols,
+                         dist_carve(ws, R, probs.cols, 0), args, d + r0);
+        else
+            ds_cu_launch(draw_kernel, (unsigned)m, SAMPLE_THREADS, cb->stream,
+                         (const float *)ds_rows(probs, r0, 1).data, probs.stride, probs.cols, args, d + r0);
         if (!ds_cu_launched(cb, "sample")) return;
     }
     if (ds_cu_ok(cb, "sample",
@@ -491,20 +1205,34 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
             ds_cu_fail(cb, "verify_sample", "draft token %d at %d is outside the vocabulary", draft[i], i);
             return;
         }
-    /* The n + 1 target distributions, one block each, then the decision. */
-    float *pt = (float *)ds_cu_scratch(cb, "verify_sample", (size_t)(n + 1) * (size_t)V * sizeof(float));
+    /* The n + 1 target distributions (spread: rows x slices; else one
+     * block each), then the decision (spread: slices of row a). */
+    const bool spread = ds_cu_dist_fast(V, s);
+    const size_t pt_bytes = dist_align((size_t)(n + 1) * (size_t)V * sizeof(float));
+    char *buf = (char *)ds_cu_scratch(cb, "verify_sample", pt_bytes + (spread ? ds_cu_dist_bytes(n + 1, V) : 0));
     int32_t *d = ds_cu_indices(cb, "verify_sample", 2);
-    if (!pt || !d) return;
-    ds_cu_launch(probs_kernel, (unsigned)(n + 1), SAMPLE_THREADS, cb->stream, (const float *)logits.data,
-                 logits.stride, pt, V, V, s->temperature, s->top_k, s->top_p);
-    if (!ds_cu_launched(cb, "verify_sample")) return;
+    if (!buf || !d) return;
+    float *pt = (float *)buf;
+    void *ws = buf + pt_bytes;
     sample_args args;
     memset(&args, 0, sizeof args);
     for (int i = 0; i <= n; i++) args.u[i] = u[i];
     for (int i = 0; i < n; i++) args.draft[i] = draft[i];
-    ds_cu_launch(accept_kernel, 1, SAMPLE_THREADS, cb->stream, (const float *)pt, V,
-                 n > 0 ? (const float *)draft_probs.data : (const float *)NULL, n > 0 ? draft_probs.stride : 0, n,
-                 args, d);
+    const float *dp = n > 0 ? (const float *)draft_probs.data : (const float *)NULL;
+    const int64_t dps = n > 0 ? draft_probs.stride : 0;
+    if (spread) {
+        if (!ds_cu_dist_reset(cb, "verify_sample", ws, n + 1) ||
+            !ds_cu_dist_run(cb, "verify_sample", ws, n + 1, 0, (const float *)logits.data, logits.stride, pt, V,
+                            n + 1, V, s, NULL, NULL, false))
+            return;
+        ds_cu_launch(dist_verify_kernel, (unsigned)dist_nb(V), DIST_THREADS, cb->stream, (const float *)pt, V, dp,
+                     dps, n, dist_carve(ws, n + 1, V, 0), args, d);
+    } else {
+        ds_cu_launch(probs_kernel, (unsigned)(n + 1), SAMPLE_THREADS, cb->stream, (const float *)logits.data,
+                     logits.stride, pt, V, V, s->temperature, s->top_k, s->top_p);
+        if (!ds_cu_launched(cb, "verify_sample")) return;
+        ds_cu_launch(accept_kernel, 1, SAMPLE_THREADS, cb->stream, (const float *)pt, V, dp, dps, n, args, d);
+    }
     if (!ds_cu_launched(cb, "verify_sample")) return;
     int32_t got[2];
     if (ds_cu_ok(cb, "verify_sample", cudaMemcpyAsync(got, d, sizeof got, cudaMemcpyDeviceToHost, cb->stream)) &&
