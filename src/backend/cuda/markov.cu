@@ -149,18 +149,27 @@ __device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, 
 }
 
 /* The full step: each warp computes STEP_ROWS whole rows, STEP_BATCH in
- * flight, and writes the corrected logits when they are wanted. */
-template <int DT>
+ * flight, and writes the corrected logits when they are wanted. SAMPLED
+ * (the sampled walk; its own instance, so the greedy step's registers are
+ * untouched), also the first stage of the row's distribution
+ * (sample.cu's spread distribution): the max of y / T over the row, as
+ * max(y) / T (the same float: rounding y / T is monotone in y for T > 0,
+ * and one division instead of one a row keeps the registers of the greedy
+ * step), each block's max into pmx[block], merged by the last block into
+ * *dmx (a max: the order is irrelevant; NaN never wins, as with fmaxf in
+ * sample.cu's max). */
+template <int DT, bool SAMPLED>
 __global__ void __launch_bounds__(STEP_WARPS * 32)
     markov_step_kernel(const float *__restrict__ base, float *out, const void *w1, int w1dt, int64_t w1s,
                        const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
-                       float *pv, int *pi, unsigned *ticket) {
+                       float *pv, int *pi, unsigned *ticket, float T, float *pmx, float *dmx) {
     ds_cu_grid_wait();
     extern __shared__ float e[];
-    __shared__ float sv[STEP_WARPS];
+    __shared__ float sv[STEP_WARPS], smx[STEP_WARPS];
     __shared__ int si[STEP_WARPS];
     __shared__ float y0;
     __shared__ bool last;
+    float mt = -INFINITY; /* max of y (SAMPLED) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx, emb, e, &y0);
     __syncthreads();
@@ -179,10 +188,32 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
             if (n[q] >= V) break;
             const float y = step_logit(base, b[q], n[q], bf16);
             if (lane == 0 && out) out[n[q]] = y;
+            if (SAMPLED) mt = fmaxf(mt, y);
             if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
         }
     }
+    if (SAMPLED) { /* the block's max (every lane of a warp holds the same rows' values) */
+        if (lane == 0) smx[warp] = mt;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < STEP_WARPS; w++) mt = fmaxf(mt, smx[w]);
+            pmx[blockIdx.x] = mt; /* before step_end's fence and ticket */
+        }
+    }
     step_end(bv, bi, y0, pv, pi, ticket, idx, sv, si, &last);
+    if (!SAMPLED || !last) return;
+    /* The last block: every block's pmx is visible (step_end fenced after the ticket). */
+    float m = -INFINITY;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) m = fmaxf(m, __ldcg(pmx + b));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    __syncthreads(); /* smx free */
+    if (lane == 0) smx[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 0; w < STEP_WARPS; w++) m = fmaxf(m, smx[w]);
+        *dmx = __fdiv_rn(m, T); /* = max of y / T: rounding y / T is monotone in y (T > 0) */
+    }
 }
 
 /* The pruned step (only the tokens wanted, a bound given): with
@@ -375,9 +406,9 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                               pv, pi, ticket, (const float *)bound->proj.data, (const float *)bound->coef.data,    \
                               (const float *)bound->radius.data, (int)bound->proj.rows, rows_done);               \
         else                                                                                                      \
-            ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, w1.data, \
+            ds_cu_launch_smem(markov_step_kernel<DT_, false>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, w1.data, \
                               (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi,  \
-                              ticket);                                                                            \
+                              ticket, 0.0f, (float *)NULL, (float *)NULL);                                        \
     } while (0)
             if (w2.dtype == DS_BF16) STEP(DS_BF16);
             else if (w2.dtype == DS_F16) STEP(DS_F16);
@@ -428,9 +459,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
 
 /* The sampled walk (backend.h markov_sample): every step writes the whole
  * corrected logits row (the full step kernel, whose argmax into idx[k+1]
- * is then overwritten, or the unfused gather / linear / add), then one
- * block turns the row into its processed distribution (probs[k]) and
- * draws idx[k+1] from it with u[k] (sample.cu). The next step's gather
+ * is then overwritten, or the unfused gather / linear / add), then the row
+ * becomes its processed distribution (probs[k]) and idx[k+1] is drawn from
+ * it with u[k] (sample.cu: spread over many blocks a row, the step kernel
+ * doing the first stage, the row's max, as it writes the row; or one block
+ * a row where the spread kernels do not apply). The next step's gather
  * reads that token on the device; the G tokens come back once. */
 void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
@@ -465,13 +498,25 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     float *bias = markov && !one_launch ? (float *)ds_cu_tmp(cb, "markov_sample", (size_t)V * sizeof(float)) : NULL;
     if (markov && ((!keep && !row) || (!one_launch && !bias))) return;
     const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
-    float *pv = NULL;
+    /* The distributions spread over many blocks (sample.cu) where they
+     * apply, their workspace (a row state per step) beside the step
+     * kernel's partials; not with the unfused step, whose linear may use
+     * the scratch buffer itself. */
+    const bool spread = ds_cu_dist_fast(V, s) && (one_launch || !markov);
+    float *pv = NULL, *pmx = NULL;
     int *pi = NULL;
-    if (one_launch) {
-        char *part = (char *)ds_cu_scratch(cb, "markov_sample", (size_t)blocks * (sizeof(float) + sizeof(int)));
+    void *ws = NULL;
+    if (one_launch || spread) {
+        const size_t pbytes = ((size_t)blocks * (2 * sizeof(float) + sizeof(int)) + 255) & ~(size_t)255;
+        char *part = (char *)ds_cu_scratch(cb, "markov_sample", pbytes + (spread ? ds_cu_dist_bytes(G, V) : 0));
         if (!part) return;
         pv = (float *)part;
         pi = (int *)(part + (size_t)blocks * sizeof(float));
+        pmx = (float *)(part + (size_t)blocks * (sizeof(float) + sizeof(int)));
+        if (spread) {
+            ws = part + pbytes;
+            if (!ds_cu_dist_reset(cb, "markov_sample", ws, G)) return;
+        }
     }
     for (int k = 0; k < G; k++) {
         const float *bk = (const float *)ds_rows(base, k, 1).data;
@@ -481,8 +526,16 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (one_launch) {
                 const size_t smem = (size_t)r * sizeof(float);
 #define SSTEP(DT_)                                                                                                \
-    ds_cu_launch_smem(markov_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk, w1.data,        \
-                      (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi, ticket)
+    do {                                                                                                          \
+        if (spread)                                                                                               \
+            ds_cu_launch_smem(markov_step_kernel<DT_, true>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk,   \
+                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, \
+                              pv, pi, ticket, s->temperature, pmx, ds_cu_dist_max_slot(ws, G, V, k));             \
+        else                                                                                                      \
+            ds_cu_launch_smem(markov_step_kernel<DT_, false>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk,  \
+                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, \
+                              pv, pi, ticket, 0.0f, (float *)NULL, (float *)NULL);                                \
+    } while (0)
                 if (w2.dtype == DS_BF16) SSTEP(DS_BF16);
                 else if (w2.dtype == DS_F16) SSTEP(DS_F16);
                 else SSTEP(DS_F32);
@@ -501,9 +554,14 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         } else {
             lk = (float *)bk; /* no head: the base logits are the corrected ones (read only) */
         }
-        if (!ds_cu_probs_draw_dev(cb, "markov_sample", lk, (float *)ds_rows(probs, k, 1).data, V, s, u[k],
-                                  idx + k + 1))
+        float *pk = (float *)ds_rows(probs, k, 1).data;
+        if (spread) { /* the step kernel left the max of the row / T in row k's state when it wrote the row */
+            if (!ds_cu_dist_run(cb, "markov_sample", ws, G, k, lk, V, pk, V, 1, V, s, u + k, idx + k + 1,
+                                markov && one_launch))
+                return;
+        } else if (!ds_cu_probs_draw_dev(cb, "markov_sample", lk, pk, V, s, u[k], idx + k + 1)) {
             return;
+        }
     }
     int32_t got[DS_CU_ROWS];
     if (ds_cu_ok(cb, "markov_sample",
