@@ -1228,19 +1228,25 @@ static void test_sample_speed(void) {
         double u[17];
         for (int i = 0; i <= G; i++) u[i] = ds_rng_uniform(&urng);
         const int reps = 10;
-        double tv = 0, tm = 0;
+        double tv = 0, tv8 = 0, tm = 0, tp = 0;
         for (int rep = -1; rep < reps; rep++) { /* one warm-up */
             double t0 = now_s();
             gpu->ops->verify_sample(gpu, lt.g, x, (int)G, pd.g, s, u, out);
             double t1 = now_s();
             gpu->ops->markov_sample(gpu, pb.g, ds_no_tensor(), pd.g, pw1.g, pw2.g, true, 5, s, u, pe.g, tok);
             double t2 = now_s();
-            if (rep >= 0) tv += t1 - t0, tm += t2 - t1;
+            gpu->ops->verify_sample(gpu, ds_rows(lt.g, 0, 9), x, 8, pd.g, s, u, out);
+            double t3 = now_s();
+            gpu->ops->probs(gpu, pd.g, ds_rows(lt.g, 0, G), s);
+            check_gpu_ok("sampling speed");
+            double t4 = now_s();
+            if (rep >= 0) tv += t1 - t0, tm += t2 - t1, tv8 += t3 - t2, tp += t4 - t3;
         }
         check_gpu_ok("sampling speed");
-        printf("  V=151936 T=%.1f top_k=%d top_p=%.2f: verify_sample (16 drafts) %.1f us, markov_sample (16 steps, "
-               "r=256 bf16) %.1f us (%.1f us a step)\n", (double)s->temperature, s->top_k, (double)s->top_p,
-               1e6 * tv / reps, 1e6 * tm / reps, 1e6 * tm / reps / G);
+        printf("  V=151936 T=%.1f top_k=%d top_p=%.2f: verify_sample (16 drafts) %.1f us, (8 drafts) %.1f us, "
+               "markov_sample (16 steps, r=256 bf16) %.1f us (%.1f us a step), probs of 16 rows %.1f us\n",
+               (double)s->temperature, s->top_k, (double)s->top_p, 1e6 * tv / reps, 1e6 * tv8 / reps,
+               1e6 * tm / reps, 1e6 * tm / reps / G, 1e6 * tp / reps);
     }
     release(&lt), release(&pd), release(&pb), release(&pe), release(&pw1), release(&pw2);
     free(l), free(w);
