@@ -3,11 +3,10 @@
  * rules, so that a verification round sends n + 1 uniforms down and brings
  * two ints back instead of n + 1 rows of V logits.
  *
- * Two implementations. The common settings (no truncation, or top-k with
- * or without top-p, k <= SAMPLE_CAND) spread each row over many blocks
- * ("One distribution spread over many blocks" below: dist_fast). The rest
- * (top-p alone, larger k) use one block of SAMPLE_THREADS per row, as
- * follows.
+ * Two implementations. Rows of up to DIST_MAX_V tokens with top_k <=
+ * SAMPLE_CAND (or none) are spread over many blocks each ("One
+ * distribution spread over many blocks" below: ds_cu_dist_fast). The rest
+ * use one block of SAMPLE_THREADS per row, as follows.
  *
  * Processed distribution (ds_probs_from_logits): max of x/T, e = exp(x/T -
  * max) with the CPU's own exp (ds_v8f_exp's operations, so e is usually the
@@ -457,6 +456,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
  *         order where the host sums it in its quickselect order (rounding).
  *   apply (top-k) out = key >= the last kept key ? float(p / mass) : 0.
  *
+ * Top-p alone (DIST_TOPP) keeps the block-per-row kernels' rule (see the
+ * top of the file: p as 62-bit fixed point, integer sums): norm also sums
+ * the row's mass (slices in order) and sets need = top_p * mass in fixed
+ * point; the radix passes histogram count and fixed-point mass (integer
+ * atomics: deterministic) and stop once the digit's contenders fit
+ * (DIST_FIT) or the threshold is decided; finish_p walks the sorted
+ * contenders from the mass above them to need; kept_mass sums the kept p
+ * (slices in order) and apply divides and draws (as above).
+ *
  * The draw without truncation (and verify's residual draw): slice masses
  * (positive values, a block tree), the slices' starts in order by one
  * thread, the last slice with mass starting at or below u * total; in it
@@ -467,8 +475,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
  * sequential chain the drawn token can differ only where u * total lies
  * within rounding of a CDF step (the tests' DRAW_EPS).
  *
- * Top-p without top-k (or top_k > SAMPLE_CAND, or V > DIST_MAX_V) keeps
- * the block-per-row kernels above (dist_fast). */
+ * top_k > SAMPLE_CAND or V > DIST_MAX_V keep the block-per-row kernels
+ * above (ds_cu_dist_fast). */
 #define DIST_THREADS 256
 #define DIST_WARPS (DIST_THREADS / 32)
 #define DIST_PER 4 /* tokens a thread of a slice: i = slice start + t + DIST_THREADS * j */
@@ -480,16 +488,20 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 /* A row's state between launches (zeroed before the first: ds_cu_dist_reset). */
 typedef struct {
     unsigned ticket; /* blocks of the launch done with this row; the last re-arms it */
-    int fit;         /* top-k: the tokens with key >= prefix fit on chip; the passes stop */
+    int fit;         /* 1: the passes stop (top-k: the tokens with key >= prefix fit on chip; top-p: the
+                      * contenders do); 2 (top-p): the threshold thr is decided */
     int si;          /* the radix pass next (dist_shift) */
     int ncand;       /* tokens compacted by finish */
     unsigned above_c;
     float mx;        /* max of x / T */
     double sum;      /* sum of exp(x / T - mx) */
     u64 prefix, mask;
-    u64 thr;         /* the last kept key (top-k) */
+    u64 thr;         /* the last kept key */
     double mass;     /* what the kept tokens are divided by */
+    u64 above_m;     /* top-p: the fixed-point mass ranked above the contenders */
+    u64 need;        /* top-p: fixed-point top_p * total, the mass the kept tokens must reach */
     unsigned hist[256];
+    u64 hmass[256];  /* top-p: the digits' fixed-point mass */
 } dist_row;
 
 /* The workspace of `rows` rows of nb slices (carved from one device buffer). */
@@ -588,29 +600,47 @@ __device__ __forceinline__ void dist_hist_add(unsigned *cnt, int d) {
 }
 
 /* The last block of a radix pass (shift s): the row's histogram to the
- * next digit, the state for the next launch. */
+ * next digit, the state for the next launch. Counts (top-k: the first
+ * top_k) or fixed-point mass (MASS, top-p alone: the first tokens whose
+ * mass reaches st->need, as select_top<true>). */
+template <bool MASS>
 __device__ void dist_select_step(dist_row *st, int top_k, int s, u64 ones, dist_shared &sh) {
     for (int d = threadIdx.x; d < 256; d += blockDim.x) {
         sh.cnt[d] = __ldcg(&st->hist[d]);
-        sh.mass[d] = 0;
+        sh.mass[d] = MASS ? __ldcg(&st->hmass[d]) : 0;
         st->hist[d] = 0; /* ready for the next pass */
+        if (MASS) st->hmass[d] = 0;
     }
     __syncthreads();
-    find_digit<false>(sh, st->above_c, 0, (u64)top_k);
+    find_digit<MASS>(sh, st->above_c, MASS ? st->above_m : 0, MASS ? st->need : (u64)top_k);
     __syncthreads();
     if (threadIdx.x == 0) {
         const int d = sh.digit;
         const unsigned cap = top_k > DIST_FIT ? SAMPLE_CAND : DIST_FIT;
-        if (d < 0) { /* fewer than top_k contenders: cannot happen (the contenders always hold the k-th) */
-            st->fit = 1;
+        if (d < 0) {
+            /* top-k: fewer than top_k contenders, cannot happen (they always hold the k-th). top-p: only
+             * at the first pass, the whole row's fixed-point mass short of need by rounding: every
+             * token is kept (as select_top<true>). */
+            st->fit = MASS ? 2 : 1;
+            st->thr = 0;
         } else {
             u64 prefix = st->prefix, mask = st->mask;
             if (s < 32) prefix |= ones, mask |= ones;
-            st->prefix = prefix | (u64)d << s;
+            prefix |= (u64)d << s;
+            st->prefix = prefix;
             st->mask = mask | (u64)255 << s;
             st->above_c = sh.dig_above_c;
-            /* keys >= prefix: the tokens above the digit and the digit's own. */
-            if ((u64)sh.dig_above_c + sh.dig_cnt <= cap || sh.dig_cnt <= 1) st->fit = 1;
+            if (MASS) {
+                st->above_m = sh.dig_above_m;
+                if (sh.dig_cnt <= 1) { /* the digit's one token completes the mass: kept = keys >= prefix */
+                    st->fit = 2;
+                    st->thr = prefix;
+                } else if (sh.dig_cnt <= DIST_FIT) {
+                    st->fit = 1;
+                }
+            } else if ((u64)sh.dig_above_c + sh.dig_cnt <= cap || sh.dig_cnt <= 1) {
+                st->fit = 1; /* keys >= prefix: the tokens above the digit and the digit's own */
+            }
         }
         st->si++;
         st->ticket = 0;
@@ -771,18 +801,25 @@ __global__ void __launch_bounds__(DIST_THREADS) dist_sum_kernel(const float *x, 
         st->si = 0;
         st->ncand = 0;
         st->above_c = 0;
+        st->above_m = 0;
         st->prefix = 0;
         st->mask = 0;
     }
-    for (int d = threadIdx.x; d < 256; d += blockDim.x) st->hist[d] = 0;
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) st->hist[d] = 0, st->hmass[d] = 0;
     if (threadIdx.x == 0) st->ticket = 0;
 }
 
-/* p = float(e / sum) into out; top_k > 0: the first radix pass; else with
- * tok: the draw with u[row] into tok[row]. */
+/* Truncation modes of the spread distribution. */
+#define DIST_PLAIN 0 /* none */
+#define DIST_TOPK 1  /* top-k (then top-p on the kept) */
+#define DIST_TOPP 2  /* top-p alone */
+
+/* p = float(e / sum) into out; with truncation the first radix pass (top-p
+ * alone: also the total mass, hence need); without, given tok, the draw
+ * with u[row] into tok[row]. */
 __global__ void __launch_bounds__(DIST_THREADS)
-    dist_norm_kernel(const float *x, int64_t xs, float *out, int64_t os, int64_t V, float T, int top_k, dist_ws ws,
-                     sample_args args, int32_t *tok) {
+    dist_norm_kernel(const float *x, int64_t xs, float *out, int64_t os, int64_t V, float T, int mode, int top_k,
+                     float top_p, dist_ws ws, sample_args args, int32_t *tok) {
     ds_cu_grid_wait();
     __shared__ dist_shared sh;
     const int row = blockIdx.y;
@@ -791,8 +828,8 @@ __global__ void __launch_bounds__(DIST_THREADS)
     dist_row *st = ws.st + row;
     const float mx = st->mx;
     const double sum = st->sum;
-    if (top_k > 0)
-        for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0;
+    if (mode != DIST_PLAIN)
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0, sh.mass[d] = 0;
     __syncthreads();
     const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
     double s = 0;
@@ -806,15 +843,40 @@ __global__ void __launch_bounds__(DIST_THREADS)
             pr[i] = p;
             if (p > 0) s += p;
         }
-        if (top_k > 0) dist_hist_add(sh.cnt, i < V ? (int)(rank_key(p, i) >> 56) : 256);
+        if (mode != DIST_PLAIN) {
+            const int d = i < V ? (int)(rank_key(p, i) >> 56) : 256;
+            dist_hist_add(sh.cnt, d);
+            if (mode == DIST_TOPP && d < 256) atomicAdd(&sh.mass[d], fixed(p));
+        }
     }
-    if (top_k > 0) {
+    if (mode == DIST_TOPK) {
         __syncthreads();
         for (int d = threadIdx.x; d < 256; d += blockDim.x)
             if (sh.cnt[d]) atomicAdd(&st->hist[d], sh.cnt[d]);
         if (!dist_last(st, sh)) return;
         u64 ones;
-        dist_select_step(st, top_k, dist_shift(0, V, &ones), ones, sh);
+        dist_select_step<false>(st, top_k, dist_shift(0, V, &ones), ones, sh);
+        return;
+    }
+    if (mode == DIST_TOPP) {
+        __syncthreads();
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+            if (sh.cnt[d]) atomicAdd(&st->hist[d], sh.cnt[d]);
+            if (sh.mass[d]) atomicAdd(&st->hmass[d], sh.mass[d]);
+        }
+        s = dist_block_sum(s, sh);
+        double *part = ws.pdraw + (int64_t)row * 2 * ws.nb + ws.nb;
+        if (threadIdx.x == 0) part[blockIdx.x] = s;
+        if (!dist_last(st, sh)) return;
+        if (threadIdx.x == 0) { /* the kept mass before top-p: the whole row (slices in order) */
+            double total = 0;
+            for (int c = 0; c < (int)gridDim.x; c++) total += __ldcg(part + c);
+            const u64 need = __double2ull_ru((double)top_p * total * 0x1p62);
+            st->need = need ? need : 1; /* at least one token */
+        }
+        __syncthreads();
+        u64 ones;
+        dist_select_step<true>(st, 0, dist_shift(0, V, &ones), ones, sh);
         return;
     }
     if (!tok) return;
@@ -830,9 +892,9 @@ __global__ void __launch_bounds__(DIST_THREADS)
     }
 }
 
-/* One radix pass (top-k) on the rows' p; nothing once they fit. */
+/* One radix pass (mode DIST_TOPK or DIST_TOPP) on the rows' p; nothing once they fit. */
 __global__ void __launch_bounds__(DIST_THREADS)
-    dist_hist_kernel(const float *out, int64_t os, int64_t V, int top_k, dist_ws ws) {
+    dist_hist_kernel(const float *out, int64_t os, int64_t V, int mode, int top_k, dist_ws ws) {
     ds_cu_grid_wait();
     __shared__ dist_shared sh;
     const int row = blockIdx.y;
@@ -844,24 +906,30 @@ __global__ void __launch_bounds__(DIST_THREADS)
     u64 prefix = st->prefix, mask = st->mask;
     if (s < 32) prefix |= ones, mask |= ones;
     const float *pr = out + (int64_t)row * os;
-    for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0;
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) sh.cnt[d] = 0, sh.mass[d] = 0;
     __syncthreads();
     const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
 #pragma unroll
     for (int j = 0; j < DIST_PER; j++) {
         const int64_t i = i0 + (int64_t)j * DIST_THREADS;
         int d = 256;
+        float p = 0.0f;
         if (i < V) {
-            const u64 k = rank_key(pr[i], i);
+            p = pr[i];
+            const u64 k = rank_key(p, i);
             if ((k & mask) == prefix) d = (int)(k >> s) & 255;
         }
         dist_hist_add(sh.cnt, d);
+        if (mode == DIST_TOPP && d < 256) atomicAdd(&sh.mass[d], fixed(p));
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < 256; d += blockDim.x)
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) {
         if (sh.cnt[d]) atomicAdd(&st->hist[d], sh.cnt[d]);
+        if (sh.mass[d]) atomicAdd(&st->hmass[d], sh.mass[d]);
+    }
     if (!dist_last(st, sh)) return;
-    dist_select_step(st, top_k, s, ones, sh);
+    if (mode == DIST_TOPP) dist_select_step<true>(st, top_k, s, ones, sh);
+    else dist_select_step<false>(st, top_k, s, ones, sh);
 }
 
 /* Top-k's end (see above): the tokens with key >= prefix compacted, sorted,
@@ -955,21 +1023,119 @@ __global__ void __launch_bounds__(DIST_THREADS)
     }
 }
 
-/* Top-k's output row: the kept tokens renormalised, the rest 0 (in place). */
-__global__ void __launch_bounds__(DIST_THREADS) dist_apply_kernel(float *out, int64_t os, int64_t V, dist_ws ws) {
+/* Top-p alone, once the passes stop: unless the threshold is decided, the
+ * contenders (keys matching the digits chosen) are compacted and the last
+ * block sorts them and walks them in rank order from the mass above them
+ * until the fixed-point mass reaches need (the same integers the
+ * histograms summed: the digit search guaranteed it is reached among
+ * them): the last kept key. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_finish_p_kernel(const float *out, int64_t os, int64_t V, dist_ws ws) {
     ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    __shared__ u64 key[SAMPLE_CAND];
     const int row = blockIdx.y;
-    const dist_row *st = ws.st + row;
-    const u64 thr = st->thr;
-    const double mass = st->mass;
-    float *pr = out + (int64_t)row * os;
+    dist_row *st = ws.st + row;
+    if (st->fit == 2) return; /* decided by the passes (the same for every block of the row) */
+    const float *pr = out + (int64_t)row * os;
+    u64 *cand = ws.cand + (int64_t)row * SAMPLE_CAND;
+    const u64 prefix = st->prefix, mask = st->mask;
     const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
 #pragma unroll
     for (int j = 0; j < DIST_PER; j++) {
         const int64_t i = i0 + (int64_t)j * DIST_THREADS;
         if (i >= V) continue;
+        const u64 k = rank_key(pr[i], i);
+        if ((k & mask) == prefix) {
+            const int slot = atomicAdd(&st->ncand, 1);
+            if (slot < SAMPLE_CAND) cand[slot] = k; /* (at most DIST_FIT: the passes stopped there) */
+        }
+    }
+    if (!dist_last(st, sh)) return;
+    const int n = min(__ldcg(&st->ncand), SAMPLE_CAND);
+    int N = 1;
+    while (N < n) N <<= 1;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) key[i] = i < n ? __ldcg(cand + i) : 0;
+    __syncthreads();
+    dist_sort_desc(key, N);
+    if (threadIdx.x == 0) {
+        const u64 need = st->need;
+        u64 cum = st->above_m, thr = n > 0 ? key[n - 1] : prefix;
+        for (int i = 0; i < n; i++) {
+            cum += fixed(key_p(key[i]));
+            if (cum >= need) {
+                thr = key[i];
+                break;
+            }
+        }
+        st->thr = thr;
+        st->fit = 2;
+        st->ncand = 0;
+        st->ticket = 0;
+    }
+}
+
+/* Top-p alone: the kept mass, the p of the tokens with key >= thr (slices
+ * a fixed tree each, then in order), into st->mass. */
+__global__ void __launch_bounds__(DIST_THREADS) dist_kept_mass_kernel(const float *out, int64_t os, int64_t V, dist_ws ws) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    dist_row *st = ws.st + row;
+    const u64 thr = st->thr;
+    const float *pr = out + (int64_t)row * os;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i >= V) continue;
         const float p = pr[i];
-        pr[i] = rank_key(p, i) >= thr ? __double2float_rn(__ddiv_rn((double)p, mass)) : 0.0f;
+        if (rank_key(p, i) >= thr) s += p;
+    }
+    s = dist_block_sum(s, sh);
+    double *part = ws.psum + (int64_t)row * ws.nb;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    if (threadIdx.x == 0) {
+        double q = 0;
+        for (int c = 0; c < (int)gridDim.x; c++) q += __ldcg(part + c);
+        st->mass = q;
+        st->ticket = 0;
+    }
+}
+
+/* The truncated output row: the kept tokens renormalised, the rest 0 (in
+ * place); with tok (top-p alone) the draw with u[row] into tok[row]. */
+__global__ void __launch_bounds__(DIST_THREADS)
+    dist_apply_kernel(float *out, int64_t os, int64_t V, dist_ws ws, sample_args args, int32_t *tok) {
+    ds_cu_grid_wait();
+    __shared__ dist_shared sh;
+    const int row = blockIdx.y;
+    dist_row *st = ws.st + row;
+    const u64 thr = st->thr;
+    const double mass = st->mass;
+    float *pr = out + (int64_t)row * os;
+    const int64_t i0 = (int64_t)blockIdx.x * DIST_CHUNK + threadIdx.x;
+    double s = 0;
+#pragma unroll
+    for (int j = 0; j < DIST_PER; j++) {
+        const int64_t i = i0 + (int64_t)j * DIST_THREADS;
+        if (i >= V) continue;
+        const float p = pr[i];
+        const float q = rank_key(p, i) >= thr ? __double2float_rn(__ddiv_rn((double)p, mass)) : 0.0f;
+        pr[i] = q;
+        if (q > 0) s += q;
+    }
+    if (!tok) return;
+    s = dist_block_sum(s, sh);
+    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    const int t = dist_draw(pr, NULL, V, part, ws.nb, args.u[row], -1.0, sh);
+    if (threadIdx.x == 0) {
+        tok[row] = t;
+        st->ticket = 0;
     }
 }
 
@@ -1057,9 +1223,12 @@ static dist_ws dist_carve(void *base, int rows, int64_t V, int r) {
     return w;
 }
 
+/* Top-p alone (fixed-point mass histograms: DIST_TOPP) spread too; 0 sends it to the block-per-row kernels. */
+#define DIST_SPREAD_TOP_P 1
+
 bool ds_cu_dist_fast(int64_t V, const ds_sampling *s) {
     const bool use_k = s->top_k > 0 && s->top_k < V, use_p = s->top_p > 0 && s->top_p < 1.0f;
-    return V >= 1 && V <= DIST_MAX_V && (use_k ? s->top_k <= SAMPLE_CAND : !use_p);
+    return V >= 1 && V <= DIST_MAX_V && (use_k ? s->top_k <= SAMPLE_CAND : !use_p || DIST_SPREAD_TOP_P);
 }
 
 bool ds_cu_dist_reset(ds_cuda_backend *cb, const char *op, void *ws, int rows) {
@@ -1080,6 +1249,7 @@ bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, 
     const dim3 grid((unsigned)w.nb, (unsigned)rows);
     const float T = s->temperature;
     const int top_k = s->top_k > 0 && s->top_k < V ? s->top_k : 0;
+    const int mode = top_k ? DIST_TOPK : s->top_p > 0 && s->top_p < 1.0f ? DIST_TOPP : DIST_PLAIN;
     sample_args args;
     memset(&args, 0, sizeof args);
     if (u)
@@ -1090,18 +1260,26 @@ bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, 
     }
     ds_cu_launch(dist_sum_kernel, grid, DIST_THREADS, cb->stream, x, xs, V, T, w);
     if (!ds_cu_launched(cb, op)) return false;
-    ds_cu_launch(dist_norm_kernel, grid, DIST_THREADS, cb->stream, x, xs, out, os, V, T, top_k, w, args,
-                 top_k ? (int32_t *)NULL : d_tok);
+    ds_cu_launch(dist_norm_kernel, grid, DIST_THREADS, cb->stream, x, xs, out, os, V, T, mode, top_k, s->top_p, w,
+                 args, mode == DIST_PLAIN ? d_tok : (int32_t *)NULL);
     if (!ds_cu_launched(cb, op)) return false;
-    if (!top_k) return true;
+    if (mode == DIST_PLAIN) return true;
     for (int si = 1; si < dist_passes(V); si++) {
-        ds_cu_launch(dist_hist_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, top_k, w);
+        ds_cu_launch(dist_hist_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, mode, top_k, w);
         if (!ds_cu_launched(cb, op)) return false;
     }
-    ds_cu_launch(dist_finish_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, top_k, s->top_p, w,
-                 args, d_tok);
+    if (mode == DIST_TOPK) {
+        ds_cu_launch(dist_finish_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, top_k, s->top_p,
+                     w, args, d_tok);
+        if (!ds_cu_launched(cb, op)) return false;
+        ds_cu_launch(dist_apply_kernel, grid, DIST_THREADS, cb->stream, out, os, V, w, args, (int32_t *)NULL);
+        return ds_cu_launched(cb, op);
+    }
+    ds_cu_launch(dist_finish_p_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, w);
     if (!ds_cu_launched(cb, op)) return false;
-    ds_cu_launch(dist_apply_kernel, grid, DIST_THREADS, cb->stream, out, os, V, w);
+    ds_cu_launch(dist_kept_mass_kernel, grid, DIST_THREADS, cb->stream, (const float *)out, os, V, w);
+    if (!ds_cu_launched(cb, op)) return false;
+    ds_cu_launch(dist_apply_kernel, grid, DIST_THREADS, cb->stream, out, os, V, w, args, d_tok);
     return ds_cu_launched(cb, op);
 }
 
