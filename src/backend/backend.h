@@ -73,9 +73,10 @@ typedef struct {
  * ds_step the model owns; inside a region, ops take them by pointer into
  * it: embed's ids, rope / norm-rope / qk_norm_rope_store's positions and
  * attention's q_pos point into step->ids / step->pos (any offset), an
- * attention's n_keys equals step->n_keys, argmax's and markov_greedy's
- * host outputs point into step->out, and markov_greedy's anchor is
- * step->ids[0]. Every other argument (tensors, row counts, constants such
+ * attention's n_keys equals step->n_keys, argmax's, markov_greedy's,
+ * conf_cut's and accept_prefix's host outputs point into step->out (and
+ * accept_prefix's inputs into step->ids / step->out), and markov_greedy's
+ * anchor is step->ids[0]. Every other argument (tensors, row counts, constants such
  * as inv_freq) must be a function of the region's key. No op in a region
  * may wait for the backend or move host memory (download, upload, check). */
 typedef struct {
