@@ -9,7 +9,9 @@
  * - drafter rounds (context update + block + LM head + Markov walk): the
  *   tokens and the corrected logits bit for bit, round after round;
  * - drafted greedy generation == AR greedy generation with graphs on (and
- *   both == graphs off), across the boundary;
+ *   both == graphs off), across the boundary, without and with a
+ *   confidence threshold; with graphs on one device->host copy a round
+ *   (ds_region_stats.d2h) and one an AR step;
  * - the graphs backend did capture and replay, the other never did.
  * Skips (exit 77) where no CUDA device can be used. */
 #include <math.h>
@@ -221,15 +223,43 @@ static void test_drafter_rounds(void) {
 }
 
 /* Greedy generation: drafted == AR on the graphs backend, and the same
- * tokens with graphs off; the AR run also equals the AR steps above. */
-static void test_generate_lossless(void) {
-    ds_gen_params p = {.max_new = STEPS, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
+ * tokens with graphs off; the AR run also equals the AR steps above. With
+ * graphs on, a drafted round moves one array to the host (the verify's
+ * argmaxes, accepted count and proposal length): the generation's
+ * device->host copies are its rounds plus the first token's argmax. With
+ * a threshold the proposal length is decided on the device (conf_cut), the
+ * same with graphs off (op by op, its own copy). */
+static void generate_case(float threshold) {
+    ds_gen_params p = {.max_new = STEPS, .sampling = {.top_p = 1.0f}, .ignore_stop = true, .threshold = threshold};
     ds_gen_result r[2][2]; /* [backend][drafted] */
+    int64_t d2h[2][2];
     for (int i = 0; i < 2; i++) {
+        int64_t c0 = ds_backend_region_stats(be[i]).d2h;
         CHECK_OK(ds_generate(tg[i], NULL, prompt, PROMPT, &p, NULL, NULL, &r[i][0]));
+        int64_t c1 = ds_backend_region_stats(be[i]).d2h;
         CHECK_OK(ds_generate(tg[i], dr[i], prompt, PROMPT, &p, NULL, NULL, &r[i][1]));
+        d2h[i][0] = c1 - c0;
+        d2h[i][1] = ds_backend_region_stats(be[i]).d2h - c1;
     }
     check_backends("generate");
+    printf("  threshold %.2f: device->host copies: AR %lld for %d tokens (graphs on), %lld (off); drafted %lld for %d "
+           "rounds + the first token (on), %lld for %d rounds (off)\n", threshold, (long long)d2h[1][0],
+           r[1][0].n_tokens, (long long)d2h[0][0], (long long)d2h[1][1], r[1][1].rounds, (long long)d2h[0][1],
+           r[0][1].rounds);
+    CHECK(d2h[1][1] == r[1][1].rounds + 1, "threshold %.2f: %lld device->host copies for %d drafted rounds (want one "
+          "a round, and one for the first token)", threshold, (long long)d2h[1][1], r[1][1].rounds);
+    CHECK(d2h[1][0] == r[1][0].n_tokens, "AR: %lld device->host copies for %d tokens", (long long)d2h[1][0],
+          r[1][0].n_tokens);
+    if (r[0][1].rounds == r[1][1].rounds)
+        CHECK(!memcmp(r[0][1].proposed, r[1][1].proposed, (size_t)r[1][1].rounds * sizeof(int)) &&
+                  !memcmp(r[0][1].accepted, r[1][1].accepted, (size_t)r[1][1].rounds * sizeof(int)),
+              "threshold %.2f: proposal lengths or accepted counts differ between graphs off and on", threshold);
+    if (threshold > 0) {
+        int cut = 0;
+        for (int k = 0; k < r[1][1].rounds; k++) cut += r[1][1].proposed[k] < dr[1]->gamma;
+        printf("  threshold %.2f: %d of %d proposals cut by the confidence head on the device\n", threshold, cut,
+               r[1][1].rounds);
+    }
     CHECK(r[1][0].n_tokens == STEPS && r[1][1].n_tokens == STEPS, "%d / %d tokens", r[1][0].n_tokens,
           r[1][1].n_tokens);
     const size_t bytes = (size_t)STEPS * sizeof(int32_t);
@@ -245,6 +275,11 @@ static void test_generate_lossless(void) {
     ds_region_stats s = ds_backend_region_stats(be[1]);
     printf("  graphs on, in all: %lld captures, %lld replays, %lld regions op by op, %lld graphs held\n",
            (long long)s.captures, (long long)s.replays, (long long)s.eager, (long long)s.graphs);
+}
+
+static void test_generate_lossless(void) {
+    generate_case(0.0f);
+    generate_case(0.5f);
 }
 
 /* ---- ops in regions, shapes the pico model does not reach ---------------- */

@@ -73,9 +73,10 @@ typedef struct {
  * ds_step the model owns; inside a region, ops take them by pointer into
  * it: embed's ids, rope / norm-rope / qk_norm_rope_store's positions and
  * attention's q_pos point into step->ids / step->pos (any offset), an
- * attention's n_keys equals step->n_keys, argmax's and markov_greedy's
- * host outputs point into step->out, and markov_greedy's anchor is
- * step->ids[0]. Every other argument (tensors, row counts, constants such
+ * attention's n_keys equals step->n_keys, argmax's, markov_greedy's,
+ * conf_cut's and accept_prefix's host outputs point into step->out (and
+ * accept_prefix's inputs into step->ids / step->out), and markov_greedy's
+ * anchor is step->ids[0]. Every other argument (tensors, row counts, constants such
  * as inv_freq) must be a function of the region's key. No op in a region
  * may wait for the backend or move host memory (download, upload, check). */
 typedef struct {
@@ -83,6 +84,20 @@ typedef struct {
     int32_t *ids, *pos, *out;  /* host arrays of cap entries each */
     int cap;
     int n_ids, n_pos, n_out;   /* entries the region reads (ids, pos) and leaves for the host (out) */
+    /* Chaining two regions without a host round trip (a backend without
+     * regions, or one that ran the region op by op, ignores these):
+     * keep_out (set by the caller): out may stay on the backend, for the
+     * next region's ids, instead of coming to the host at region_end;
+     * out_kept (set false by the caller before region_begin, true by a
+     * backend's region_end that kept them): out[] on the host holds
+     * nothing new, the values are on the backend until the next region
+     * that keeps its outputs. ids_prev_at, n_ids_prev (set by the caller):
+     * ids[ids_prev_at + i] = out[i] of the last region whose outputs were
+     * kept, for i < n_ids_prev (0: none); the host's ids there are
+     * placeholders (valid ids: host-side checks read them). A backend that
+     * runs this region op by op brings those values to the host first. */
+    bool keep_out, out_kept;
+    int ids_prev_at, n_ids_prev;
 } ds_step;
 
 /* What makes two regions the same recording: the model's kind of step, its
@@ -102,6 +117,8 @@ typedef struct {
     int64_t replays;      /* regions replayed from a recording */
     int64_t eager;        /* regions run op by op (warm-up, too many rows, graphs off) */
     int64_t graphs;       /* recordings held now */
+    int64_t d2h;          /* device->host copies the host waited for (downloads, argmax / walk results outside
+                             regions, region outputs): a greedy DSpark round with graphs on makes one */
 } ds_region_stats;
 
 typedef struct {
@@ -182,6 +199,17 @@ typedef struct {
      * (draft/markov.c) with the same results. */
     void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                           const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+    /* The greedy round's decisions where the values are (optional: NULL
+     * runs the ds_* helpers' host versions below). conf_cut: out[0] = the
+     * first row r of x (one column, fp32) with x[r] < cut[0] (cut: [1, 1]
+     * fp32 on the backend), x.rows when none (a NaN never cuts).
+     * accept_prefix: with m = min(n, max(*limit, 0)), out[0] = m and out[1]
+     * = the least a < m with best[a] != draft[a], m when none (greedy
+     * acceptance). Host arrays, or, inside a step region, pointers into the
+     * step's ids / out (then the results come back at region_end). */
+    void (*conf_cut)(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out);
+    void (*accept_prefix)(ds_backend *be, const int32_t *draft, const int32_t *best, int n, const int32_t *limit,
+                          int32_t *out);
     /* Sampling at T > 0 (ds_sampling_greedy(s) false; greedy decisions use
      * argmax and markov_greedy) where the logits are, so that a round moves
      * a few ints to the host instead of rows of V floats. Optional as a
@@ -335,9 +363,40 @@ static inline void ds_region_end(ds_backend *be) {
     if (be->ops->region_end) be->ops->region_end(be);
 }
 static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
-    ds_region_stats s = {false, 0, 0, 0, 0};
+    ds_region_stats s = {false, 0, 0, 0, 0, 0};
     if (be->ops->region_stats) be->ops->region_stats(be, &s);
     return s;
+}
+
+/* conf_cut and accept_prefix (see the ops), on the host where a backend has none. */
+static inline void ds_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out) {
+    if (be->ops->conf_cut) {
+        be->ops->conf_cut(be, x, cut, out);
+        return;
+    }
+    float c, v;
+    be->ops->download(be, cut, &c);
+    out[0] = (int32_t)x.rows;
+    for (int64_t r = 0; r < x.rows; r++) {
+        be->ops->download(be, ds_cols(ds_rows(x, r, 1), 0, 1), &v);
+        if (v < c) {
+            out[0] = (int32_t)r;
+            break;
+        }
+    }
+}
+static inline void ds_accept_prefix_host(const int32_t *draft, const int32_t *best, int n, const int32_t *limit,
+                                         int32_t *out) {
+    const int m = n < *limit ? n : *limit > 0 ? *limit : 0;
+    int a = 0;
+    while (a < m && best[a] == draft[a]) a++;
+    out[0] = m;
+    out[1] = a;
+}
+static inline void ds_accept_prefix(ds_backend *be, const int32_t *draft, const int32_t *best, int n,
+                                    const int32_t *limit, int32_t *out) {
+    if (be->ops->accept_prefix) be->ops->accept_prefix(be, draft, best, n, limit, out);
+    else ds_accept_prefix_host(draft, best, n, limit, out);
 }
 
 /* markov_sample's operands fit one another (base [G, V]; out, when kept,

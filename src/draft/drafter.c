@@ -118,6 +118,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
                               &d->conf_w));
         DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
     }
+    if (d->confidence) DS_TRY(be->ops->alloc(be, DS_F32, 1, 1, &d->conf_cut));
     d->logits_bf16 = d->lm_head.dtype == DS_BF16;
     const int G = d->gamma, wide = 3 * r + H > V ? 3 * r + H : V;
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
@@ -150,7 +151,7 @@ void ds_drafter_release_common(ds_drafter *d) {
     ds_backend *be = d->be;
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
                         &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w,
-                        &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b,
+                        &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b, &d->conf_cut,
                         &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->probs, &d->step_in, &d->step_out};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);
@@ -232,6 +233,34 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
     return ds_drafter_round(d, ds_no_tensor(), start, 0, anchor, start, s, threshold, rng, out);
 }
 
+bool ds_conf_below(float c, float t) { return 1.0f / (1.0f + expf(-c)) < t; }
+
+/* Floats in their order as unsigned keys (NaNs fall outside [-inf, +inf]). */
+static uint32_t fkey(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u >> 31 ? ~u : u | 0x80000000u;
+}
+static float fval(uint32_t k) {
+    const uint32_t u = k >> 31 ? k & 0x7fffffffu : ~k;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float ds_conf_cutoff(float t) {
+    /* ds_conf_below(., t) holds at -inf (sigmoid 0 < t) and not at +inf
+     * (sigmoid 1 >= t), and never holds again once it has stopped holding
+     * (1 + expf(-c) only falls as c grows): bisect over the floats. */
+    uint32_t lo = fkey(-INFINITY), hi = fkey(INFINITY);
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (ds_conf_below(fval(mid), t)) lo = mid;
+        else hi = mid;
+    }
+    return fval(hi);
+}
+
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
                            const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out) {
     if (n < 0) n = 0;
@@ -250,10 +279,27 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     for (int k = 1; k < G; k++) st->ids[k] = d->mask_id;
     st->n_keys = start + G;
     const bool walk = ds_markov_device_walk(d, s);
+    /* A chained round (d->keep_on_backend): the walked tokens stay on the
+     * backend for the verify, and with a threshold the confidence head and
+     * the cut run there too (conf_cut against the fp32 cutoff that decides
+     * exactly as the host's sigmoid(c) < t): out = [tokens, n]. */
+    const bool cut = d->confidence && threshold > 0;
+    const bool chain = walk && d->keep_on_backend && !d->keep_logits && d->graph_safe && (!cut || threshold <= 1.0f);
+    if (chain && cut && d->conf_cut_t != threshold) {
+        const float c = ds_conf_cutoff(threshold);
+        be->ops->upload(be, d->conf_cut, &c);
+        d->conf_cut_t = threshold;
+    }
     st->n_ids = G;
     st->n_pos = n + G;
-    st->n_out = walk ? G : 0;
-    ds_region_key key = {DS_REGION_DRAFT, n > G ? n : G, n | (walk ? 1 << 16 : 0) | (d->keep_logits ? 1 << 17 : 0), d};
+    st->n_out = walk ? G + (chain && cut) : 0;
+    st->keep_out = chain;
+    st->out_kept = false;
+    st->ids_prev_at = st->n_ids_prev = 0;
+    ds_region_key key = {DS_REGION_DRAFT, n > G ? n : G,
+                         n | (walk ? 1 << 16 : 0) | (d->keep_logits ? 1 << 17 : 0) | (chain ? 1 << 18 : 0) |
+                             (chain && cut ? 1 << 19 : 0),
+                         d};
     if (!d->graph_safe || ds_region_begin(be, &key, st)) {
         if (n > 0) context_ops(d, taps, n, st->pos);
         d->ops->block(d, st->ids, st->pos + n);
@@ -266,9 +312,31 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
             if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
         }
         if (walk) ds_markov_walk_queue(d, anchor, st->out);
+        if (chain && cut) {
+            ds_markov_confidence_queue(d);
+            ds_conf_cut(be, ds_rows(ds_cols(d->step_out, 0, 1), 0, G), d->conf_cut, st->out + G);
+        }
     }
     if (d->graph_safe) ds_region_end(be);
+    st->keep_out = false;
     if (n > 0) d->n_ctx = pos0 + n;
+    out->n_kept = 0;
+    if (chain) {
+        out->logits = NULL;
+        out->probs = NULL;
+        out->probs_dev = ds_no_tensor();
+        if (st->out_kept) { /* on the backend until the verify takes them */
+            out->n_kept = G + cut;
+            memset(out->tokens, 0, (size_t)G * sizeof *out->tokens);
+            out->n = cut ? 0 : G;
+        } else { /* the region ran op by op: on the host */
+            memcpy(out->tokens, st->out, (size_t)G * sizeof *out->tokens);
+            out->n = cut ? st->out[G] : G;
+        }
+        /* No check while kept: waiting here would cost what keeping saves
+         * (a failure surfaces at the verify's end). */
+        return st->out_kept ? NULL : ds_backend_check(be);
+    }
     if (walk) {
         memcpy(out->tokens, st->out, (size_t)G * sizeof *out->tokens);
         ds_markov_walk_finish(d, out);
@@ -279,7 +347,7 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     if (d->confidence && threshold > 0)
         for (int k = 0; k < d->gamma; k++)
             /* sigmoid(c) < t, decided in fp32 as the reference does */
-            if (1.0f / (1.0f + expf(-out->conf_logit[k])) < threshold) {
+            if (ds_conf_below(out->conf_logit[k], threshold)) {
                 out->n = k;
                 break;
             }

@@ -55,6 +55,14 @@ struct ds_drafter {
     /* Greedy proposals walked on the device leave the corrected logits there;
      * set this to have propose() copy them to the host too (out->logits). */
     bool keep_logits;
+    /* Set by the loop for a greedy round it verifies with
+     * ds_target_verify_greedy: a walk on the backend may then leave the
+     * tokens (and, with a threshold, the proposal length, decided there by
+     * conf_cut) on the backend (ds_proposal.n_kept). conf_logit is then not
+     * filled. */
+    bool keep_on_backend;
+    ds_tensor conf_cut;     /* [1, 1]: the fp32 confidence logit below which a proposal is cut (conf_cut_t's) */
+    float conf_cut_t;       /* the threshold conf_cut holds the cutoff of (0: none yet) */
     ds_tensor step_in, step_out; /* small Markov/confidence vectors */
     float *host_logits;     /* [gamma, vocab] Markov-corrected logits */
     float *host_probs;      /* [gamma, vocab] processed draft distributions */
@@ -82,6 +90,10 @@ typedef struct {
     const float *probs;             /* [gamma, vocab] processed draft distributions (T > 0), or NULL when
                                        they are on the backend only (probs_dev; ds_drafter_host_probs) */
     ds_tensor probs_dev;            /* the same on the backend, when it sampled the walk (else data NULL) */
+    /* Entries of [tokens[0..gamma), n] the backend kept instead of the host
+     * (d->keep_on_backend): 0 (all on the host), gamma (the tokens: n is
+     * gamma) or gamma + 1 (the tokens and n). Kept entries hold 0 here. */
+    int n_kept;
 } ds_proposal;
 
 typedef struct {
@@ -107,6 +119,13 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
                            const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out);
 
+/* Whether a confidence logit c cuts the proposal at threshold t:
+ * sigmoid(c) < t, decided in fp32 as the reference does. */
+bool ds_conf_below(float c, float t);
+/* The least fp32 cutoff with: c < cutoff exactly when ds_conf_below(c, t)
+ * (0 < t <= 1; NaN never cuts), so a backend decides by one comparison. */
+float ds_conf_cutoff(float t);
+
 /* Makes out->probs available on the host (a download when the walk was
  * sampled on the backend), for a verifier that runs on the host. */
 ds_error *ds_drafter_host_probs(ds_drafter *d, ds_proposal *out);
@@ -128,5 +147,9 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
 bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s);
 void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
 void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out);
+/* After a queued walk: the confidence logits of the block into column 0 of
+ * d->step_out (rounded to bf16 with a bf16 checkpoint), queued on the
+ * backend (no host copy), for conf_cut. */
+void ds_markov_confidence_queue(ds_drafter *d);
 
 #endif

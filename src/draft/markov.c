@@ -96,6 +96,16 @@ static void score_confidence(ds_drafter *d, ds_proposal *out) {
         ds_round_bf16_n(out->conf_logit, (size_t)d->gamma);
 }
 
+void ds_markov_confidence_queue(ds_drafter *d) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden;
+    const int F = H + (d->confidence_with_markov ? d->markov_rank : 0);
+    ds_tensor col = ds_rows(ds_cols(d->step_out, 0, 1), 0, G);
+    be->ops->copy(be, ds_cols(ds_rows(d->step_in, 0, G), 0, H), d->block_hidden);
+    be->ops->linear(be, col, ds_cols(ds_rows(d->step_in, 0, G), 0, F), d->conf_w, d->conf_b);
+    if (d->logits_bf16) be->ops->round_bf16(be, col); /* as score_confidence rounds on the host */
+}
+
 /* The host walk's features go up row by row. */
 static void confidence(ds_drafter *d, ds_proposal *out) {
     ds_backend *be = d->be;

@@ -61,6 +61,7 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
     e = read_stop_ids(t);
     if (!e) {
         int cap = t->max_rows > t->max_logit_rows ? t->max_rows : t->max_logit_rows;
+        if (cap < DS_VERIFY_BLOCK_MAX) cap = DS_VERIFY_BLOCK_MAX; /* ds_target_verify_greedy's ids */
         t->step.cap = cap;
         t->step.ids = calloc((size_t)cap, sizeof *t->step.ids);
         t->step.pos = calloc((size_t)cap, sizeof *t->step.pos);
@@ -123,6 +124,8 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
     st->n_keys = pos0 + n;
     st->n_ids = st->n_pos = n;
     st->n_out = best ? n_logits : 0;
+    st->keep_out = st->out_kept = false;
+    st->ids_prev_at = st->n_ids_prev = 0;
     /* The op sequence depends on n, n_logits, the argmax, the bf16 rounding
      * and the taps (whose buffer is allocated anew when they change). */
     ds_region_key key = {DS_REGION_TARGET, n, n_logits | (best ? 1 << 16 : 0) | (t->logits_bf16 ? 1 << 17 : 0) |
@@ -137,6 +140,63 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
     if (e) return e;
     if (best) memcpy(best, st->out, (size_t)n_logits * sizeof *best);
     t->n_cached = pos0 + n;
+    return NULL;
+}
+
+ds_error *ds_target_verify_greedy(ds_target *t, int32_t anchor, const int32_t *block, int gamma, int n_kept, int cap,
+                                  int pos0, int32_t *best, int *n_out, int *accepted) {
+    const int rows = cap + 1;
+    if (gamma < 1 || gamma + 2 > DS_VERIFY_BLOCK_MAX || cap < 0 || cap > gamma || n_kept < 0 || n_kept > gamma + 1)
+        return ds_errorf("greedy verification of %d of %d drafts (%d kept on the backend) is out of range", cap, gamma,
+                         n_kept);
+    if (n_kept > 0 && !t->graph_safe)
+        return ds_errorf("greedy verification: the drafts were kept on the backend, but this target's forward does not "
+                         "run as a step region (it reads its ids on the host)");
+    if (rows > t->max_rows || rows > t->max_logit_rows)
+        return ds_errorf("greedy verification of %d rows (at most %d, logits for %d)", rows, t->max_rows,
+                         t->max_logit_rows);
+    if (pos0 < 0 || pos0 > t->n_cached)
+        return ds_errorf("forward at position %d but the KV cache holds only %d positions", pos0, t->n_cached);
+    if (pos0 + rows > t->max_ctx)
+        return ds_errorf("sequence of %d tokens exceeds the model's context of %d", pos0 + rows, t->max_ctx);
+    ds_step *st = &t->step;
+    st->ids[0] = anchor;
+    memcpy(st->ids + 1, block, (size_t)(gamma + 1) * sizeof *block);
+    for (int i = 0; i < rows; i++)
+        if (st->ids[i] < 0 || st->ids[i] >= t->vocab)
+            return ds_errorf("token id %d is outside the vocabulary (0..%d)", st->ids[i], t->vocab - 1);
+    t->n_cached = pos0;
+    for (int i = 0; i < rows; i++) st->pos[i] = pos0 + i;
+    st->n_keys = pos0 + rows;
+    st->n_ids = gamma + 2;
+    st->n_pos = rows;
+    st->n_out = rows + 2; /* the argmaxes, then m and a */
+    st->keep_out = st->out_kept = false;
+    st->ids_prev_at = 1;
+    st->n_ids_prev = n_kept;
+    ds_region_key key = {DS_REGION_TARGET, rows,
+                         rows | 1 << 16 | (t->logits_bf16 ? 1 << 17 : 0) | t->n_taps << 18 | 1 << 28, t};
+    ds_backend *be = t->be;
+    ds_error *e = NULL;
+    if (!t->graph_safe || ds_region_begin(be, &key, st)) {
+        e = t->ops->forward(t, st->ids, rows, pos0, rows);
+        if (!e) {
+            be->ops->argmax(be, ds_rows(t->logits, 0, rows), st->out);
+            ds_accept_prefix(be, st->ids + 1, st->out, cap, st->ids + gamma + 1, st->out + rows);
+        }
+    }
+    if (t->graph_safe) ds_region_end(be);
+    st->n_ids_prev = 0;
+    if (e) return e;
+    DS_TRY(ds_backend_check(be));
+    const int m = st->out[rows], a = st->out[rows + 1];
+    if (m < 0 || m > cap || a < 0 || a > m || st->out[a] < 0 || st->out[a] >= t->vocab)
+        return ds_errorf("greedy verification came back inconsistent (%d of %d drafts proposed, %d accepted, next "
+                         "token %d)", m, cap, a, a >= 0 && a <= cap ? st->out[a] : -1);
+    memcpy(best, st->out, (size_t)rows * sizeof *best);
+    *n_out = m;
+    *accepted = a;
+    t->n_cached = pos0 + rows;
     return NULL;
 }
 

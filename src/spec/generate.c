@@ -131,25 +131,38 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t las
     /* The accepted rows' taps become drafter context at the start of the
      * next round, in the same drafter round (one step region on the GPU). */
     int ctx_pos0 = start, ctx_n = 0;
+    /* Greedy rounds verified by the target's argmax: the drafter may leave
+     * its tokens and proposal length on the backend, where the verify step
+     * reads them (one device->host copy a round, at the verify's end). */
+    const bool greedy = ds_sampling_greedy(&p->sampling) && !p->verify;
     /* start - n_prompt, not n_prompt + max_new: max_new may be INT_MAX. */
     while (start - n_prompt < p->max_new && !em->done && start < t->max_ctx) {
         double t0 = now_s();
         ds_proposal prop;
-        DS_TRY(ds_drafter_round(d, t->taps, ctx_pos0, ctx_n, last, start, &p->sampling, p->threshold, rng, &prop));
+        d->keep_on_backend = greedy && t->graph_safe;
+        ds_error *de = ds_drafter_round(d, t->taps, ctx_pos0, ctx_n, last, start, &p->sampling, p->threshold, rng,
+                                        &prop);
+        d->keep_on_backend = false;
+        DS_TRY(de);
         ctx_n = 0;
-        int n = prop.n < gamma ? prop.n : gamma;
-        if (n > t->max_ctx - start - 1) n = t->max_ctx - start - 1; /* verify rows must fit the context */
+        /* verify rows must fit the context */
+        const int cap = gamma < t->max_ctx - start - 1 ? gamma : t->max_ctx - start - 1;
+        int n = prop.n < cap ? prop.n : cap;
         double t1 = now_s();
         verify_ids[0] = last;
         memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
         int32_t next;
         int a;
-        if (ds_sampling_greedy(&p->sampling) && !p->verify) {
-            /* longest prefix the target's argmax agrees with, then its argmax */
-            int32_t best[DS_MAX_GAMMA + 1];
-            DS_TRY(ds_target_forward_argmax(t, verify_ids, n + 1, start, n + 1, best));
-            DS_TRY(ds_backend_check(t->be));
-            for (a = 0; a < n && best[a] == prop.tokens[a]; a++) {}
+        if (greedy) {
+            /* longest prefix the target's argmax agrees with, then its argmax;
+             * with n on the backend, all cap drafts are scored (rows past n
+             * leave the first n + 1 rows' argmaxes unchanged) */
+            int32_t block[DS_MAX_GAMMA + 1], best[DS_MAX_GAMMA + 1];
+            memcpy(block, prop.tokens, (size_t)d->gamma * sizeof *block);
+            block[d->gamma] = prop.n;
+            DS_TRY(ds_target_verify_greedy(t, last, block, d->gamma, prop.n_kept,
+                                           prop.n_kept > d->gamma ? cap : n, start, best, &n, &a));
+            memcpy(prop.tokens, best, (size_t)a * sizeof *best); /* the accepted drafts (kept ones were not here) */
             next = best[a];
         } else if (!p->verify && t->be->ops->verify_sample && prop.probs_dev.data) {
             DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));

@@ -215,6 +215,21 @@ static void cpu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
     for (int64_t r = 0; r < x.rows; r++) out[r] = (int32_t)ds_argmax_f32((const float *)x.data + r * x.stride, x.cols);
 }
 
+static void cpu_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out) {
+    const float c = *(const float *)cut.data;
+    out[0] = (int32_t)x.rows;
+    for (int64_t r = 0; r < x.rows; r++)
+        if (((const float *)x.data)[r * x.stride] < c) {
+            out[0] = (int32_t)r;
+            break;
+        }
+}
+
+static void cpu_accept_prefix(ds_backend *be, const int32_t *draft, const int32_t *best, int n, const int32_t *limit,
+                              int32_t *out) {
+    ds_accept_prefix_host(draft, best, n, limit, out);
+}
+
 static void cpu_destroy(ds_backend *be) {
     ds_cpu_backend *cb = (ds_cpu_backend *)be;
     ds_pool_free(cb->pool);
@@ -250,6 +265,8 @@ static const ds_backend_ops cpu_ops = {
     .linear_residual = ds_cpu_linear_residual,
     .linear_swiglu = ds_cpu_linear_swiglu,
     .linear_multi = ds_cpu_linear_multi,
+    .conf_cut = cpu_conf_cut,
+    .accept_prefix = cpu_accept_prefix,
     .probs = ds_cpu_probs,
     .sample = ds_cpu_sample,
     .verify_sample = ds_cpu_verify_sample,

@@ -76,6 +76,7 @@ void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
     }
     int32_t *d = ds_cu_indices(cb, "argmax", (int)x.rows);
     if (!d || !ds_cu_argmax_dev(cb, x, d)) return;
+    cb->stats.d2h++;
     if (ds_cu_ok(cb, "argmax",
                  cudaMemcpyAsync(out, d, (size_t)x.rows * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)))
         ds_cu_ok(cb, "argmax", cudaStreamSynchronize(cb->stream));

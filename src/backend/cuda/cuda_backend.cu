@@ -161,6 +161,7 @@ static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
                                    (size_t)src.rows, cudaMemcpyDeviceToHost, cb->stream)) &&
         ds_cu_ok(cb, "download", cudaStreamSynchronize(cb->stream)))
         ds_cu_retired_free(cb);
+    cb->stats.d2h++;
 }
 
 static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
@@ -230,6 +231,8 @@ static const ds_backend_ops cuda_ops = {
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .qk_norm_rope = ds_cu_qk_norm_rope,
     .markov_greedy = ds_cu_markov_greedy,
+    .conf_cut = ds_cu_conf_cut,
+    .accept_prefix = ds_cu_accept_prefix,
     .probs = ds_cu_probs,
     .sample = ds_cu_sample,
     .verify_sample = ds_cu_verify_sample,

@@ -37,6 +37,10 @@ extern "C" {
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
 #define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */
+/* After the step, d_step holds DS_CU_STEP_MAX more ints: the kept outputs
+ * of the last region that kept them (ds_step.keep_out), which a later
+ * region's ids take (ds_step.n_ids_prev) with a device copy. */
+#define DS_CU_CARRY DS_CU_STEP_INTS
 
 typedef struct {
     bool active;          /* ops read the step's values from d_step (run now or recorded) */
@@ -72,7 +76,8 @@ typedef struct {
     /* Step regions and their CUDA graphs (graphs.cu). */
     bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */
     uint64_t gen;         /* bumped whenever device memory a recording may hold is (re)allocated or freed */
-    int32_t *d_step;      /* DS_CU_STEP_INTS on the device */
+    int32_t *d_step;      /* DS_CU_STEP_INTS + DS_CU_STEP_MAX (the carry) on the device */
+    int carry_n;          /* outputs held in the carry (0: none) */
     int32_t *h_step;      /* pinned staging: DS_CU_STEP_SLOTS slots of DS_CU_STEP_INTS, then the outputs */
     cudaEvent_t step_ev[DS_CU_STEP_SLOTS]; /* a slot's copy has been done (NULL: never used) */
     int step_slot;
@@ -231,6 +236,9 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
 void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                         const ds_tensor *biases);
+void ds_cu_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out);
+void ds_cu_accept_prefix(ds_backend *be, const int32_t *draft, const int32_t *best, int n, const int32_t *limit,
+                         int32_t *out);
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                          const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,

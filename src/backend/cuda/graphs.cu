@@ -13,7 +13,12 @@
  *             become programmatic edges), instantiated and launched;
  *   then      replayed: one copy of the step values, one graph launch.
  * Outputs (argmax results, walked tokens) are left in d_step's out array
- * and come back with one device->host copy at region_end.
+ * and come back with one device->host copy at region_end, or, when the
+ * step asks to keep them (ds_step.keep_out), are copied on the device to
+ * the carry after the step (DS_CU_CARRY), from where the next region that
+ * takes them (ds_step.n_ids_prev) copies them into its ids right after its
+ * own upload: a greedy DSpark round (the drafter's walk, then the verify)
+ * moves one array of ints to the host, at the verify's end.
  *
  * A recording holds device pointers: any allocation, release or scratch
  * growth bumps cb->gen and a recording from an older generation is made
@@ -51,7 +56,7 @@ void ds_cu_graphs_init(ds_cuda_backend *cb) {
     if (!cb->graphs_on) return;
     const size_t host = (size_t)(DS_CU_STEP_SLOTS * DS_CU_STEP_INTS + DS_CU_STEP_MAX) * sizeof(int32_t);
     if (cudaMallocHost(&cb->h_step, host) != cudaSuccess ||
-        cudaMalloc(&cb->d_step, DS_CU_STEP_INTS * sizeof(int32_t)) != cudaSuccess) {
+        cudaMalloc(&cb->d_step, (DS_CU_STEP_INTS + DS_CU_STEP_MAX) * sizeof(int32_t)) != cudaSuccess) {
         /* Without the buffers the regions run op by op. */
         if (cb->h_step) cudaFreeHost(cb->h_step);
         cb->h_step = NULL;
@@ -121,6 +126,32 @@ static ds_cu_graph *find_or_add(ds_cuda_backend *cb, const ds_region_key *k, con
     return g;
 }
 
+/* The kept outputs a step's ids take (ds_step.n_ids_prev), valid? */
+static bool carry_fits(ds_cuda_backend *cb, const ds_step *step) {
+    if (step->n_ids_prev <= 0) return true;
+    if (step->n_ids_prev <= cb->carry_n && step->ids_prev_at >= 0 &&
+        step->ids_prev_at + step->n_ids_prev <= step->n_ids)
+        return true;
+    ds_cu_fail(cb, "region", "ids %d..%d from kept outputs, but %d are kept and the step has %d ids",
+               step->ids_prev_at, step->ids_prev_at + step->n_ids_prev, cb->carry_n, step->n_ids);
+    return false;
+}
+
+/* The region runs op by op with host values: the kept outputs its ids take
+ * come to the host first (a copy the host waits for). */
+static bool run_eager(ds_cuda_backend *cb, ds_step *step) {
+    cb->stats.eager++;
+    cb->reg.active = false;
+    if (step->n_ids_prev > 0 && !cb->err && carry_fits(cb, step)) {
+        cb->stats.d2h++;
+        if (ds_cu_ok(cb, "region", cudaMemcpyAsync(step->ids + step->ids_prev_at, cb->d_step + DS_CU_CARRY,
+                                                    (size_t)step->n_ids_prev * sizeof(int32_t),
+                                                    cudaMemcpyDeviceToHost, cb->stream)))
+            ds_cu_ok(cb, "region", cudaStreamSynchronize(cb->stream));
+    }
+    return true;
+}
+
 bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step) {
     ds_cuda_backend *cb = ds_cu(be);
     cb->reg = ds_cu_region{};
@@ -128,29 +159,21 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
      * past what one recording takes (prefill: cuBLAS and by-value chunks). */
     if (!cb->graphs_on || cb->err || key->rows < 1 || key->rows > DS_CU_NARROW_M || step->n_ids < 0 ||
         step->n_pos < 0 || step->n_out < 0 || step->n_ids > DS_CU_STEP_MAX || step->n_pos > DS_CU_STEP_MAX ||
-        step->n_out > DS_CU_STEP_MAX || step->n_keys < 1) {
-        cb->stats.eager++;
-        return true;
-    }
+        step->n_out > DS_CU_STEP_MAX || step->n_keys < 1)
+        return run_eager(cb, step);
+    if (!carry_fits(cb, step)) return true;
     const int ny = att_bucket(step->n_keys);
     ds_cu_graph *g = find_or_add(cb, key, step, ny);
-    if (!g) {
-        cb->stats.eager++;
-        return true;
-    }
+    if (!g) return run_eager(cb, step);
     /* The step's values, one copy from a pinned slot (truly asynchronous),
      * refilled only once its previous copy has run (its event). */
     const int slot = cb->step_slot;
     cb->step_slot = (slot + 1) % DS_CU_STEP_SLOTS;
     if (cb->step_ev[slot]) {
-        if (!ds_cu_ok(cb, "region", cudaEventSynchronize(cb->step_ev[slot]))) {
-            cb->stats.eager++;
-            return true;
-        }
+        if (!ds_cu_ok(cb, "region", cudaEventSynchronize(cb->step_ev[slot]))) return run_eager(cb, step);
     } else if (!ds_cu_ok(cb, "region", cudaEventCreateWithFlags(&cb->step_ev[slot], cudaEventDisableTiming))) {
         cb->step_ev[slot] = NULL;
-        cb->stats.eager++;
-        return true;
+        return run_eager(cb, step);
     }
     int32_t *h = cb->h_step + (size_t)slot * DS_CU_STEP_INTS;
     memset(h, 0, (1 + DS_CU_WALK) * sizeof *h);
@@ -166,10 +189,14 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
     cb->reg.off_out = off;
     if (!ds_cu_ok(cb, "region", cudaMemcpyAsync(cb->d_step, h, (size_t)off * sizeof *h, cudaMemcpyHostToDevice,
                                                  cb->stream)) ||
-        !ds_cu_ok(cb, "region", cudaEventRecord(cb->step_ev[slot], cb->stream))) {
-        cb->stats.eager++;
-        return true;
-    }
+        !ds_cu_ok(cb, "region", cudaEventRecord(cb->step_ev[slot], cb->stream)))
+        return run_eager(cb, step);
+    /* The kept outputs over the host's placeholders (before any op, outside any recording). */
+    if (step->n_ids_prev > 0 &&
+        !ds_cu_ok(cb, "region", cudaMemcpyAsync(cb->d_step + cb->reg.off_ids + step->ids_prev_at,
+                                                 cb->d_step + DS_CU_CARRY, (size_t)step->n_ids_prev * sizeof(int32_t),
+                                                 cudaMemcpyDeviceToDevice, cb->stream)))
+        return run_eager(cb, step);
     cb->reg.active = true;
     cb->reg.step = step;
     cb->reg.att_ny = ny;
@@ -187,14 +214,14 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
         cudaGraphExecDestroy(g->exec);
         g->exec = NULL;
     }
-    if (!g->warm) {
+    if (!g->warm) { /* op by op, but from d_step (the region stays active) */
         g->warm = true;
         cb->stats.eager++;
         return true;
     }
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-        cb->stats.eager++;
+        cb->stats.eager++; /* active: from d_step */
         return true;
     }
     if (!ds_cu_ok(cb, "region capture", cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed))) {
@@ -241,8 +268,17 @@ void ds_cu_region_end(ds_backend *be) {
             }
         }
     }
-    const ds_step *st = r.step;
-    if (st->n_out > 0 && !cb->err) {
+    ds_step *st = (ds_step *)r.step; /* the caller's step (region_begin took it non-const) */
+    if (st->keep_out && st->n_out > 0 && !cb->err) {
+        /* Left on the device for the next region's ids: no copy to the host, no wait. */
+        if (ds_cu_ok(cb, "region", cudaMemcpyAsync(cb->d_step + DS_CU_CARRY, cb->d_step + r.off_out,
+                                                    (size_t)st->n_out * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                                    cb->stream))) {
+            cb->carry_n = st->n_out;
+            st->out_kept = true;
+        }
+    } else if (st->n_out > 0 && !cb->err) {
+        cb->stats.d2h++;
         if (ds_cu_ok(cb, "region", cudaMemcpyAsync(h_out(cb), cb->d_step + r.off_out, (size_t)st->n_out * sizeof(int32_t),
                                                     cudaMemcpyDeviceToHost, cb->stream)) &&
             ds_cu_ok(cb, "region", cudaStreamSynchronize(cb->stream))) {

@@ -445,6 +445,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         return;
     }
     int32_t got[DS_CU_ROWS + 2];
+    cb->stats.d2h++;
     if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(got, idx + 1, (size_t)(G + 2) * sizeof(int32_t),
                                                        cudaMemcpyDeviceToHost, cb->stream)) ||
         !ds_cu_ok(cb, "markov_greedy", cudaStreamSynchronize(cb->stream)))
