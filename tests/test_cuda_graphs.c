@@ -4,7 +4,9 @@
  * model below in turn (pico Qwen3; Gemma 4 tiny: sliding layers over a ring
  * of window 8 + max_rows 8 rows, K = V full layers, proportional RoPE,
  * soft-capped logits, with its DSpark drafter; Gemma 4 E tiny: per-layer
- * inputs and KV sharing, no drafter):
+ * inputs and KV sharing, no drafter; `dspark synth --like gemma4-tiny`: the
+ * 12B's layout at a tiny width in bf16 (bf16 matmuls, bf16 logits), 48
+ * layers, its drafter's gamma 7 verifying 8 rows):
  * - AR: a random prompt, then greedy steps (pico and Gemma 4 tiny: positions
  *   200..359, across the 256-key boundary where attention's grid changes
  *   bucket; the Gemma 4 rings wrap every 16 positions): every step's logits
@@ -21,8 +23,10 @@
  * - the graphs backend did capture and replay, the other never did.
  * Skips (exit 77) where no CUDA device can be used. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "draft/drafter.h"
 #include "spec/generate.h"
@@ -38,14 +42,19 @@ typedef struct {
     int prompt, steps;
     int verify_pos0; /* where the verify shapes start */
     bool verify_far; /* rewind to around verify_pos0 for every shape (a cache indexed by position) */
+    const char *synth; /* made by `dspark synth --like <synth> --drafter` into a scratch directory */
 } model_case;
 
 static const model_case cases[] = {
-    {"pico-qwen3", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 256, 33, 256, 8192, 200, 160, 246, true},
+    {"pico-qwen3", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 256, 33, 256, 8192, 200, 160, 246, true,
+     NULL},
     {"gemma4-tiny", DS_TESTDATA "/fixtures/gemma4-tiny/target", DS_TESTDATA "/fixtures/gemma4-tiny/drafter", 8, 8, 8,
-     512, 200, 160, 230, false},
-    {"gemma4-e-tiny", DS_TESTDATA "/fixtures/gemma4-e-tiny/target", NULL, 8, 8, 8, 512, 100, 140, 100, false},
+     512, 200, 160, 230, false, NULL},
+    {"gemma4-e-tiny", DS_TESTDATA "/fixtures/gemma4-e-tiny/target", NULL, 8, 8, 8, 512, 100, 140, 100, false, NULL},
+    {"synth gemma4-tiny (bf16)", NULL, NULL, 8, 8, 8, 512, 100, 140, 100, false, "gemma4-tiny"},
 };
+
+static char synth_dir[64]; /* the scratch directory of a synth case ("" when none) */
 
 static const model_case *mc; /* the model under test */
 #define PROMPT (mc->prompt)
@@ -66,18 +75,44 @@ static void close_models(void) {
     }
 }
 
-static ds_error *open_pair(int i) {
+static void remove_synth(void) {
+    if (!synth_dir[0]) return;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", synth_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", synth_dir);
+    synth_dir[0] = 0;
+}
+
+/* The model directories of mc: its own, or synth's output. */
+static ds_error *model_dirs(char *target, char *drafter, size_t n) {
+    if (!mc->synth) {
+        snprintf(target, n, "%s", mc->target);
+        snprintf(drafter, n, "%s", mc->drafter ? mc->drafter : "");
+        return NULL;
+    }
+    snprintf(synth_dir, sizeof synth_dir, "/tmp/ds_test_cuda_graphs_%ld", (long)getpid());
+    snprintf(target, n, "%s/t", synth_dir);
+    snprintf(drafter, n, "%s/d", synth_dir);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && '%s' synth --like %s --out '%s' --drafter --drafter-out '%s' >/dev/null",
+             synth_dir, DS_CLI, mc->synth, target, drafter);
+    if (system(cmd) != 0) return ds_errorf("%s failed (is the dspark CLI built?)", cmd);
+    return NULL;
+}
+
+static ds_error *open_pair(int i, const char *target, const char *drafter) {
     ds_target_opts to = {.max_rows = mc->max_rows, .max_logit_rows = mc->max_logit_rows};
-    DS_TRY(ds_target_open(be[i], mc->target, &to, &tg[i]));
-    if (!mc->drafter) return NULL;
+    DS_TRY(ds_target_open(be[i], target, &to, &tg[i]));
+    if (!drafter[0]) return NULL;
     ds_drafter_opts dopt = {.max_rows = mc->drafter_rows};
-    DS_TRY(ds_drafter_open(be[i], mc->drafter, tg[i], &dopt, &dr[i]));
+    DS_TRY(ds_drafter_open(be[i], drafter, tg[i], &dopt, &dr[i]));
     return ds_target_set_taps(tg[i], dr[i]->tap_layers, dr[i]->n_taps);
 }
 
 /* Opens cases[c] on both backends (after closing the last one). */
 static void open_case(int c) {
     close_models();
+    remove_synth();
     mc = &cases[c];
     printf("  -- %s (max_rows %d)\n", mc->name, mc->max_rows);
     uint64_t s = 0x2545f4914f6cdd1dull;
@@ -85,7 +120,9 @@ static void open_case(int c) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         prompt[i] = (int32_t)((s >> 33) % (uint64_t)mc->vocab_ids);
     }
-    for (int i = 0; i < 2; i++) CHECK_OK(open_pair(i));
+    char target[256], drafter[256];
+    CHECK_OK(model_dirs(target, drafter, sizeof target));
+    for (int i = 0; i < 2; i++) CHECK_OK(open_pair(i, target, drafter));
     ds_region_stats st0 = ds_backend_region_stats(be[0]), st1 = ds_backend_region_stats(be[1]);
     CHECK(!st0.enabled, "DS_CUDA_GRAPHS=0 left graphs on");
     CHECK(st1.enabled, "graphs are off on the graphs backend (DS_CUDA_PROFILE or DS_CUDA_RING_TRACE set?)");
@@ -95,9 +132,10 @@ static void open_case(int c) {
 static void setup(void) { open_case(0); }
 static void open_gemma4(void) { open_case(1); }
 static void open_gemma4_e(void) { open_case(2); }
+static void open_gemma4_synth(void) { open_case(3); }
 
 /* Both models open (a failed open was reported already). */
-static bool have_models(void) { return tg[0] && tg[1] && (!mc->drafter || (dr[0] && dr[1])); }
+static bool have_models(void) { return tg[0] && tg[1] && (!(mc->drafter || mc->synth) || (dr[0] && dr[1])); }
 
 /* ids[0..n) from position 0 on backend i, in chunks of the target's max_rows
  * (and the drafter's, whose context they become when with_drafter); logits
@@ -243,7 +281,7 @@ static void test_verify_shapes(void) {
 /* The speculative loop by hand on both backends: the drafter round (with the
  * previous round's accepted rows as context), then the verify forward. */
 static void test_drafter_rounds(void) {
-    if (!have_models() || !mc->drafter) return;
+    if (!have_models() || !dr[0]) return;
     ds_region_stats before = ds_backend_region_stats(be[1]);
     ds_sampling greedy = {.top_p = 1.0f};
     ds_rng rng;
@@ -328,7 +366,7 @@ static void test_generate_lossless(void) {
         CHECK_OK(ds_generate(tg[i], dr[i], prompt, PROMPT, &p, NULL, NULL, &r[i][1]));
     }
     check_backends("generate");
-    if (!mc->drafter) { /* AR only: graphs on == off == the AR steps */
+    if (!dr[0]) { /* AR only: graphs on == off == the AR steps */
         const size_t bytes = (size_t)STEPS * sizeof(int32_t);
         CHECK(r[1][0].n_tokens == STEPS, "%d tokens", r[1][0].n_tokens);
         CHECK(!memcmp(r[1][0].tokens, ar_tokens, bytes), "AR generation (graphs on) differs from the AR steps");
@@ -541,6 +579,7 @@ static void test_store_regions(void) {
 
 static void teardown(void) {
     close_models();
+    remove_synth();
     for (int i = 0; i < 2; i++)
         if (be[i]) be[i]->ops->destroy(be[i]);
 }
@@ -571,6 +610,11 @@ int main(void) {
                      test_ar_steps,
                      test_verify_shapes,
                      test_generate_lossless,
+                     open_gemma4_synth,
+                     test_ar_steps,
+                     test_verify_shapes,
+                     test_drafter_rounds,
+                     test_generate_lossless,
                      test_attention_regions,
                      test_store_regions,
                      teardown};
@@ -588,6 +632,11 @@ int main(void) {
                            "gemma4_e_ar_steps",
                            "gemma4_e_verify_shapes",
                            "gemma4_e_generate_lossless",
+                           "open_gemma4_synth",
+                           "gemma4_synth_ar_steps",
+                           "gemma4_synth_verify_shapes",
+                           "gemma4_synth_drafter_rounds",
+                           "gemma4_synth_generate_lossless",
                            "test_attention_regions",
                            "test_store_regions",
                            "teardown"};
