@@ -25,24 +25,21 @@ typedef struct {
     ds_tensor x;
     ds_gemma4_scratch s;
     float embed_scale;
-    int32_t *pos;
 } gemma4_drafter;
 
-/* Not graph-safe (d->graph_safe stays false): the K/V rows written are
- * computed on the host from pos[0]. */
+/* Graph-safe: the K/V rows written are the positions (read by the backend),
+ * the ids and positions those of d->step. */
 static void gd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
-    const int n = (int)ctx.rows, pos0 = pos[0];
     for (int l = 0; l < g->c.n_layers; l++)
-        ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, ds_rows(g->st.k[l], pos0, n),
-                            ds_rows(g->st.v[l], pos0, n), pos);
+        ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, g->st.k[l], g->st.v[l], 0, &g->s, pos);
 }
 
 static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
     ds_backend *be = d->be;
     const ds_gemma4_config *c = &g->c;
-    const int G = d->gamma, start = pos[0];
+    const int G = d->gamma;
     ds_tensor x = ds_rows(g->x, 0, G), xn = ds_rows(g->s.xn, 0, G);
     be->ops->embed(be, x, d->embed, ids, g->embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
@@ -50,12 +47,12 @@ static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, G), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, G);
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
-                             .v_head_dim = L->head_dim, .n_keys = start + G, .causal = false,
+                             .v_head_dim = L->head_dim, .n_keys = pos[0] + G, .causal = false,
                              .scale = 1.0f, .q_pos = pos};
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
         ds_gemma4_query(be, c, L, xn, q, pos);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_gemma4_key_value(be, c, L, xn, ds_rows(g->st.k[l], start, G), ds_rows(g->st.v[l], start, G), pos);
+        ds_gemma4_key_value(be, c, L, xn, g->st.k[l], g->st.v[l], 0, &g->s, pos);
         be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
     }
@@ -71,7 +68,6 @@ static void gd_destroy(ds_drafter *d) {
     ds_gemma4_scratch_release(be, &g->s);
     ds_gemma4_config_free(&g->c);
     ds_drafter_release_common(d);
-    free(g->pos);
     free(g);
 }
 
@@ -129,14 +125,14 @@ static ds_error *gd_init(gemma4_drafter *g, const ds_target *target) {
     d->logit_softcap = c->softcap;
     g->embed_scale = ds_gemma4_embed_scale(d->embed.dtype, c->hidden);
     DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
-    const int rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
-    g->pos = calloc((size_t)rows, sizeof *g->pos);
-    if (!g->pos) return ds_errorf("out of memory");
     DS_TRY(ds_load_vector(be, ck, "norm.weight", c->hidden, &g->final_norm));
     DS_TRY(be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &g->x));
-    /* Sized for the widest MLP (double_wide doubles it). */
-    DS_TRY(ds_gemma4_scratch_alloc(be, c, d->gamma, &g->s));
-    return load_layers(g);
+    /* Sized for the widest MLP (double_wide doubles it); K/V rows for a
+     * context append (max_rows) or a block (gamma). */
+    DS_TRY(ds_gemma4_scratch_alloc(be, c, d->gamma, d->max_rows > d->gamma ? d->max_rows : d->gamma, &g->s));
+    DS_TRY(load_layers(g));
+    d->graph_safe = true;
+    return NULL;
 }
 
 ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target,

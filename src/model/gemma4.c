@@ -6,7 +6,15 @@
  * Sliding layers keep only a ring of window + max_rows K/V rows: a forward
  * writes at most max_rows new rows, so the oldest key its earliest query
  * still needs (window − 1 back) survives, and after a crop back into the
- * last forward the keys before the crop point are still there. */
+ * last forward the keys before the crop point are still there.
+ *
+ * The forward takes every per-step value from t->step (ids, positions, the
+ * key count): K/V go to rows pos (mod the ring) through the store op, the
+ * attentions find a ring row as position % ring on the backend, so a
+ * recorded forward replays at any position (graph_safe). What the host
+ * keeps about the ring (which position each row holds, to refuse a rewind
+ * past it) and the per-layer input vocabulary check run before the step
+ * (gemma4_prepare), never inside it. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +37,7 @@ typedef struct {
     ds_tensor x;                  /* residual stream [max_rows, hidden] */
     ds_tensor ple;                /* per-layer inputs [max_rows, n_layers*ple_dim] */
     ds_tensor ple_tok;            /* their token-embedding half, same shape */
-    ds_tensor kbuf, vbuf;         /* K/V of one call before they go into a ring [max_rows, widest kv] */
     ds_gemma4_scratch s;
-    int32_t *pos;
 } gemma4_target;
 
 static void gemma4_destroy(ds_target *t) {
@@ -42,11 +48,10 @@ static void gemma4_destroy(ds_target *t) {
     free(g->ring_pos);
     ds_tensor *all[] = {&g->embed,          &g->final_norm,    &g->lm_head, &g->ple_embed,
                         &g->ple_model_proj, &g->ple_proj_norm, &g->x,       &g->ple,
-                        &g->ple_tok,        &g->kbuf,          &g->vbuf};
+                        &g->ple_tok};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     ds_gemma4_scratch_release(be, &g->s);
     ds_gemma4_config_free(&g->c);
-    free(g->pos);
     free(g);
 }
 
@@ -76,38 +81,31 @@ static ds_error *check_ring(const gemma4_target *g, int pos0) {
     return NULL;
 }
 
-/* Computes layer l's K/V for rows at pos0.. into its cache. */
-static void write_kv(gemma4_target *g, int l, ds_tensor xn, int pos0, int n) {
-    ds_backend *be = g->base.be;
-    const ds_gemma4_layer *L = &g->st.layers[l];
-    const int R = g->ring[l];
-    if (!R) {
-        ds_gemma4_key_value(be, &g->c, L, xn, ds_rows(g->st.k[l], pos0, n), ds_rows(g->st.v[l], pos0, n), g->pos);
-        return;
-    }
-    const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
-    ds_tensor kb = ds_rows(ds_cols(g->kbuf, 0, kvd), 0, n), vb = ds_rows(ds_cols(g->vbuf, 0, kvd), 0, n);
-    ds_gemma4_key_value(be, &g->c, L, xn, kb, vb, g->pos);
-    const int r0 = pos0 % R, first = n < R - r0 ? n : R - r0;
-    be->ops->copy(be, ds_rows(g->st.k[l], r0, first), ds_rows(kb, 0, first));
-    be->ops->copy(be, ds_rows(g->st.v[l], r0, first), ds_rows(vb, 0, first));
-    if (n > first) {
-        be->ops->copy(be, ds_rows(g->st.k[l], 0, n - first), ds_rows(kb, first, n - first));
-        be->ops->copy(be, ds_rows(g->st.v[l], 0, n - first), ds_rows(vb, first, n - first));
-    }
-}
-
-static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+/* Before the step (outside any region: host checks and bookkeeping): ids
+ * in the per-layer input vocabulary, the ring still holding every key the
+ * call's first query needs; then the ring rows the call writes are marked
+ * as holding their positions. */
+static ds_error *gemma4_prepare(ds_target *t, const int32_t *ids, int n, int pos0) {
     gemma4_target *g = (gemma4_target *)t;
-    ds_backend *be = t->be;
     const ds_gemma4_config *c = &g->c;
     if (c->ple_dim)
         for (int i = 0; i < n; i++)
             if (ids[i] >= c->ple_vocab)
                 return ds_errorf("token id %d is outside the per-layer input vocabulary (0..%d)", ids[i],
                                  c->ple_vocab - 1);
-    if (g->ring_size) DS_TRY(check_ring(g, pos0));
-    for (int i = 0; i < n; i++) g->pos[i] = pos0 + i;
+    if (g->ring_size) {
+        DS_TRY(check_ring(g, pos0));
+        for (int i = 0; i < n; i++) g->ring_pos[(pos0 + i) % g->ring_size] = pos0 + i;
+    }
+    return NULL;
+}
+
+static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    gemma4_target *g = (gemma4_target *)t;
+    ds_backend *be = t->be;
+    const ds_gemma4_config *c = &g->c;
+    /* Positions (and the K/V rows written) from the step, as the ids. */
+    const int32_t *pos = t->step.pos;
     ds_tensor x = ds_rows(g->x, 0, n), xn = ds_rows(g->s.xn, 0, n);
     be->ops->embed(be, x, g->embed, ids, g->embed_scale);
     ds_target_tap(t, -1, x, n);
@@ -118,8 +116,8 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, n), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, n);
         be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
-        ds_gemma4_query(be, c, L, xn, q, g->pos);
-        if (L->has_kv) write_kv(g, l, xn, pos0, n);
+        ds_gemma4_query(be, c, L, xn, q, pos);
+        if (L->has_kv) ds_gemma4_key_value(be, c, L, xn, g->st.k[l], g->st.v[l], g->ring[l], &g->s, pos);
         const bool sliding = L->type == DS_G4_SLIDING;
         ds_attn_params ap = {.n_heads = c->n_heads,
                              .n_kv_heads = L->n_kv_heads,
@@ -130,15 +128,13 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
                              .window = sliding ? c->window : 0,
                              .ring_size = g->ring[src],
                              .scale = 1.0f,
-                             .q_pos = g->pos};
+                             .q_pos = pos};
         be->ops->attention(be, attn, q, g->st.k[src], g->st.v[src], &ap);
         ds_tensor ple =
             c->ple_dim ? ds_rows(ds_cols(g->ple, (int64_t)l * c->ple_dim, c->ple_dim), 0, n) : ds_no_tensor();
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, n, ple);
         ds_target_tap(t, l, x, n);
     }
-    if (g->ring_size)
-        for (int i = 0; i < n; i++) g->ring_pos[(pos0 + i) % g->ring_size] = pos0 + i;
     ds_tensor lg = ds_target_head(t, x, g->final_norm, c->eps, g->lm_head, n, n_logits);
     /* bf16 checkpoints: the reference's logits and its soft-cap are bf16 results
      * (ds_target_head has rounded the logits already). */
@@ -149,7 +145,8 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
     return NULL;
 }
 
-static const ds_target_ops gemma4_ops = {.forward = gemma4_forward, .destroy = gemma4_destroy};
+static const ds_target_ops gemma4_ops = {
+    .forward = gemma4_forward, .destroy = gemma4_destroy, .prepare = gemma4_prepare};
 
 static ds_error *load_embeddings(gemma4_target *g, ds_checkpoint *ck) {
     ds_backend *be = g->base.be;
@@ -185,26 +182,19 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
     const int max_rows = g->base.max_rows;
     /* A ring only pays off when the context is longer than it. */
     if (c->window + max_rows < g->base.max_ctx) g->ring_size = c->window + max_rows;
-    int64_t widest = 0;
     char prefix[64];
     for (int l = 0; l < c->n_layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
         ds_gemma4_layer *L = &g->st.layers[l];
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
         if (!L->has_kv) continue;
-        const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
         g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
         DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.max_ctx));
-        if (g->ring[l] && kvd > widest) widest = kvd;
     }
     if (g->ring_size) {
         g->ring_pos = malloc((size_t)g->ring_size * sizeof *g->ring_pos);
         if (!g->ring_pos) return ds_errorf("out of memory");
         for (int i = 0; i < g->ring_size; i++) g->ring_pos[i] = -1;
-    }
-    if (widest) {
-        DS_TRY(be->ops->alloc(be, DS_F32, max_rows, widest, &g->kbuf));
-        DS_TRY(be->ops->alloc(be, DS_F32, max_rows, widest, &g->vbuf));
     }
     return NULL;
 }
@@ -226,8 +216,7 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     t->max_ctx = c->max_pos;
     DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
     g->ring = calloc((size_t)c->n_layers, sizeof *g->ring);
-    g->pos = calloc((size_t)t->max_rows, sizeof *g->pos);
-    if (!g->ring || !g->pos) return ds_errorf("out of memory");
+    if (!g->ring) return ds_errorf("out of memory");
     DS_TRY(load_embeddings(g, ck));
     t->logits_bf16 = g->lm_head.dtype == DS_BF16;
     DS_TRY(load_layers(g, ck));
@@ -237,9 +226,11 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
         DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, (int64_t)c->n_layers * c->ple_dim, &g->ple));
         DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, (int64_t)c->n_layers * c->ple_dim, &g->ple_tok));
     }
-    DS_TRY(ds_gemma4_scratch_alloc(be, c, t->max_rows, &g->s));
+    DS_TRY(ds_gemma4_scratch_alloc(be, c, t->max_rows, t->max_rows, &g->s));
     DS_TRY(be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits));
-    return be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden);
+    DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden));
+    t->graph_safe = true;
+    return NULL;
 }
 
 ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out) {

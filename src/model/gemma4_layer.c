@@ -114,11 +114,16 @@ void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st) {
     *st = (ds_gemma4_stack){0};
 }
 
-ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, ds_gemma4_scratch *s) {
+ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, int kv_rows,
+                                  ds_gemma4_scratch *s) {
     *s = (ds_gemma4_scratch){0};
     int hd = 0;
-    for (int t = 0; t < DS_G4_N_TYPES; t++)
-        if (c->geom[t].used && c->geom[t].head_dim > hd) hd = c->geom[t].head_dim;
+    int64_t kvd = 0;
+    for (int t = 0; t < DS_G4_N_TYPES; t++) {
+        const ds_gemma4_attn_geom *g = &c->geom[t];
+        if (g->used && g->head_dim > hd) hd = g->head_dim;
+        if (g->used && (int64_t)g->n_kv_heads * g->head_dim > kvd) kvd = (int64_t)g->n_kv_heads * g->head_dim;
+    }
     const int inter = c->inter * (c->double_wide ? 2 : 1);
     DS_TRY(be->ops->alloc(be, DS_F32, rows, c->hidden, &s->xn));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, (int64_t)c->n_heads * hd, &s->q));
@@ -127,11 +132,13 @@ ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int
     DS_TRY(be->ops->alloc(be, DS_F32, rows, inter, &s->gate));
     DS_TRY(be->ops->alloc(be, DS_F32, rows, inter, &s->up));
     if (c->ple_dim) DS_TRY(be->ops->alloc(be, DS_F32, rows, c->ple_dim, &s->ple));
+    DS_TRY(be->ops->alloc(be, DS_F32, kv_rows, kvd, &s->k));
+    DS_TRY(be->ops->alloc(be, DS_F32, kv_rows, kvd, &s->v));
     return NULL;
 }
 
 void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s) {
-    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up, &s->ple};
+    ds_tensor *all[] = {&s->xn, &s->q, &s->attn, &s->tmp, &s->gate, &s->up, &s->ple, &s->k, &s->v};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
@@ -142,15 +149,19 @@ void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_
     be->ops->rope(be, q, L->head_dim, pos, L->inv_freq);
 }
 
-void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x, ds_tensor k,
-                         ds_tensor v, const int32_t *pos) {
+void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos) {
+    const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
+    ds_tensor k = ds_rows(ds_cols(s->k, 0, kvd), 0, x.rows), v = ds_rows(ds_cols(s->v, 0, kvd), 0, x.rows);
     be->ops->linear(be, k, x, L->k_proj, L->k_bias);
     /* V is normalized without a scale and never rotated; with K = V it is
      * taken from the raw projection before k_norm touches it. */
     if (L->has_v_proj) be->ops->linear(be, v, x, L->v_proj, L->v_bias);
     be->ops->rmsnorm(be, v, L->has_v_proj ? v : k, ds_no_tensor(), L->head_dim, c->eps);
-    be->ops->rmsnorm(be, k, k, L->k_norm, L->head_dim, c->eps);
-    be->ops->rope(be, k, L->head_dim, pos, L->inv_freq);
+    /* k_norm then RoPE, and the K and V rows into their cache rows (one pass
+     * where the backend fuses them; the CPU runs rmsnorm, rope, row copies). */
+    ds_qk_norm_rope_store(be, ds_rows(k, 0, 0), ds_no_tensor(), k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps,
+                          pos, L->inv_freq);
 }
 
 void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,

@@ -62,9 +62,10 @@ ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n);
 ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows);
 void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st);
 
-/* Per-call scratch for up to `rows` rows, sized for the widest layer. */
+/* Per-call scratch for up to `rows` rows, sized for the widest layer; k, v:
+ * a call's new K/V rows before they go into the caches (kv_rows rows). */
 typedef struct {
-    ds_tensor xn, q, attn, tmp, gate, up, ple;
+    ds_tensor xn, q, attn, tmp, gate, up, ple, k, v;
 } ds_gemma4_scratch;
 
 /* The text config inside a checkpoint's config.json: the object itself for
@@ -87,16 +88,21 @@ float ds_gemma4_embed_scale(ds_dtype weight_dtype, int n);
 ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_gemma4_config *c,
                                int index, ds_gemma4_layer *L);
 void ds_gemma4_layer_release(ds_backend *be, ds_gemma4_layer *L);
-ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, ds_gemma4_scratch *s);
+ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, int kv_rows,
+                                  ds_gemma4_scratch *s);
 void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s);
 
 /* q[M, heads*hd] = rope(q_norm(q_proj(xn))) at pos. */
 void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor xn, ds_tensor q,
                      const int32_t *pos);
 /* k = rope(k_norm(k_proj(x))); v = v_norm(v_proj(x)), or v_norm(k_proj(x))
- * before k_norm when the layer has no v_proj. Only for layers with has_kv. */
-void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x, ds_tensor k,
-                         ds_tensor v, const int32_t *pos);
+ * before k_norm when the layer has no v_proj, for the rows of x (through
+ * s->k, s->v), written into rows pos[i] (pos[i] % ring when ring > 0) of
+ * the caches kc, vc: whole cache tensors, the rows written are the
+ * positions, read by the backend (qk_norm_rope_store), so a recorded step
+ * replays at any position. Only for layers with has_kv. */
+void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos);
 /* The rest of the layer, given attn = attention output (rows of s->attn):
  * x += post_attn_norm(o_proj(attn)); x += post_ff_norm(mlp(pre_ff_norm(x)));
  * with per-layer inputs (ple: [rows, ple_dim] view, or no tensor)

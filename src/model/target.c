@@ -118,6 +118,7 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->vocab) return ds_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], t->vocab - 1);
     t->n_cached = pos0;
+    if (t->ops->prepare) DS_TRY(t->ops->prepare(t, ids, n, pos0));
     ds_step *st = &t->step;
     memmove(st->ids, ids, (size_t)n * sizeof *ids);
     for (int i = 0; i < n; i++) st->pos[i] = pos0 + i;

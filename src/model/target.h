@@ -17,6 +17,10 @@ typedef struct ds_target ds_target;
 typedef struct {
     ds_error *(*forward)(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits);
     void (*destroy)(ds_target *t);
+    /* Optional: the host's part of a forward (checks of the call, host-side
+     * bookkeeping such as which position a ring row holds), run before the
+     * forward's step region, since a replayed region skips forward(). */
+    ds_error *(*prepare)(ds_target *t, const int32_t *ids, int n, int pos0);
 } ds_target_ops;
 
 struct ds_target {
