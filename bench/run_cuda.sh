@@ -39,7 +39,7 @@ DS_BACKEND=cuda DS_TEST_QUICK=1 timeout 300 ./$B/tests/test_lossless_sampling >"
 echo "test_lossless_sampling (DS_BACKEND=cuda, quick) rc=$?"
 tail -12 "$OUT/test_lossless_cuda.log"
 
-DS_BACKEND=cuda timeout 420 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|pico)$' -j4 -V \
+DS_BACKEND=cuda timeout 420 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|dspark_gemma4|pico)$' -j4 -V \
   >"$OUT/golden_cuda.log" 2>&1
 echo "golden tests (DS_BACKEND=cuda) rc=$?"
 grep -E "rel err|err |agree|tau|Test +#|tests passed|FAIL" "$OUT/golden_cuda.log" | sed 's/^[0-9]*: //' | head -60
