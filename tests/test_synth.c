@@ -125,41 +125,60 @@ static void test_synth_files(void) {
     ds_checkpoint_close(ck);
 }
 
+/* Target m and drafter d on a 2-thread CPU backend; *t and *dr stay NULL
+ * where loading failed (reported). NULL: no backend. */
+static ds_backend *open_pair(const char *m, const char *d, ds_target **t, ds_drafter **dr) {
+    ds_backend *be = NULL;
+    *t = NULL;
+    *dr = NULL;
+    ds_error *e = ds_backend_cpu_new(2, &be);
+    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    if (!e) e = ds_target_open(be, m, &to, t);
+    if (!e) e = ds_drafter_open(be, d, *t, NULL, dr);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    return be;
+}
+
+static void close_pair(ds_backend *be, ds_target *t, ds_drafter *dr) {
+    ds_drafter_free(dr);
+    ds_target_free(t);
+    if (be) be->ops->destroy(be);
+}
+
+/* Greedy decoding of n tokens after a fixed 12-token prompt, plain and
+ * drafted: both n tokens long and identical. *ar keeps the plain run. */
+static void check_drafted_is_ar(ds_target *t, ds_drafter *dr, int n, ds_gen_result *ar) {
+    int32_t prompt[12];
+    for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(i * 37 % 512);
+    ds_gen_params p = {.max_new = n, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
+    ds_gen_result sp = {0};
+    ds_error *e = ds_generate(t, NULL, prompt, 12, &p, NULL, NULL, ar);
+    if (!e) e = ds_generate(t, dr, prompt, 12, &p, NULL, NULL, &sp);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    CHECK(ar->n_tokens == n && sp.n_tokens == n && !memcmp(ar->tokens, sp.tokens, sizeof *ar->tokens * (size_t)n),
+          "drafted greedy output differs from plain greedy");
+    ds_gen_result_free(&sp);
+}
+
 static void test_load_and_generate(void) {
     char m[512], d[512], tb[64];
     snprintf(m, sizeof m, "%s/t1", tmpdir(tb));
     snprintf(d, sizeof d, "%s/t1-dspark", tmpdir(tb));
-    ds_backend *be;
-    CHECK_OK(ds_backend_cpu_new(2, &be));
-    ds_target *t = NULL;
-    ds_drafter *dr = NULL;
-    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
-    ds_error *e = ds_target_open(be, m, &to, &t);
-    if (!e) e = ds_drafter_open(be, d, t, NULL, &dr);
-    CHECK(!e, "%s", e ? ds_error_message(e) : "");
-    ds_error_free(e);
+    ds_target *t;
+    ds_drafter *dr;
+    ds_backend *be = open_pair(m, d, &t, &dr);
     if (t && dr) {
         CHECK(t->n_layers == 8 && t->hidden == 64 && t->vocab == 512, "target shape");
         CHECK(dr->gamma == 7 && dr->n_taps == 2 && dr->tap_layers[0] == 1 && dr->tap_layers[1] == 5 &&
                   dr->markov == DS_MARKOV_VANILLA && dr->markov_rank == 16 && dr->confidence,
               "drafter config");
-        int32_t prompt[12];
-        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(i * 37 % 512);
-        ds_gen_params p = {.max_new = 24, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
-        ds_gen_result ar = {0}, sp = {0};
-        e = ds_generate(t, NULL, prompt, 12, &p, NULL, NULL, &ar);
-        if (!e) e = ds_generate(t, dr, prompt, 12, &p, NULL, NULL, &sp);
-        CHECK(!e, "%s", e ? ds_error_message(e) : "");
-        ds_error_free(e);
-        CHECK(ar.n_tokens == 24 && sp.n_tokens == 24 &&
-                  !memcmp(ar.tokens, sp.tokens, sizeof *ar.tokens * (size_t)ar.n_tokens),
-              "drafted greedy output differs from plain greedy");
+        ds_gen_result ar = {0};
+        check_drafted_is_ar(t, dr, 24, &ar);
         ds_gen_result_free(&ar);
-        ds_gen_result_free(&sp);
     }
-    ds_drafter_free(dr);
-    ds_target_free(t);
-    be->ops->destroy(be);
+    close_pair(be, t, dr);
 }
 
 static cJSON *read_json(const char *path) {
@@ -287,15 +306,9 @@ static void test_gemma4_tiny_generate(void) {
           "K = V on full layers only, layer_scalar, tied head");
     ds_checkpoint_close(ck);
 
-    ds_backend *be;
-    CHECK_OK(ds_backend_cpu_new(2, &be));
-    ds_target *t = NULL;
-    ds_drafter *dr = NULL;
-    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
-    ds_error *e = ds_target_open(be, m, &to, &t);
-    if (!e) e = ds_drafter_open(be, d, t, NULL, &dr);
-    CHECK(!e, "%s", e ? ds_error_message(e) : "");
-    ds_error_free(e);
+    ds_target *t;
+    ds_drafter *dr;
+    ds_backend *be = open_pair(m, d, &t, &dr);
     if (t && dr) {
         CHECK(!strcmp(t->model_type, "gemma4_text") && t->n_layers == 48 && t->hidden == 64 && t->vocab == 512,
               "target shape");
@@ -305,30 +318,18 @@ static void test_gemma4_tiny_generate(void) {
                   dr->markov_rank == 16 && dr->confidence && dr->logit_softcap == 30.0f,
               "drafter config (DeepSpec's 12B taps)");
         /* Longer than the window (8): the sliding layers' ring is used. */
-        int32_t prompt[12];
-        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(i * 37 % 512);
-        ds_gen_params p = {.max_new = 40, .sampling = {.top_p = 1.0f}, .ignore_stop = true};
-        ds_gen_result ar = {0}, sp = {0};
-        e = ds_generate(t, NULL, prompt, 12, &p, NULL, NULL, &ar);
-        if (!e) e = ds_generate(t, dr, prompt, 12, &p, NULL, NULL, &sp);
-        CHECK(!e, "%s", e ? ds_error_message(e) : "");
-        ds_error_free(e);
+        ds_gen_result ar = {0};
+        check_drafted_is_ar(t, dr, 40, &ar);
         int distinct = 0;
         for (int i = 0; i < ar.n_tokens; i++) {
             bool seen = false;
             for (int j = 0; j < i; j++) seen |= ar.tokens[j] == ar.tokens[i];
             distinct += !seen;
         }
-        CHECK(ar.n_tokens == 40 && sp.n_tokens == 40 &&
-                  !memcmp(ar.tokens, sp.tokens, sizeof *ar.tokens * (size_t)ar.n_tokens),
-              "drafted greedy output differs from plain greedy");
         CHECK(distinct >= 4, "degenerate greedy output (%d distinct tokens)", distinct);
         ds_gen_result_free(&ar);
-        ds_gen_result_free(&sp);
     }
-    ds_drafter_free(dr);
-    ds_target_free(t);
-    be->ops->destroy(be);
+    close_pair(be, t, dr);
 }
 
 static void test_bench_cli(void) {
