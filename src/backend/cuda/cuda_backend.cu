@@ -195,6 +195,7 @@ static void cu_destroy(ds_backend *be) {
     if (cb->tmp) cudaFree(cb->tmp);
     if (cb->tmp2) cudaFree(cb->tmp2);
     if (cb->idx) cudaFree(cb->idx);
+    if (cb->ring_ctr) cudaFree(cb->ring_ctr);
     ds_cu_tmaps_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
@@ -279,6 +280,14 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
         cublasSetMathMode(cb->blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
         cu_destroy(&cb->base);
         return ds_errorf("cuda backend: cannot configure cuBLAS");
+    }
+    /* The ring matmul's tile counters start at zero and every launch leaves its pair there. */
+    if ((e = cudaMalloc(&cb->ring_ctr, 2 * DS_CU_RING_CTRS * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(cb->ring_ctr, 0, 2 * DS_CU_RING_CTRS * sizeof(int))) != cudaSuccess) {
+        cb->ring_ctr = NULL;
+        cu_destroy(&cb->base);
+        return ds_errorf("cuda backend: cannot allocate the matmul's tile counters on device %d: %s", device,
+                         cudaGetErrorString(e));
     }
     const char *trace = getenv("DS_CUDA_RING_TRACE");
     if (trace && *trace) {

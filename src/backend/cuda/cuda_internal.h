@@ -52,6 +52,9 @@ typedef struct {
     struct ds_cu_graph *entry;
 } ds_cu_region;
 
+/* Tile counter pairs of the ring matmul, used in turn (matmul_ring.cu). */
+#define DS_CU_RING_CTRS 64
+
 typedef struct {
     ds_backend base;
     int device;
@@ -72,6 +75,8 @@ typedef struct {
     uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
+    int *ring_ctr;             /* the ring matmul's tile counters: DS_CU_RING_CTRS pairs (next tile, blocks done) */
+    unsigned ring_seq;         /* ring launches so far: launch i uses pair i % DS_CU_RING_CTRS */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
     /* Step regions and their CUDA graphs (graphs.cu). */
     bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */

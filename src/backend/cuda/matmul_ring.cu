@@ -55,6 +55,7 @@ typedef struct {
     int nw_size;     /* bytes per norm weight element (0: no norm) */
     int red_off;     /* partial sums [MMA_WARPS][NW][4][32] */
     int ss_off;      /* sums of squares [MMA_WARPS][8] */
+    int tile_off;    /* the tile of each slot's stage [32] (-1: no more tiles) */
     int ring_off;    /* stage 0 */
     int xc_off;      /* XC: x split once per block, [K / 32 chunks][4 lanes t][hi 4, lo 4] */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
@@ -112,44 +113,44 @@ __device__ __forceinline__ void tensor_load(uint32_t dst, const CUtensorMap *map
         "l"((uint64_t)map), "r"(k), "r"(row), "r"(bar), "l"(policy)
         : "memory");
 }
-/* Walks this block's stages in order: tile b, b + grid, ... and within a
- * tile k = 0, RING_KS, ...; the slot and its phase advance with it. Kept
- * incrementally (no divisions in the loop: a consumer warp has little
- * else to hide them behind). */
+/* A block's place in its stream of stages: k within the tile, the ring
+ * slot and its phase. Kept incrementally (no divisions in the loop: a
+ * consumer warp has little else to hide them behind). Which tile a stage
+ * belongs to is the producer's choice, written beside the slot. */
 struct ring_cursor {
-    int tile, n0, k0, kn, slot, phase;
-    const ds_mma_seg *S;
+    int k0, kn, slot, phase;
 };
-__device__ __forceinline__ void cursor_tile(const ds_mma_args &s, ring_cursor &c, int K) {
-    c.S = &mma_tile_seg(s, c.tile, &c.n0);
+__device__ __forceinline__ void cursor_start(ring_cursor &c, int K) {
     c.k0 = 0;
     c.kn = min(RING_KS, K);
-}
-__device__ __forceinline__ void cursor_start(const ds_mma_args &s, ring_cursor &c, int K) {
-    c.tile = (int)blockIdx.x;
     c.slot = 0;
     c.phase = 0;
-    cursor_tile(s, c, K);
 }
-__device__ __forceinline__ void cursor_next(const ds_mma_args &s, ring_cursor &c, int K, int slots) {
+__device__ __forceinline__ void cursor_next(ring_cursor &c, int K, int slots) {
     if (++c.slot == slots) {
         c.slot = 0;
         c.phase ^= 1;
     }
     c.k0 += RING_KS;
-    if (c.k0 < K) {
-        c.kn = min(RING_KS, K - c.k0);
-    } else {
-        c.tile += (int)gridDim.x;
-        cursor_tile(s, c, K);
-    }
+    if (c.k0 >= K) c.k0 = 0;
+    c.kn = min(RING_KS, K - c.k0);
+}
+
+/* The block's next tile after the one it starts now. Static: b, b + grid,
+ * ... Dynamic (ctr): the next unclaimed one, so that SMs which get more of
+ * HBM take more tiles and the kernel ends when the work does, not when its
+ * slowest SM's share does (the static grid's blocks ended up to 15 us
+ * apart in a 56 us kernel). A tile is still summed whole by one block in
+ * the same order, so its bits do not depend on who takes it. */
+__device__ __forceinline__ int ring_claim(int *ctr, int tile) {
+    return ctr ? (int)gridDim.x + atomicAdd(ctr, 1) : tile + (int)gridDim.x;
 }
 
 /* A stage's x boxes (x may come from the previous kernel). */
-__device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &maps, const ring_cursor &c,
-                                        uint32_t full, uint32_t st, uint64_t keep) {
+__device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &maps, int k0, uint32_t full, uint32_t st,
+                                        uint64_t keep) {
 #pragma unroll
-    for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, c.k0 + b * RING_BOX, 0, full, keep);
+    for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, k0 + b * RING_BOX, 0, full, keep);
 }
 
 /* 8 values of the norm weight (bf16 or fp32, nw_size bytes each) from shared memory, as fp32. */
@@ -177,14 +178,13 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
 template <int MODE, bool NORM, bool XC>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
-                       const float *__restrict__ x, int M, int K, unsigned long long *trace) {
+                       const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
     constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + RING_KS - 1) / RING_KS;
-    const int my_tiles = (p.tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x; /* grid <= tiles */
-    const int total = my_tiles * stages;
+    int *slot_tile = (int *)(smem + p.tile_off);
     const uint32_t full0 = smem_addr(smem), empty0 = full0 + 8 * p.slots;
     const uint32_t ring0 = smem_addr(smem + p.ring_off);
     unsigned long long *tr = trace ? trace + RING_TRACE_FIELDS * blockIdx.x : NULL; /* DS_CUDA_RING_TRACE */
@@ -199,47 +199,67 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
     __syncthreads();
     ring_cursor c;
-    cursor_start(s, c, K);
+    cursor_start(c, K);
 
     if (warp == MMA_WARPS) { /* the producer: one thread */
         if (lane) return;
         uint64_t stream, keep;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
-        const int pre = min(p.slots, total);
         const uint32_t stage_tx = NW * RING_BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
         if (XC && NORM) { /* the whole norm weight, first in line: the prologue needs it as soon as x is there */
             const uint32_t nb = smem_addr(smem + RING_NWBAR);
             bar_expect(nb, K * p.nw_size);
             bulk_load(smem_addr(smem + p.nws_off), s.norm_w, K * p.nw_size, nb);
         }
-        for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
+        /* x may come from the previous kernel: the first slots' weights (never written by kernels, only by
+         * uploads) are requested before waiting for it, then x for those stages, then x with each stage. */
+        bool waited = XC; /* XC: the consumers read x themselves, after their wait */
+        int tile = (int)blockIdx.x, next = ring_claim(ctr, tile), it = 0, n0 = 0, seg = 0;
+        for (;; it++, cursor_next(c, K, p.slots)) {
+            if (c.k0 == 0) {
+                if (it) {
+                    tile = next;
+                    if (tile < p.tiles) next = ring_claim(ctr, tile); /* asked a tile ahead: its answer has time */
+                }
+                if (tile >= p.tiles) break;
+                seg = (int)(&mma_tile_seg(s, tile, &n0) - s.seg);
+            }
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
+            slot_tile[c.slot] = tile; /* published by the arrive below */
             bar_expect(full, stage_tx + (XC || !NORM ? 0 : c.kn * p.nw_size));
-            const int seg = (int)(c.S - s.seg);
 #pragma unroll
             for (int v = 0; v < NW; v++)
 #pragma unroll
                 for (int b = 0; b < RING_BOXES; b++)
-                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, &maps.w[seg][v], c.k0 + b * RING_BOX, c.n0,
+                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, &maps.w[seg][v], c.k0 + b * RING_BOX, n0,
                                 full, stream);
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
-            /* x may come from the previous kernel: the first `pre` stages'
-             * weights (never written by kernels, only by uploads) are
-             * requested before waiting for it. */
-            if (XC) continue; /* the consumers read x themselves, after their wait */
-            if (it == pre - 1) {
+            if (waited) {
+                if (!XC) issue_x(p, maps, c.k0, full, st, keep);
+            } else if (it == p.slots - 1) {
                 ds_cu_grid_wait();
-                ring_cursor e;
-                cursor_start(s, e, K);
-                for (int j = 0; j < pre; j++, cursor_next(s, e, K, p.slots))
-                    issue_x(p, maps, e, full0 + 8 * e.slot, ring0 + e.slot * p.stage_bytes, keep);
-            } else if (it >= pre) {
-                issue_x(p, maps, c, full, st, keep);
+                for (int j = 0; j <= it; j++)
+                    issue_x(p, maps, (j % stages) * RING_KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+                waited = true;
             }
+        }
+        if (!waited) { /* fewer stages than slots */
+            ds_cu_grid_wait();
+            for (int j = 0; j < it; j++)
+                issue_x(p, maps, (j % stages) * RING_KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+        }
+        /* The end, as a stage of its own: the consumers find tile -1 where the next tile would begin. */
+        if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1);
+        slot_tile[c.slot] = -1;
+        bar_arrive(full0 + 8 * c.slot);
+        /* The last block to stop claiming leaves the counter at zero for the launch that uses it next. */
+        if (ctr && atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+            atomicExch(ctr, 0);
+            atomicExch(ctr + 1, 0);
         }
         if (tr) tr[RT_PRODUCED] = ds_cu_gtimer();
         return;
@@ -298,10 +318,17 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         }
         consumers_sync();
     }
-    for (int it = 0; it < total; it++, cursor_next(s, c, K, p.slots)) {
+    const ds_mma_seg *S = s.seg;
+    int n0 = 0;
+    for (int it = 0;; it++, cursor_next(c, K, p.slots)) {
         const unsigned char *st = smem + p.ring_off + c.slot * p.stage_bytes;
         const bool mine = warp * 32 < c.kn; /* a last, partial stage may not reach this warp's chunk */
         bar_wait(full0 + 8 * c.slot, c.phase);
+        if (c.k0 == 0) { /* read before this warp releases the slot (the producer rewrites it) */
+            const int tile = slot_tile[c.slot];
+            if (tile < 0) break;
+            S = &mma_tile_seg(s, tile, &n0);
+        }
         if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
         uint4 wa[NW], wb[NW];
         float f[8], nf[8];
@@ -352,7 +379,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) red[((warp * NW + v) * 4 + i) * 32 + lane] = acc[v][0][i];
         consumers_sync();
-        mma_store_rows<NW, MODE, NORM>(*c.S, red, ss_part, 8, c.n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+        mma_store_rows<NW, MODE, NORM>(*S, red, ss_part, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
         consumers_sync(); /* red and ss_part are read before the next tile writes them */
         ss = 0.0f;
 #pragma unroll
@@ -367,12 +394,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
- * one-block-per-tile kernel (for comparison); DS_CUDA_RING_KB caps the
+ * one-block-per-tile kernel (for comparison); DS_CUDA_RING_DYN=0 deals
+ * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the
  * ring's bytes per block; DS_CUDA_RING_XC=0 keeps x in the stages at M = 1
  * too; DS_CUDA_RING_MIN_TILES sets the fewest tiles a call needs (default:
  * one per SM; test_cuda_ops: 1, to check every shape). */
 typedef struct {
-    bool on, xc;
+    bool on, xc, dyn;
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -382,9 +410,10 @@ static const ring_settings *ring_env(void) {
     static bool read = false;
     if (!read) {
         const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
-        const char *mt = getenv("DS_CUDA_RING_MIN_TILES");
+        const char *mt = getenv("DS_CUDA_RING_MIN_TILES"), *dyn = getenv("DS_CUDA_RING_DYN");
         r.on = !(on && !strcmp(on, "0"));
         r.xc = !(xc && !strcmp(xc, "0"));
+        r.dyn = !(dyn && !strcmp(dyn, "0"));
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
         read = true;
@@ -458,7 +487,7 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
 
 template <int MODE, bool NORM, bool XC>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
-                       const ring_maps &maps, ds_tensor x, int grid, int bytes) {
+                       const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
     auto kernel = linear_ring_kernel<MODE, NORM, XC>;
     if (bytes > allowed) {
@@ -467,18 +496,18 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
         allowed = bytes;
     }
     ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                      (const float *)x.data, (int)x.rows, (int)x.cols,
+                      (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
                       ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     ds_cu_launched(cb, op);
 }
 
 template <int MODE, bool NORM>
 static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
-                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc) {
+                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
     if (xc)
-        ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes);
+        ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else
-        ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes);
+        ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
 
 bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
@@ -511,7 +540,8 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* The barriers (room for 32 slots), the partial sums, then as many stages as fit: at M = 8 a SwiGLU stage
      * is 50 KB (both weights' boxes and x's). */
-    p.red_off = round_up(RING_NWBAR + 8, 128);
+    p.tile_off = round_up(RING_NWBAR + 8, 128);
+    p.red_off = round_up(p.tile_off + 32 * 4, 128);
     p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
     p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
     const int xc_bytes = xc ? K * 4 + round_up(K * p.nw_size, 128) : 0; /* split x, the norm weight */
@@ -523,18 +553,22 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const int bytes = p.xc_off + xc_bytes;
     const int grid = tiles < cb->sms ? tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
+    /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
+     * pair is back at zero long before its turn comes again. */
+    int *ctr = NULL;
+    if (env->dyn && cb->ring_ctr) ctr = cb->ring_ctr + 2 * (int)(cb->ring_seq++ % DS_CU_RING_CTRS);
     switch (mode) {
     case DS_MMA_PLAIN:
-        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc)
-             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     case DS_MMA_RESIDUAL:
-        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc)
-             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     default:
-        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc)
-             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc);
+        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     }
     return true;
