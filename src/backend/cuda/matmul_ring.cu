@@ -38,6 +38,8 @@
 #define RING_XBOX (8 * RING_BOX * 4)        /* bytes of an x box: 8 rows x 256 fp32 (rows past M zero) */
 #define RING_THREADS ((MMA_WARPS + 1) * 32) /* consumer warps, then the producer warp */
 #define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
+#define RING_SMEM_XC (227 * 1024)           /* the most, for several rows of x split (K = 4096: 16 KB a row) */
+#define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
@@ -57,7 +59,10 @@ typedef struct {
     int ss_off;      /* sums of squares [MMA_WARPS][8] */
     int tile_off;    /* the tile of each slot's stage [32] (-1: no more tiles) */
     int ring_off;    /* stage 0 */
-    int xc_off;      /* XC: x split once per block, [K / 32 chunks][4 lanes t][hi 4, lo 4] */
+    int xc_off;      /* XC: x split once per block, [M rows][K / 32 chunks][4 lanes t][hi 4, lo 4] */
+    int x_stride;    /* XC: x's row stride (elements) */
+    int xc_row;      /* XC: a split row's stride in 4-byte words, K + 4: the 4 lanes of row g read 16 bytes
+                      * further along the banks than row g - 1's, so the rows' fragment loads do not collide */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
 } ring_plan;
 
@@ -66,7 +71,8 @@ typedef struct {
  * copies of single rows (0.5-1 KB) ran at 1-2.6 TB/s, bound by the copies
  * issued per SM. */
 struct ring_maps {
-    CUtensorMap w[DS_MMA_MAX_SEG][2];
+    CUtensorMap w[DS_MMA_MAX_SEG];
+    CUtensorMap up; /* SwiGLU's second weight (one segment) */
     CUtensorMap x;
 };
 
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             for (int v = 0; v < NW; v++)
 #pragma unroll
                 for (int b = 0; b < RING_BOXES; b++)
-                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, &maps.w[seg][v], c.k0 + b * RING_BOX, n0,
+                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v ? &maps.up : &maps.w[seg], c.k0 + b * RING_BOX, n0,
                                 full, stream);
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
@@ -287,33 +293,39 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
              * lane does: XB chunks' loads in flight at a time. */
             bar_wait(smem_addr(smem + RING_NWBAR), 0);
-            if (g == 0)
+            if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
+                const float *xg = x + (int64_t)g * p.x_stride;
+                uint32_t *xcg = xc + g * p.xc_row;
                 for (int c0 = warp; c0 < (K >> 5); c0 += MMA_WARPS * RING_XB) {
                     float xf[RING_XB][8], nw8[RING_XB][8];
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
                         if (c0 + i * MMA_WARPS < (K >> 5)) {
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
-                            ds_cu_load8<DS_F32>(x, k, xf[i]);
+                            ds_cu_load8<DS_F32>(xg, k, xf[i]);
                             unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8[i]);
                         }
 #pragma unroll
                     for (int i = 0; i < RING_XB; i++)
                         if (c0 + i * MMA_WARPS < (K >> 5))
-                            split_group<true>(xf[i], nw8[i], &ss, xc + ((c0 + i * MMA_WARPS) * 4 + t) * 8);
+                            split_group<true>(xf[i], nw8[i], &ss, xcg + ((c0 + i * MMA_WARPS) * 4 + t) * 8);
                 }
+            }
             mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
         } else {
-            for (int q0 = threadIdx.x; q0 < (K >> 3); q0 += MMA_WARPS * 32 * RING_XB) {
+            const int groups = K >> 3; /* of 8 k in a row */
+            for (int q0 = threadIdx.x; q0 < M * groups; q0 += MMA_WARPS * 32 * RING_XB) {
                 float xf[RING_XB][8], nw8[RING_XB][8];
 #pragma unroll
-                for (int i = 0; i < RING_XB; i++)
-                    if (q0 + i * MMA_WARPS * 32 < (K >> 3))
-                        ds_cu_load8<DS_F32>(x, (q0 + i * MMA_WARPS * 32) * 8, xf[i]);
+                for (int i = 0; i < RING_XB; i++) {
+                    const int q = q0 + i * MMA_WARPS * 32, row = q / groups;
+                    if (q < M * groups) ds_cu_load8<DS_F32>(x + (int64_t)row * p.x_stride, (q - row * groups) * 8, xf[i]);
+                }
 #pragma unroll
-                for (int i = 0; i < RING_XB; i++)
-                    if (q0 + i * MMA_WARPS * 32 < (K >> 3))
-                        split_group<false>(xf[i], nw8[i], &ss, xc + (q0 + i * MMA_WARPS * 32) * 8);
+                for (int i = 0; i < RING_XB; i++) {
+                    const int q = q0 + i * MMA_WARPS * 32, row = q / groups;
+                    if (q < M * groups) split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + (q - row * groups) * 8);
+                }
             }
         }
         consumers_sync();
@@ -353,8 +365,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             uint32_t xh[1][4], xl[1][4];
             if (XC) {
                 uint4 h = make_uint4(0, 0, 0, 0), l = h;
-                if (g == 0) {
-                    const uint32_t *q = xc + (((c.k0 >> 5) + warp) * 4 + t) * 8;
+                if (g < M) {
+                    const uint32_t *q = xc + g * p.xc_row + (((c.k0 >> 5) + warp) * 4 + t) * 8;
                     h = *(const uint4 *)q;
                     l = *(const uint4 *)(q + 4);
                 }
@@ -397,10 +409,11 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
  * one-block-per-tile kernel (for comparison); DS_CUDA_RING_DYN=0 deals
  * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the
  * ring's bytes per block; DS_CUDA_RING_XC=0 keeps x in the stages at M = 1
- * too; DS_CUDA_RING_MIN_TILES sets the fewest tiles a call needs (default:
+ * too, DS_CUDA_RING_XC=R splits x once per block for up to R rows; DS_CUDA_RING_MIN_TILES sets the fewest tiles a call needs (default:
  * one per SM; test_cuda_ops: 1, to check every shape). */
 typedef struct {
-    bool on, xc, dyn;
+    bool on, dyn;
+    int xc_rows;   /* most rows of x split once per block (XC) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -412,7 +425,7 @@ static const ring_settings *ring_env(void) {
         const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
         const char *mt = getenv("DS_CUDA_RING_MIN_TILES"), *dyn = getenv("DS_CUDA_RING_DYN");
         r.on = !(on && !strcmp(on, "0"));
-        r.xc = !(xc && !strcmp(xc, "0"));
+        r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
         r.dyn = !(dyn && !strcmp(dyn, "0"));
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
@@ -518,38 +531,49 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     if (!env->on || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
         tiles < (env->min_tiles >= 0 ? env->min_tiles : cb->sms) || tiles < 1)
         return false;
+    if (mode == DS_MMA_SWIGLU && a->nseg != 1) return false; /* one map for the up weight */
     ring_plan p = {};
     if (a->norm_w) {
         if ((uintptr_t)a->norm_w % 16) return false;
         p.nw_size = a->norm_dtype == DS_BF16 ? 2 : a->norm_dtype == DS_F32 ? 4 : 0;
         if (!p.nw_size) return false;
     }
-    const bool xc = env->xc && M == 1 && K <= RING_XC_MAX_K;
     const int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
+    /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
+    p.tile_off = round_up(RING_NWBAR + 8, 128);
+    p.red_off = round_up(p.tile_off + 32 * 4, 128);
+    p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
+    p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+    /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
+     * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
+     * Otherwise x's slice rides in every stage. The same sums either way. Several rows may use the most shared
+     * memory a block can have; one row keeps RING_SMEM (a small kernel's block still fits beside it). */
+    const int nw_bytes = a->norm_w ? round_up(K * p.nw_size, 128) : 0;
+    const int smem_cap = M == 1 ? RING_SMEM : RING_SMEM_XC;
+    p.xc_row = K + 4;
+    const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
+    const bool xc = M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
+                    xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
     p.tiles = tiles;
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
     for (int i = 0; i < a->nseg; i++)
         for (int v = 0; v < nw; v++)
             if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
-                            &maps.w[i][v]))
+                            v ? &maps.up : &maps.w[i]))
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     p.x_off = nw * RING_BOXES * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
-    /* The barriers (room for 32 slots), the partial sums, then as many stages as fit: at M = 8 a SwiGLU stage
-     * is 50 KB (both weights' boxes and x's). */
-    p.tile_off = round_up(RING_NWBAR + 8, 128);
-    p.red_off = round_up(p.tile_off + 32 * 4, 128);
-    p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
-    p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
-    const int xc_bytes = xc ? K * 4 + round_up(K * p.nw_size, 128) : 0; /* split x, the norm weight */
-    const int room = RING_SMEM - p.ring_off - xc_bytes;
+    /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
+    const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
+    const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
+    p.x_stride = (int)x.stride;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
-    p.nws_off = p.xc_off + (xc ? K * 4 : 0);
+    p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     const int bytes = p.xc_off + xc_bytes;
     const int grid = tiles < cb->sms ? tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
