@@ -39,6 +39,10 @@ static inline ds_tensor ds_rows(ds_tensor t, int64_t r0, int64_t n) {
     v.owned = false;
     return v;
 }
+/* Most projections one linear_multi call takes (a DSpark drafter's context:
+ * K and V of 5 layers from the same rows). */
+#define DS_LINEAR_MULTI_MAX 10
+
 /* Columns [c0, c0+n) of every row, as a view. */
 static inline ds_tensor ds_cols(ds_tensor t, int64_t c0, int64_t n) {
     ds_tensor v = t;
@@ -172,7 +176,7 @@ typedef struct {
     void (*linear_residual)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
     /* out = silu(x @ wg^T) * (x @ wu^T). */
     void (*linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
-    /* outs[i] = x @ ws[i]^T (+ biases[i]) for i < n <= 3: projections of one input. */
+    /* outs[i] = x @ ws[i]^T (+ biases[i]) for i < n <= DS_LINEAR_MULTI_MAX: projections of one input. */
     void (*linear_multi)(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                          const ds_tensor *biases);
     /* outs[i] = n @ ws[i]^T (+ biases[i]), n = rmsnorm(x, norm_w) over the whole row. */

@@ -16,13 +16,13 @@ typedef struct {
     ds_tensor final_norm;
     ds_qwen3_stack st; /* layers + K/V [max_ctx + gamma, kv]: context rows, then the block's */
     ds_tensor x;
+    ds_tensor ctx_kv; /* [max_rows, 2 * layers * kv_dim]: every layer's context K and V before norm + RoPE */
     ds_qwen3_scratch s;
 } qwen3_drafter;
 
 static void qd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     qwen3_drafter *q = (qwen3_drafter *)d;
-    for (int l = 0; l < q->c.n_layers; l++)
-        ds_qwen3_key_value(d->be, &q->c, &q->st.layers[l], ctx, q->st.k[l], q->st.v[l], &q->s, pos);
+    ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, q->ctx_kv, &q->s, pos);
 }
 
 static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
@@ -52,6 +52,7 @@ static void qd_destroy(ds_drafter *d) {
     ds_qwen3_stack_release(be, &q->st);
     be->ops->release(be, &q->final_norm);
     be->ops->release(be, &q->x);
+    be->ops->release(be, &q->ctx_kv);
     ds_qwen3_scratch_release(be, &q->s);
     ds_qwen3_config_free(&q->c);
     ds_drafter_release_common(d);
@@ -78,7 +79,9 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     /* Buffers sized by the config come after the weights have confirmed it
      * (a bogus intermediate_size must not allocate gigabytes first). */
     if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
-    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, d->max_rows > d->gamma ? d->max_rows : d->gamma, &q->s);
+    const int ctx_rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, ctx_rows, &q->s);
+    if (!e) e = be->ops->alloc(be, DS_F32, ctx_rows, 2 * (int64_t)c->n_layers * c->n_kv_heads * c->head_dim, &q->ctx_kv);
     d->graph_safe = !e;
     if (e) {
         qd_destroy(d);

@@ -175,13 +175,27 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
-void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor kc,
-                        ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos) {
-    ds_tensor k = ds_rows(s->k, 0, x.rows), v = ds_rows(s->v, 0, x.rows);
-    const ds_tensor outs[2] = {k, v}, ws[2] = {L->k_proj, L->v_proj}, bs[2] = {L->k_bias, L->v_bias};
-    ds_linear_multi(be, 2, outs, x, ws, bs);
-    ds_qk_norm_rope_store(be, ds_rows(s->q, 0, 0), ds_no_tensor(), k, L->k_norm, v, kc, vc, 0, c->head_dim, c->eps,
-                          pos, c->inv_freq);
+void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
+                              ds_tensor kv, ds_qwen3_scratch *s, const int32_t *pos) {
+    const int kvd = c->n_kv_heads * c->head_dim, per_call = DS_LINEAR_MULTI_MAX / 2;
+    for (int l0 = 0; l0 < st->n; l0 += per_call) {
+        const int nl = st->n - l0 < per_call ? st->n - l0 : per_call;
+        ds_tensor outs[DS_LINEAR_MULTI_MAX], ws[DS_LINEAR_MULTI_MAX], bs[DS_LINEAR_MULTI_MAX];
+        for (int i = 0; i < nl; i++) {
+            const ds_qwen3_layer *L = &st->layers[l0 + i];
+            outs[2 * i] = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * (l0 + i)) * kvd, kvd);
+            outs[2 * i + 1] = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * (l0 + i) + 1) * kvd, kvd);
+            ws[2 * i] = L->k_proj, ws[2 * i + 1] = L->v_proj;
+            bs[2 * i] = L->k_bias, bs[2 * i + 1] = L->v_bias;
+        }
+        ds_linear_multi(be, 2 * nl, outs, x, ws, bs);
+    }
+    for (int l = 0; l < st->n; l++) {
+        const ds_tensor k = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * l) * kvd, kvd);
+        const ds_tensor v = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * l + 1) * kvd, kvd);
+        ds_qk_norm_rope_store(be, ds_rows(s->q, 0, 0), ds_no_tensor(), k, st->layers[l].k_norm, v, st->k[l], st->v[l],
+                              0, c->head_dim, c->eps, pos, c->inv_freq);
+    }
 }
 
 void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,

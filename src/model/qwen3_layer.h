@@ -51,14 +51,19 @@ ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int r
                                  ds_qwen3_scratch *s);
 void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
 
-/* k = rope(k_norm(k_proj(x))), v = v_proj(x) for the rows of x (through
- * s->k, s->v), written into rows pos[i] of the caches kc, vc (whole cache
- * tensors: the rows written are the positions, read by the backend, so a
- * recorded step replays at any position). */
-void ds_qwen3_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor kc,
-                        ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos);
+/* k = rope(k_norm(k_proj(x))), v = v_proj(x) for the rows of x, written
+ * into rows pos[i] of every layer's caches (whole cache tensors: the rows
+ * written are the positions, read by the backend, so a recorded step
+ * replays at any position). For a DSpark drafter's context, where every
+ * layer projects the same fused target features:
+ * the layers' K and V projections batched into as few linear_multi calls as
+ * DS_LINEAR_MULTI_MAX allows (one launch for 5 layers on the GPU instead of
+ * 5, each too small to keep HBM busy), into kv ([>= x.rows, 2 * st->n *
+ * kv_dim] scratch), then each layer's k norm + RoPE + store. */
+void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
+                              ds_tensor kv, ds_qwen3_scratch *s, const int32_t *pos);
 /* xn = input_layernorm(x) (xn: scratch, unused where the backend fuses the
- * norm), q = rope(q_norm(q_proj(xn))) and ds_qwen3_key_value of xn; the
+ * norm), q = rope(q_norm(q_proj(xn))), k and v as ds_qwen3_stack_key_value's; the
  * three projections in one pass where the backend fuses them. */
 void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
                   ds_tensor q, ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos);

@@ -1,5 +1,5 @@
 /* The tensor-core narrow matmul (matmul_mma.cu): one launch computes up to
- * three projections of the same x (segments), with a plain, residual-add or
+ * DS_LINEAR_MULTI_MAX projections of the same x (segments), with a plain, residual-add or
  * SwiGLU epilogue. Used by linear, linear_multi, linear_residual and
  * linear_swiglu when the weights qualify (ds_cu_mma_eligible). */
 #ifndef DS_CUDA_MATMUL_MMA_H
@@ -9,7 +9,7 @@
 
 enum { DS_MMA_PLAIN, DS_MMA_RESIDUAL, DS_MMA_SWIGLU };
 
-#define DS_MMA_MAX_SEG 3
+#define DS_MMA_MAX_SEG DS_LINEAR_MULTI_MAX
 
 typedef struct {
     const uint16_t *w, *w2; /* [n, K] bf16 rows of stride ws; w2 = up weights (SwiGLU) */
