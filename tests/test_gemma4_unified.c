@@ -11,6 +11,8 @@
  *  - embed the multimodal placeholder ids as the pad token, as the
  *    reference's wrapper does;
  *  - refuse malformed configs with an error naming the field;
+ * the text-only gemma4_unified_text layout (Gemma4UnifiedForCausalLM) loads
+ * from "model." and computes the text layout's logits;
  * and google/gemma-4-12B's released config.json reads as the 12B. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -282,8 +284,8 @@ static void test_released_config(void) {
     cJSON_Delete(c);
 }
 
-/* A copy of the unified checkpoint whose config.json is `config`. */
-static char *make_dir(const cJSON *config) {
+/* A copy of checkpoint `weights_of` whose config.json is `config`. */
+static char *make_dir_of(const cJSON *config, const char *weights_of) {
     char *dir = malloc(256), path[512], target[512];
     snprintf(dir, 256, "%s/bad_XXXXXX", T);
     if (!mkdtemp(dir)) {
@@ -300,9 +302,49 @@ static char *make_dir(const cJSON *config) {
     }
     free(text);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    snprintf(target, sizeof target, "%s/model.safetensors", UNI);
+    snprintf(target, sizeof target, "%s/model.safetensors", weights_of);
     CHECK(symlink(target, path) == 0, "symlink %s", path);
     return dir;
+}
+
+static char *make_dir(const cJSON *config) { return make_dir_of(config, UNI); }
+
+/* The converter's --text_only output (Gemma4UnifiedForCausalLM): the unified
+ * text config at the top, tensors under "model.". With the text layout's
+ * weights it computes the text layout's logits, bit for bit, and has no
+ * placeholders (no wrapper). */
+static void test_text_only_unified(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", UNI);
+    cJSON *c = read_json(path);
+    if (!c) return;
+    cJSON *tc = cJSON_DetachItemFromObjectCaseSensitive(c, "text_config");
+    cJSON_Delete(c);
+    cJSON *a = cJSON_AddArrayToObject(tc, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString("Gemma4UnifiedForCausalLM"));
+    char *dir = make_dir_of(tc, TXT);
+    cJSON_Delete(tc);
+    ds_target *u = NULL, *t = NULL;
+    if (dir) open_target(dir, &u);
+    open_target(TXT, &t);
+    if (u && t) {
+        CHECK(u->n_placeholders == 0, "a text-only checkpoint has no wrapper to swap placeholders");
+        int32_t ids[6] = {2, 40, IMAGE_ID, 9, 300, 11};
+        const size_t V = (size_t)u->vocab;
+        float *lu = malloc(6 * V * sizeof *lu), *lt = malloc(6 * V * sizeof *lt);
+        ds_error *e = ds_target_forward(u, ids, 6, 0, 6);
+        if (!e) be->ops->download(be, ds_rows(u->logits, 0, 6), lu);
+        if (!e) e = ds_target_forward(t, ids, 6, 0, 6);
+        if (!e) be->ops->download(be, ds_rows(t->logits, 0, 6), lt);
+        CHECK(!e, "%s", e ? ds_error_message(e) : "");
+        ds_error_free(e);
+        if (!e) CHECK(!memcmp(lu, lt, 6 * V * sizeof *lu), "text-only unified logits differ from the text layout's");
+        free(lu);
+        free(lt);
+    }
+    ds_target_free(u);
+    ds_target_free(t);
+    remove_model_dir(dir);
 }
 
 /* The unified config with field `field` of the top level (or of text_config
@@ -347,4 +389,4 @@ static void teardown(void) {
 }
 
 RUN_TESTS("gemma4_unified", setup, test_format, test_greedy_equals_text_layout, test_placeholder_embeds_as_pad,
-          test_unified_defaults, test_released_config, test_bad_configs, teardown)
+          test_unified_defaults, test_released_config, test_text_only_unified, test_bad_configs, teardown)
