@@ -200,8 +200,8 @@ static bool int_array_is(const cJSON *a, const int *want, int n) {
 
 /* A released Gemma 4 shape, configs only: the numbers written, the size the
  * weights would have, and the engine's reading of the configs. */
-static void check_gemma4_shape(const char *like, int hidden, int layers, int heads, int kv, int gkv, int inter,
-                               double params_lo, double params_hi, const int *taps) {
+static void check_gemma4_shape(const char *like, bool unified, int hidden, int layers, int heads, int kv, int gkv,
+                               int inter, double params_lo, double params_hi, const int *taps) {
     char args[1024], path[512], dir[256], tb[64];
     const char *T = tmpdir(tb);
     snprintf(dir, sizeof dir, "%s/%s", T, like);
@@ -225,16 +225,22 @@ static void check_gemma4_shape(const char *like, int hidden, int layers, int hea
               strstr(txt, "\"attention_dropout\":\t0.0,"),
           "%s: float fields not written as floats", like);
     free(txt);
-    cJSON *c = read_json(path);
+    cJSON *root = read_json(path);
+    /* The unified layout (the 12B as released) nests the text config. */
+    const char *arch =
+        cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0));
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "model_type")),
+                  unified ? "gemma4_unified" : "gemma4_text") &&
+              !strcmp(arch, unified ? "Gemma4UnifiedForConditionalGeneration" : "Gemma4ForCausalLM"),
+          "%s: model_type / architectures", like);
+    cJSON *c = unified ? cJSON_GetObjectItemCaseSensitive(root, "text_config") : root;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
     int full = 0;
     for (int i = 0; i < cJSON_GetArraySize(lt); i++)
         full += !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(lt, i)), "full_attention");
-    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "model_type")), "gemma4_text") &&
-              !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "architectures"),
-                                                              0)),
-                      "Gemma4ForCausalLM"),
-          "%s: model_type / architectures", like);
+    CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "model_type")),
+                  unified ? "gemma4_unified_text" : "gemma4_text"),
+          "%s: text model_type", like);
     CHECK(num(c, "hidden_size") == hidden && num(c, "num_hidden_layers") == layers &&
               num(c, "num_attention_heads") == heads && num(c, "num_key_value_heads") == kv &&
               num(c, "num_global_key_value_heads") == gkv && num(c, "intermediate_size") == inter &&
@@ -263,7 +269,7 @@ static void check_gemma4_shape(const char *like, int hidden, int layers, int hea
         CHECK(f->inv_freq[63] > 0 && f->inv_freq[64] == 0 && s->inv_freq[127] > 0, "%s: RoPE tables", like);
         ds_gemma4_config_free(&g);
     }
-    cJSON_Delete(c);
+    cJSON_Delete(root);
 
     snprintf(path, sizeof path, "%s-dspark/config.json", dir);
     cJSON *d = read_json(path);
@@ -272,19 +278,22 @@ static void check_gemma4_shape(const char *like, int hidden, int layers, int hea
               num(d, "num_hidden_layers") == 5 && num(d, "block_size") == 7 && num(d, "markov_rank") == 256 &&
               num(d, "mask_token_id") == 4 && num(d, "num_target_layers") == layers &&
               int_array_is(cJSON_GetObjectItemCaseSensitive(d, "target_layer_ids"), taps, 5) &&
-              cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(d, "tie_word_embeddings")),
+              cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(d, "tie_word_embeddings")) &&
+              !strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(d, "target_model_type")),
+                      unified ? "gemma4_unified" : "gemma4"),
           "%s: drafter config", like);
     cJSON_Delete(d);
 }
 
 static void test_gemma4_real_shapes(void) {
-    /* gemma-4-12B: 11.95B parameters on the model card, of which the text
-     * model is all but the encoder-free vision/audio projections; DeepSpec's
-     * config/dflash/dflash_gemma4_12b.py taps [5, 17, 29, 41, 46]. */
+    /* gemma-4-12B, written as released (Gemma4UnifiedForConditionalGeneration):
+     * the text model's 11.907B parameters and 52.4M in the encoder-free
+     * vision/audio projections; DeepSpec's config/dflash/dflash_gemma4_12b.py
+     * taps [5, 17, 29, 41, 46]. */
     const int taps12[] = {5, 17, 29, 41, 46}, taps31[] = {5, 23, 35, 53, 58};
-    check_gemma4_shape("gemma4-12b", 3840, 48, 16, 8, 1, 15360, 11.85e9, 11.95e9, taps12);
+    check_gemma4_shape("gemma4-12b", true, 3840, 48, 16, 8, 1, 15360, 11.95e9, 11.97e9, taps12);
     /* gemma-4-31B: 30.7B parameters. */
-    check_gemma4_shape("gemma4-31b", 5376, 60, 32, 16, 4, 21504, 30.6e9, 30.8e9, taps31);
+    check_gemma4_shape("gemma4-31b", false, 5376, 60, 32, 16, 4, 21504, 30.6e9, 30.8e9, taps31);
 }
 
 static void test_gemma4_tiny_generate(void) {

@@ -1,7 +1,8 @@
 /* Gemma 4 text target (Gemma4ForCausalLM, or the text half of a top-level
- * gemma4 checkpoint): sliding/full attention layers, sandwich norms ×
- * layer_scalar, soft-capped tied LM head, and the E-series extras
- * (per-layer inputs, KV sharing, double-wide MLP).
+ * gemma4 or gemma4_unified checkpoint: gemma4_layout.h): sliding/full
+ * attention layers, sandwich norms × layer_scalar, soft-capped tied LM
+ * head, and the E-series extras (per-layer inputs, KV sharing, double-wide
+ * MLP).
  *
  * Sliding layers keep only a ring of window + max_rows K/V rows: a forward
  * writes at most max_rows new rows, so the oldest key its earliest query
@@ -21,6 +22,7 @@
 #include <string.h>
 
 #include "model/gemma4_layer.h"
+#include "model/gemma4_layout.h"
 #include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
 #include "model/target.h"
 
@@ -202,14 +204,19 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
 static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     ds_target *t = &g->base;
     ds_backend *be = t->be;
-    const cJSON *text;
-    const char *prefix;
-    DS_TRY(ds_gemma4_text_config(ck->config, ck->dir, &text, &prefix));
+    ds_gemma4_layout lay;
+    DS_TRY(ds_gemma4_layout_read(ck->config, ck->dir, &lay));
     ds_gemma4_config *c = &g->c;
-    DS_TRY(ds_gemma4_config_read(text, ck->dir, true, c));
-    ck->name_prefix = prefix;
+    DS_TRY(ds_gemma4_config_read_as(lay.text, ck->dir, true, lay.unified, c));
+    ck->name_prefix = lay.prefix;
     t->ops = &gemma4_ops;
+    /* The family a drafter checks: the unified wrapper holds the same text model. */
     t->model_type = "gemma4_text";
+    _Static_assert(DS_G4_MAX_PLACEHOLDERS <= DS_MAX_PLACEHOLDERS, "placeholder room");
+    t->n_placeholders = lay.n_placeholders;
+    memcpy(t->placeholders, lay.placeholder, sizeof lay.placeholder);
+    memcpy(t->placeholder_field, lay.placeholder_field, sizeof lay.placeholder_field);
+    t->pad_id = lay.pad_id;
     t->vocab = c->vocab;
     t->hidden = c->hidden;
     t->n_layers = c->n_layers;

@@ -1,6 +1,7 @@
 /* Gemma 4 text config: geometry per attention type, RoPE tables, KV
- * sharing. Optional fields default as in the reference's Gemma4TextConfig,
- * so a config that leans on those defaults means what it means there. */
+ * sharing. Optional fields default as in the reference's Gemma4TextConfig
+ * (or Gemma4UnifiedTextConfig, where it differs), so a config that leans on
+ * those defaults means what it means there. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,20 +11,6 @@
 #include "model/gemma4_layer.h"
 
 static const char *const type_names[DS_G4_N_TYPES] = {"sliding_attention", "full_attention"};
-
-ds_error *ds_gemma4_text_config(const cJSON *root, const char *where, const cJSON **text, const char **tensor_prefix) {
-    const char *mt = ds_cfg_str(root, "model_type");
-    if (mt && !strcmp(mt, "gemma4")) {
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
-        if (!cJSON_IsObject(tc)) return ds_errorf("%s: model_type gemma4 but config has no text_config object", where);
-        *text = tc;
-        *tensor_prefix = "model.language_model.";
-    } else {
-        *text = root;
-        *tensor_prefix = "model.";
-    }
-    return NULL;
-}
 
 float ds_gemma4_embed_scale(ds_dtype weight_dtype, int n) {
     float s = sqrtf((float)n);
@@ -241,7 +228,25 @@ static ds_error *read_geometry(const cJSON *cfg, const char *where, ds_gemma4_co
     return NULL;
 }
 
-static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv, ds_gemma4_config *c) {
+/* Per-layer inputs: Gemma4TextConfig defaults hidden_size_per_layer_input
+ * to 256; Gemma4UnifiedTextConfig removes the field (its model has no
+ * per-layer input block), so there a non-zero value is a contradiction we
+ * refuse rather than silently drop. */
+static ds_error *read_ple(const cJSON *cfg, const char *where, bool unified, ds_gemma4_config *c) {
+    int64_t v;
+    DS_TRY(ds_cfg_int_or(cfg, where, "hidden_size_per_layer_input", unified ? 0 : 256, &v));
+    if (v < 0 || v > (1 << 20))
+        return ds_errorf("%s: config field hidden_size_per_layer_input = %lld is out of range", where, (long long)v);
+    if (unified && v)
+        return ds_errorf("%s: config field hidden_size_per_layer_input = %lld: gemma4_unified_text has no per-layer "
+                         "inputs",
+                         where, (long long)v);
+    c->ple_dim = (int)v;
+    if (c->ple_dim) DS_TRY(positive(cfg, where, "vocab_size_per_layer_input", 262144, false, &c->ple_vocab));
+    return NULL;
+}
+
+static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv, bool unified, ds_gemma4_config *c) {
     double d;
     int64_t v;
     DS_TRY(check_supported(cfg, where));
@@ -251,7 +256,7 @@ static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv,
     DS_TRY(positive(cfg, where, "num_attention_heads", 0, true, &c->n_heads));
     DS_TRY(positive(cfg, where, "intermediate_size", 0, true, &c->inter));
     DS_TRY(positive(cfg, where, "max_position_embeddings", 131072, false, &c->max_pos));
-    DS_TRY(positive(cfg, where, "sliding_window", 512, false, &c->window));
+    DS_TRY(positive(cfg, where, "sliding_window", unified ? 1024 : 512, false, &c->window));
     DS_TRY(ds_cfg_float_or(cfg, where, "rms_norm_eps", 1e-6, &d));
     c->eps = (float)d;
     DS_TRY(ds_cfg_float_or(cfg, where, "final_logit_softcapping", 0.0, &d));
@@ -261,11 +266,7 @@ static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv,
     DS_TRY(ds_cfg_bool_or(cfg, where, "attention_bias", false, &c->attention_bias));
     DS_TRY(ds_cfg_bool_or(cfg, where, "tie_word_embeddings", true, &c->tie_embeddings));
     DS_TRY(ds_cfg_bool_or(cfg, where, "use_double_wide_mlp", false, &c->double_wide));
-    DS_TRY(ds_cfg_int_or(cfg, where, "hidden_size_per_layer_input", 256, &v));
-    if (v < 0 || v > (1 << 20))
-        return ds_errorf("%s: config field hidden_size_per_layer_input = %lld is out of range", where, (long long)v);
-    c->ple_dim = (int)v;
-    if (c->ple_dim) DS_TRY(positive(cfg, where, "vocab_size_per_layer_input", 262144, false, &c->ple_vocab));
+    DS_TRY(read_ple(cfg, where, unified, c));
     DS_TRY(ds_cfg_int_or(cfg, where, "num_kv_shared_layers", 0, &v));
     /* A drafter config inherits the target's value, which may exceed the
      * drafter's own depth; it is only a layer count for the target. */
@@ -280,11 +281,17 @@ static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv,
     return read_geometry(cfg, where, c);
 }
 
-ds_error *ds_gemma4_config_read(const cJSON *cfg, const char *where, bool share_kv, ds_gemma4_config *c) {
+ds_error *ds_gemma4_config_read_as(const cJSON *cfg, const char *where, bool share_kv, bool unified,
+                                   ds_gemma4_config *c) {
     *c = (ds_gemma4_config){0};
-    ds_error *e = config_read(cfg, where, share_kv, c);
+    ds_error *e = config_read(cfg, where, share_kv, unified, c);
     if (e) ds_gemma4_config_free(c);
     return e;
+}
+
+ds_error *ds_gemma4_config_read(const cJSON *cfg, const char *where, bool share_kv, ds_gemma4_config *c) {
+    const char *mt = ds_cfg_str(cfg, "model_type");
+    return ds_gemma4_config_read_as(cfg, where, share_kv, mt && !strcmp(mt, "gemma4_unified_text"), c);
 }
 
 void ds_gemma4_config_free(ds_gemma4_config *c) {

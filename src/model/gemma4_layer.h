@@ -68,14 +68,14 @@ typedef struct {
     ds_tensor xn, q, attn, tmp, gate, up, ple, k, v;
 } ds_gemma4_scratch;
 
-/* The text config inside a checkpoint's config.json: the object itself for
- * gemma4_text (and drafters), text_config for a top-level gemma4. Sets
- * *tensor_prefix to where the text model's tensors live ("model." or
- * "model.language_model."). */
-ds_error *ds_gemma4_text_config(const cJSON *root, const char *where, const cJSON **text, const char **tensor_prefix);
 /* share_kv: honour num_kv_shared_layers (the target). A DSpark drafter
  * config inherits the target's value but its layers all own their K/V. */
 ds_error *ds_gemma4_config_read(const cJSON *cfg, const char *where, bool share_kv, ds_gemma4_config *c);
+/* As ds_gemma4_config_read, with the defaults of Gemma4UnifiedTextConfig when
+ * unified (ds_gemma4_config_read takes that from cfg's own model_type, which
+ * a text_config nested in a gemma4_unified config need not write). */
+ds_error *ds_gemma4_config_read_as(const cJSON *cfg, const char *where, bool share_kv, bool unified,
+                                   ds_gemma4_config *c);
 void ds_gemma4_config_free(ds_gemma4_config *c);
 /* RoPE inverse frequencies of one layer type (rope_parameters.<type>, with
  * rope_type default or proportional) for a head of dimension head_dim. */

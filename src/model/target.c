@@ -27,6 +27,26 @@ static ds_error *read_stop_ids(ds_target *t) {
     return NULL;
 }
 
+/* The config field that makes id a placeholder, or NULL. */
+static const char *placeholder_of(const ds_target *t, int32_t id) {
+    for (int i = 0; i < t->n_placeholders; i++)
+        if (t->placeholders[i] == id) return t->placeholder_field[i];
+    return NULL;
+}
+
+/* A row's id is valid if the embedding has it or the wrapper replaces it. */
+static ds_error *check_id(const ds_target *t, int32_t id) {
+    if ((id < 0 || id >= t->vocab) && !placeholder_of(t, id))
+        return ds_errorf("token id %d is outside the vocabulary (0..%d)", id, t->vocab - 1);
+    return NULL;
+}
+
+/* What the wrapper does before the embedding lookup: placeholders -> pad. */
+static void embed_ids(const ds_target *t, int32_t *ids, int n) {
+    for (int i = 0; i < n; i++)
+        if (placeholder_of(t, ids[i])) ids[i] = t->pad_id;
+}
+
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts) {
     t->be = be;
     t->ck = ck;
@@ -49,9 +69,16 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
     } else if (mt && (!strcmp(mt, "gemma4_text") || !strcmp(mt, "gemma4")) &&
                (!an || !strcmp(an, "Gemma4ForCausalLM") || !strcmp(an, "Gemma4ForConditionalGeneration"))) {
         e = ds_gemma4_open(be, ck, opts, &t);
+    } else if (mt &&
+               ((!strcmp(mt, "gemma4_unified") && (!an || !strcmp(an, "Gemma4UnifiedForConditionalGeneration"))) ||
+                (!strcmp(mt, "gemma4_unified_text") && (!an || !strcmp(an, "Gemma4UnifiedForCausalLM"))))) {
+        /* google/gemma-4-12B: Gemma 4's text model in its own wrapper (gemma4_layout.h). */
+        e = ds_gemma4_open(be, ck, opts, &t);
     } else {
         e = ds_errorf("%s: unsupported architecture (model_type \"%s\", architectures[0] \"%s\"); supported: "
-                      "Qwen3ForCausalLM, Gemma4ForCausalLM",
+                      "Qwen3ForCausalLM (qwen3), Gemma4ForCausalLM (gemma4_text), Gemma4ForConditionalGeneration "
+                      "(gemma4), Gemma4UnifiedForConditionalGeneration (gemma4_unified), Gemma4UnifiedForCausalLM "
+                      "(gemma4_unified_text)",
                       dir, mt ? mt : "(none)", an ? an : "(none)");
     }
     if (e) {
@@ -115,12 +142,12 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
         return ds_errorf("forward at position %d but the KV cache holds only %d positions", pos0, t->n_cached);
     if (pos0 + n > t->max_ctx)
         return ds_errorf("sequence of %d tokens exceeds the model's context of %d", pos0 + n, t->max_ctx);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= t->vocab) return ds_errorf("token id %d is outside the vocabulary (0..%d)", ids[i], t->vocab - 1);
+    for (int i = 0; i < n; i++) DS_TRY(check_id(t, ids[i]));
     t->n_cached = pos0;
-    if (t->ops->prepare) DS_TRY(t->ops->prepare(t, ids, n, pos0));
     ds_step *st = &t->step;
     memmove(st->ids, ids, (size_t)n * sizeof *ids);
+    embed_ids(t, st->ids, n);
+    if (t->ops->prepare) DS_TRY(t->ops->prepare(t, st->ids, n, pos0));
     for (int i = 0; i < n; i++) st->pos[i] = pos0 + i;
     st->n_keys = pos0 + n;
     st->n_ids = st->n_pos = n;
@@ -163,9 +190,10 @@ ds_error *ds_target_verify_greedy(ds_target *t, int32_t anchor, const int32_t *b
     ds_step *st = &t->step;
     st->ids[0] = anchor;
     memcpy(st->ids + 1, block, (size_t)(gamma + 1) * sizeof *block);
-    for (int i = 0; i < rows; i++)
-        if (st->ids[i] < 0 || st->ids[i] >= t->vocab)
-            return ds_errorf("token id %d is outside the vocabulary (0..%d)", st->ids[i], t->vocab - 1);
+    for (int i = 0; i < rows; i++) DS_TRY(check_id(t, st->ids[i]));
+    /* The drafts stay as they are: acceptance compares them with the
+     * argmaxes (an accepted placeholder is refused below). */
+    embed_ids(t, st->ids, 1);
     t->n_cached = pos0;
     for (int i = 0; i < rows; i++) st->pos[i] = pos0 + i;
     st->n_keys = pos0 + rows;
@@ -194,6 +222,14 @@ ds_error *ds_target_verify_greedy(ds_target *t, int32_t anchor, const int32_t *b
     if (m < 0 || m > cap || a < 0 || a > m || st->out[a] < 0 || st->out[a] >= t->vocab)
         return ds_errorf("greedy verification came back inconsistent (%d of %d drafts proposed, %d accepted, next "
                          "token %d)", m, cap, a, a >= 0 && a <= cap ? st->out[a] : -1);
+    /* Rows after an accepted placeholder draft embedded the placeholder's
+     * own row, not pad: their argmaxes are not the reference's. */
+    for (int i = 0; i < a; i++)
+        if (placeholder_of(t, st->out[i]))
+            return ds_errorf("greedy verification accepted draft token %d, the placeholder of config field %s, "
+                             "which the model embeds as pad token %d: the drafts are scored as drafted, so the "
+                             "next rows would be wrong",
+                             st->out[i], placeholder_of(t, st->out[i]), t->pad_id);
     memcpy(best, st->out, (size_t)rows * sizeof *best);
     *n_out = m;
     *accepted = a;

@@ -11,6 +11,7 @@
 
 #define DS_MAX_TAPS 16
 #define DS_MAX_STOP_IDS 8
+#define DS_MAX_PLACEHOLDERS 4
 
 typedef struct ds_target ds_target;
 
@@ -34,6 +35,13 @@ struct ds_target {
     int n_cached;       /* KV cache holds positions 0..n_cached-1 */
     int n_taps, tap_layers[DS_MAX_TAPS]; /* -1 = embedding output */
     int n_stop, stop_ids[DS_MAX_STOP_IDS];
+    /* Ids the checkpoint's wrapper never embeds as themselves: a multimodal
+     * wrapper (Gemma4UnifiedForConditionalGeneration) swaps its placeholder
+     * ids for pad_id before the lookup, so a forward embeds pad_id there.
+     * placeholder_field names the config field each one comes from. */
+    int n_placeholders;
+    int32_t placeholders[DS_MAX_PLACEHOLDERS], pad_id;
+    const char *placeholder_field[DS_MAX_PLACEHOLDERS];
     /* The reference computes logits in the checkpoint's dtype: with bf16
      * weights they are rounded to bf16 (argmax ties then go to the lowest id,
      * as torch.argmax does). Greedy agreement and acceptance follow it. */

@@ -22,23 +22,18 @@
 #include "base/threadpool.h"
 #include "commands.h"
 #include "io/safetensors_write.h"
+#include "synth.h"
 
-typedef enum { FAM_QWEN3, FAM_GEMMA4 } family;
-
-typedef struct {
-    const char *like;
-    family fam;
-    int vocab, hidden, layers, heads, kv_heads, head_dim, inter, max_pos;
-    bool tie;
-    int bos, eos, pad;
-    /* Gemma 4 only: full-attention layers' head size and KV heads (K = V),
-     * the sliding window, the final logit soft-cap. Layers follow the
-     * released 5 sliding : 1 full pattern (the last layer full). */
-    int global_head_dim, global_kv_heads, window;
-    double softcap;
-    /* drafter */
-    int d_layers, d_rank, gamma, mask_id;
-} preset;
+/* google/gemma-4-12B's multimodal part and token ids: its config.json
+ * (vision_config, audio_config, the top-level ids), which are
+ * Gemma4Unified{Vision,Audio,}Config's defaults but num_soft_tokens. */
+static const synth_mm mm_12b = {.patch_size = 16, .pooling = 3, .posemb = 1120, .soft_tokens = 280, .audio_dim = 640,
+                                .image_id = 258880, .video_id = 258884, .audio_id = 258881, .boi_id = 255999,
+                                .eoi_id = 258882, .boa_id = 256000, .eoa_id = 258883};
+/* The same, at gemma4-tiny's size: 6 x 6 pixel patches, ids at the top of its vocabulary. */
+static const synth_mm mm_tiny = {.patch_size = 2, .pooling = 3, .posemb = 16, .soft_tokens = 4, .audio_dim = 8,
+                                 .image_id = 500, .video_id = 504, .audio_id = 501, .boi_id = 498, .eoi_id = 502,
+                                 .boa_id = 499, .eoa_id = 503};
 
 static const preset presets[] = {
     {.like = "qwen3-8b", .fam = FAM_QWEN3, .vocab = 151936, .hidden = 4096, .layers = 36, .heads = 32, .kv_heads = 8,
@@ -61,12 +56,13 @@ static const preset presets[] = {
      * with Gemma4UnifiedTextConfig's defaults for the rest (vocab 262144,
      * head_dim 256, global_head_dim 512, sliding_window 1024,
      * max_position_embeddings 262144). Its text model is Gemma 4's decoder
-     * without per-layer inputs or MoE (modular_gemma4_unified.py), so it is
-     * written as the text-only Gemma4ForCausalLM (gemma4_text) it equals. */
+     * without per-layer inputs or MoE (modular_gemma4_unified.py); it ships
+     * as Gemma4UnifiedForConditionalGeneration (model_type gemma4_unified),
+     * the layout written by default (--layout text: as Gemma4ForCausalLM). */
     {.like = "gemma4-12b", .fam = FAM_GEMMA4, .vocab = 262144, .hidden = 3840, .layers = 48, .heads = 16,
      .kv_heads = 8, .head_dim = 256, .inter = 15360, .max_pos = 262144, .tie = true, .bos = 2, .eos = 1, .pad = 0,
-     .global_head_dim = 512, .global_kv_heads = 1, .window = 1024, .softcap = 30.0, .d_layers = 5, .d_rank = 256,
-     .gamma = 7, .mask_id = 4},
+     .global_head_dim = 512, .global_kv_heads = 1, .window = 1024, .softcap = 30.0, .mm = &mm_12b,
+     .unified_default = true, .d_layers = 5, .d_rank = 256, .gamma = 7, .mask_id = 4},
     /* google/gemma-4-31B(-it), dense: transformers' convert_gemma4_weights.py
      * variant "gemma-4-31b" (hidden 5376, intermediate 4 x 5376, 60 layers of
      * 5 sliding : 1 full, 32 heads, 16 KV heads, 4 global KV heads,
@@ -81,28 +77,17 @@ static const preset presets[] = {
     /* The 12B's structure (48 layers, 5:1, global heads twice as wide with
      * one K = V head, 2:1 grouped sliding heads, proportional RoPE, soft-cap,
      * tied embeddings, the same taps) at a width for tests on the CPU, with
-     * a window short enough for the sliding layers to matter. */
+     * a window short enough for the sliding layers to matter. Written as
+     * Gemma4ForCausalLM unless --layout unified asks for the 12B's format. */
     {.like = "gemma4-tiny", .fam = FAM_GEMMA4, .vocab = 512, .hidden = 64, .layers = 48, .heads = 4, .kv_heads = 2,
      .head_dim = 16, .inter = 256, .max_pos = 256, .tie = true, .bos = 2, .eos = 1, .pad = 0, .global_head_dim = 32,
-     .global_kv_heads = 1, .window = 8, .softcap = 30.0, .d_layers = 5, .d_rank = 16, .gamma = 7, .mask_id = 4},
+     .global_kv_heads = 1, .window = 8, .softcap = 30.0, .mm = &mm_tiny, .d_layers = 5, .d_rank = 16, .gamma = 7,
+     .mask_id = 4},
 };
 
 #define LIKE_NAMES "qwen3-8b, qwen3-4b, tiny, gemma4-12b, gemma4-31b, gemma4-tiny"
 
 #define CHUNK_ELEMS ((size_t)1 << 20)
-#define MAX_TENSORS 1024
-
-typedef struct {
-    char name[128];
-    int kind; /* 0 matrix (normal), 1 norm (ones), 2 bias (zeros) */
-    uint64_t uid;
-} tensor_info;
-
-typedef struct {
-    ds_st_spec spec[MAX_TENSORS];
-    tensor_info info[MAX_TENSORS];
-    size_t n;
-} tensor_list;
 
 typedef struct {
     uint64_t seed;
@@ -120,9 +105,7 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-static void add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static void add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
+void synth_add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d1, int64_t d2, const char *fmt, ...) {
     if (l->n >= MAX_TENSORS) return; /* checked by the caller through l->n */
     tensor_info *ti = &l->info[l->n];
     va_list ap;
@@ -130,11 +113,22 @@ static void add_tensor(tensor_list *l, int kind, int ndim, int64_t d0, int64_t d
     vsnprintf(ti->name, sizeof ti->name, fmt, ap);
     va_end(ap);
     ti->kind = kind;
+    /* The generator is seeded by the text model's own name, so a seed gives
+     * the same weights in the unified layout as in the text-only one. */
+    static const char nested[] = "model.language_model.";
     ti->uid = fnv1a(ti->name);
+    if (!strncmp(ti->name, nested, sizeof nested - 1)) {
+        char plain[sizeof ti->name];
+        snprintf(plain, sizeof plain, "model.%s", ti->name + sizeof nested - 1);
+        ti->uid = fnv1a(plain);
+    }
     ds_st_spec *s = &l->spec[l->n];
-    *s = (ds_st_spec){.name = ti->name, .dtype = DS_BF16, .ndim = ndim, .shape = {d0, d1}};
+    *s = (ds_st_spec){.name = ti->name, .dtype = DS_BF16, .ndim = ndim, .shape = {d0, d1, d2}};
     l->n++;
 }
+
+/* Most tensors have at most two dimensions. */
+#define add_tensor(l, kind, ndim, d0, d1, ...) synth_add_tensor(l, kind, ndim, d0, d1, 0, __VA_ARGS__)
 
 /* One Qwen3 decoder layer's tensors, names prefixed with `pre`. */
 static void add_layer(tensor_list *l, const preset *p, const char *pre, int i) {
@@ -178,15 +172,17 @@ static void add_gemma4_layer(tensor_list *l, const preset *p, const char *pre, i
     if (!full) add_tensor(l, 0, 2, kv, H, "%slayers.%d.self_attn.v_proj.weight", pre, i);
 }
 
-static void target_tensors(const preset *p, tensor_list *l) {
-    add_tensor(l, 0, 2, p->vocab, p->hidden, "model.embed_tokens.weight");
+void synth_text_tensors(const preset *p, tensor_list *l, const char *prefix) {
+    add_tensor(l, 0, 2, p->vocab, p->hidden, "%sembed_tokens.weight", prefix);
     for (int i = 0; i < p->layers; i++) {
-        if (p->fam == FAM_GEMMA4) add_gemma4_layer(l, p, "model.", i, g4_full(p, i));
-        else add_layer(l, p, "model.", i);
+        if (p->fam == FAM_GEMMA4) add_gemma4_layer(l, p, prefix, i, g4_full(p, i));
+        else add_layer(l, p, prefix, i);
     }
-    add_tensor(l, 1, 1, p->hidden, 0, "model.norm.weight");
+    add_tensor(l, 1, 1, p->hidden, 0, "%snorm.weight", prefix);
     if (!p->tie) add_tensor(l, 0, 2, p->vocab, p->hidden, "lm_head.weight");
 }
+
+static void target_tensors(const preset *p, tensor_list *l) { synth_text_tensors(p, l, "model."); }
 
 /* DFlash/DeepSpec's spread of tapped layers: 1 .. n_target - 3, evenly. */
 static void spread_taps(const preset *p, int *taps) {
@@ -337,7 +333,7 @@ static cJSON *base_config(const preset *p, const char *arch, int layers) {
 /* A float field as Python writes it (the shortest text that reads back, with
  * a decimal point or exponent: 30.0, not 30): transformers' strict configs
  * refuse an integer where the field is a float (final_logit_softcapping). */
-static void add_float(cJSON *o, const char *key, double v) {
+void synth_add_float(cJSON *o, const char *key, double v) {
     char buf[64];
     if (v > -1e15 && v < 1e15 && (double)(long long)v == v) {
         snprintf(buf, sizeof buf, "%.1f", v);
@@ -361,19 +357,19 @@ static cJSON *gemma4_config(const preset *p, const char *arch, int layers, bool 
     cJSON *a = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(a, cJSON_CreateString(arch));
     cJSON_AddBoolToObject(o, "attention_bias", false);
-    add_float(o, "attention_dropout", 0.0);
+    synth_add_float(o, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(o, "attention_k_eq_v", true);
     cJSON_AddNumberToObject(o, "bos_token_id", p->bos);
     cJSON_AddStringToObject(o, "dtype", "bfloat16");
     cJSON_AddBoolToObject(o, "enable_moe_block", false);
     cJSON_AddNumberToObject(o, "eos_token_id", p->eos);
-    add_float(o, "final_logit_softcapping", p->softcap);
+    synth_add_float(o, "final_logit_softcapping", p->softcap);
     cJSON_AddNumberToObject(o, "global_head_dim", p->global_head_dim);
     cJSON_AddNumberToObject(o, "head_dim", p->head_dim);
     cJSON_AddStringToObject(o, "hidden_activation", "gelu_pytorch_tanh");
     cJSON_AddNumberToObject(o, "hidden_size", p->hidden);
     cJSON_AddNumberToObject(o, "hidden_size_per_layer_input", 0);
-    add_float(o, "initializer_range", 0.02);
+    synth_add_float(o, "initializer_range", 0.02);
     cJSON_AddNumberToObject(o, "intermediate_size", p->inter);
     cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
     for (int i = 0; i < layers; i++)
@@ -389,14 +385,14 @@ static cJSON *gemma4_config(const preset *p, const char *arch, int layers, bool 
     cJSON_AddNumberToObject(o, "num_key_value_heads", p->kv_heads);
     cJSON_AddNumberToObject(o, "num_kv_shared_layers", 0);
     cJSON_AddNumberToObject(o, "pad_token_id", p->pad);
-    add_float(o, "rms_norm_eps", 1e-6);
+    synth_add_float(o, "rms_norm_eps", 1e-6);
     cJSON *rp = cJSON_AddObjectToObject(o, "rope_parameters");
     cJSON *full = cJSON_AddObjectToObject(rp, "full_attention");
-    add_float(full, "partial_rotary_factor", 0.25);
-    add_float(full, "rope_theta", 1000000.0);
+    synth_add_float(full, "partial_rotary_factor", 0.25);
+    synth_add_float(full, "rope_theta", 1000000.0);
     cJSON_AddStringToObject(full, "rope_type", "proportional");
     cJSON *sl = cJSON_AddObjectToObject(rp, "sliding_attention");
-    add_float(sl, "rope_theta", 10000.0);
+    synth_add_float(sl, "rope_theta", 10000.0);
     cJSON_AddStringToObject(sl, "rope_type", "default");
     cJSON_AddNumberToObject(o, "sliding_window", p->window);
     cJSON_AddNullToObject(o, "top_k_experts");
@@ -458,6 +454,7 @@ typedef struct {
     fill_ctx *fc;
     size_t shard_bytes;
     bool weights;
+    bool unified; /* Gemma 4: the Gemma4UnifiedForConditionalGeneration layout (synth_unified.c) */
     tensor_list *l;
 } write_opts;
 
@@ -479,6 +476,7 @@ static ds_error *write_target(const preset *p, const char *dir, const write_opts
     cJSON *cfg = g4 ? gemma4_config(p, "Gemma4ForCausalLM", p->layers, false)
                     : base_config(p, "Qwen3ForCausalLM", p->layers);
     cJSON_AddBoolToObject(cfg, "tie_word_embeddings", p->tie);
+    if (w->unified) cfg = synth_unified_config(p, cfg);
     DS_TRY(write_json(dir, "config.json", cfg));
     cJSON *g = cJSON_CreateObject();
     cJSON_AddNumberToObject(g, "bos_token_id", p->bos);
@@ -494,7 +492,7 @@ static ds_error *write_target(const preset *p, const char *dir, const write_opts
     cJSON_AddNumberToObject(g, "pad_token_id", p->pad);
     cJSON_AddBoolToObject(g, "do_sample", false);
     DS_TRY(write_json(dir, "generation_config.json", g));
-    return write_tensors(p, dir, target_tensors, w, bytes);
+    return write_tensors(p, dir, w->unified ? synth_unified_tensors : target_tensors, w, bytes);
 }
 
 static ds_error *write_drafter(const preset *p, const char *dir, const write_opts *w, size_t *bytes) {
@@ -511,8 +509,12 @@ static ds_error *write_drafter(const preset *p, const char *dir, const write_opt
     if (g4) {
         /* Gemma4DSparkModel requires these (num_anchors: DeepSpec's 12B config). */
         cJSON_AddNumberToObject(cfg, "num_anchors", 512);
-        cJSON_AddStringToObject(cfg, "target_model_type", "gemma4");
-        cJSON_AddStringToObject(cfg, "target_text_model_type", "gemma4_text");
+        /* DeepSpec's build_draft_config copies the target's text config (a
+         * Gemma4UnifiedTextConfig for the unified layout) and records both types. */
+        if (w->unified)
+            cJSON_ReplaceItemInObjectCaseSensitive(cfg, "model_type", cJSON_CreateString("gemma4_unified_text"));
+        cJSON_AddStringToObject(cfg, "target_model_type", w->unified ? "gemma4_unified" : "gemma4");
+        cJSON_AddStringToObject(cfg, "target_text_model_type", w->unified ? "gemma4_unified_text" : "gemma4_text");
     }
     cJSON_AddNumberToObject(cfg, "num_target_layers", p->layers);
     int taps[16];
@@ -526,33 +528,39 @@ static ds_error *write_drafter(const preset *p, const char *dir, const write_opt
 
 static void usage(FILE *f) {
     fprintf(f, "usage: dspark synth --like NAME --out DIR [--drafter [--drafter-out DDIR]] [--config-only]\n"
-               "                    [--seed S] [--threads N] [--shard-size BYTES]\n"
+               "                    [--layout text|unified] [--seed S] [--threads N] [--shard-size BYTES]\n"
                "\n"
                "  Writes a random bf16 checkpoint with the named model's real shapes and config\n"
                "  (seeded: the same seed gives the same bytes). NAME is one of\n"
                "    qwen3-8b, qwen3-4b    Qwen/Qwen3-8B, Qwen/Qwen3-4B\n"
-               "    gemma4-12b            google/gemma-4-12B (\"12B Unified\"): its text model,\n"
-               "                          as Gemma4ForCausalLM; DeepSpec's Gemma 4 target\n"
+               "    gemma4-12b            google/gemma-4-12B (\"12B Unified\") as released:\n"
+               "                          Gemma4UnifiedForConditionalGeneration (text model under\n"
+               "                          model.language_model., vision/audio projections);\n"
+               "                          DeepSpec's Gemma 4 target\n"
                "    gemma4-31b            google/gemma-4-31B (dense): its text model\n"
                "    tiny, gemma4-tiny     small models of each family, for tests\n"
                "  --drafter also writes a DSpark drafter for it (Qwen3DSparkModel or\n"
                "  Gemma4DSparkModel: block 7, 5 layers, Markov rank 256, confidence head)\n"
                "  to DDIR (default DIR-dspark). Shards hold at most BYTES (default 5e9).\n"
                "  --config-only writes the configs and reports the weights' size without\n"
-               "  writing them. Not available: Gemma 4 E2B/E4B (per-layer inputs, which\n"
+               "  writing them. --layout (Gemma 4 12B and tiny) picks the format: text, the\n"
+               "  text model alone as Gemma4ForCausalLM (gemma4-tiny's default), or unified,\n"
+               "  the 12B's released one (its default); a seed gives the same text weights in\n"
+               "  both. Not available: Gemma 4 E2B/E4B (per-layer inputs, which\n"
                "  DeepSpec's Gemma 4 drafter does not support) and 26B-A4B (MoE, which the\n"
                "  engine does not run).\n");
 }
 
 int cmd_synth(int argc, char **argv) {
-    enum { O_LIKE = 256, O_OUT, O_DRAFTER, O_DRAFTER_OUT, O_SEED, O_THREADS, O_SHARD, O_CONFIG_ONLY };
+    enum { O_LIKE = 256, O_OUT, O_DRAFTER, O_DRAFTER_OUT, O_SEED, O_THREADS, O_SHARD, O_CONFIG_ONLY, O_LAYOUT };
     static const struct option longs[] = {
         {"like", required_argument, 0, O_LIKE}, {"out", required_argument, 0, O_OUT},
         {"drafter", no_argument, 0, O_DRAFTER}, {"drafter-out", required_argument, 0, O_DRAFTER_OUT},
         {"seed", required_argument, 0, O_SEED}, {"threads", required_argument, 0, O_THREADS},
         {"shard-size", required_argument, 0, O_SHARD}, {"config-only", no_argument, 0, O_CONFIG_ONLY},
+        {"layout", required_argument, 0, O_LAYOUT},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    const char *like = NULL, *out = NULL, *dout = NULL;
+    const char *like = NULL, *out = NULL, *dout = NULL, *layout = NULL;
     bool drafter = false, config_only = false;
     uint64_t seed = 0;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -568,6 +576,7 @@ int cmd_synth(int argc, char **argv) {
         case O_DRAFTER: drafter = true; break;
         case O_DRAFTER_OUT: dout = optarg; drafter = true; break;
         case O_CONFIG_ONLY: config_only = true; break;
+        case O_LAYOUT: layout = optarg; break;
         case O_SEED:
             seed = strtoull(optarg, &end, 10);
             if (*end || end == optarg) goto bad_num;
@@ -603,6 +612,16 @@ int cmd_synth(int argc, char **argv) {
         else fprintf(stderr, "dspark synth: unknown --like '%s' (" LIKE_NAMES ")\n", like);
         return 2;
     }
+    bool unified = p->unified_default;
+    if (layout && !strcmp(layout, "unified") && p->mm) {
+        unified = true;
+    } else if (layout && !strcmp(layout, "text") && p->fam == FAM_GEMMA4) {
+        unified = false;
+    } else if (layout) {
+        fprintf(stderr, "dspark synth: --layout %s is not available for %s (text, unified: gemma4-12b, gemma4-tiny)\n",
+                layout, like);
+        return 2;
+    }
     char ddir[4096];
     snprintf(ddir, sizeof ddir, "%s-dspark", out);
     if (dout) snprintf(ddir, sizeof ddir, "%s", dout);
@@ -616,7 +635,7 @@ int cmd_synth(int argc, char **argv) {
         return 1;
     }
     fill_ctx fc = {.seed = seed, .pool = pool};
-    write_opts w = {.fc = &fc, .shard_bytes = (size_t)shard, .weights = !config_only, .l = l};
+    write_opts w = {.fc = &fc, .shard_bytes = (size_t)shard, .weights = !config_only, .unified = unified, .l = l};
     size_t tb = 0, db = 0;
     double t0 = now_s();
     ds_error *e = write_target(p, out, &w, &tb);
@@ -635,7 +654,8 @@ int cmd_synth(int argc, char **argv) {
     }
     printf("{\"like\":\"%s\",\"target\":\"%s\",\"target_bytes\":%zu,\"target_write_s\":%.2f", like, out, tb, t1 - t0);
     if (drafter) printf(",\"drafter\":\"%s\",\"drafter_bytes\":%zu,\"drafter_write_s\":%.2f", ddir, db, t2 - t1);
-    printf(",\"seed\":%llu,\"threads\":%d,\"weights_written\":%s}\n", (unsigned long long)seed, threads,
+    printf(",\"layout\":\"%s\",\"seed\":%llu,\"threads\":%d,\"weights_written\":%s}\n",
+           p->fam == FAM_GEMMA4 ? (unified ? "unified" : "text") : "text", (unsigned long long)seed, threads,
            config_only ? "false" : "true");
     return 0;
 bad_num:
