@@ -262,13 +262,7 @@ static char *make_dir(const cJSON *config, const char *weights) {
         return NULL;
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = cJSON_Print(config);
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    free(text);
+    write_json_file(path, config);
     if (weights) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         CHECK(symlink(weights, path) == 0, "symlink %s", path);

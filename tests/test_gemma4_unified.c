@@ -40,13 +40,6 @@ static int cli(const char *args) {
     return system(cmd);
 }
 
-static cJSON *read_json(const char *path) {
-    char *txt = read_text_file(path, NULL);
-    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
-    free(txt);
-    CHECK(j, "%s: missing or not JSON", path);
-    return j;
-}
 
 static const char *str_at(const cJSON *o, const char *k) {
     return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, k));
@@ -72,7 +65,7 @@ static void setup(void) {
 static void test_format(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = read_json(path);
+    cJSON *c = (cJSON *)read_json_file(path);
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     CHECK(str_at(c, "model_type") && !strcmp(str_at(c, "model_type"), "gemma4_unified") &&
               !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "architectures"), 0)),
@@ -85,7 +78,7 @@ static void test_format(void) {
           "unified config.json");
     cJSON_Delete(c);
     snprintf(path, sizeof path, "%s-dspark/config.json", UNI);
-    cJSON *d = read_json(path);
+    cJSON *d = (cJSON *)read_json_file(path);
     CHECK(str_at(d, "model_type") && !strcmp(str_at(d, "model_type"), "gemma4_unified_text") &&
               !strcmp(str_at(d, "target_model_type"), "gemma4_unified") &&
               !strcmp(str_at(d, "target_text_model_type"), "gemma4_unified_text"),
@@ -227,7 +220,7 @@ static void test_placeholder_embeds_as_pad(void) {
 static void test_unified_defaults(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = read_json(path);
+    cJSON *c = (cJSON *)read_json_file(path);
     if (!c) return;
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     const char *drop[] = {"model_type", "sliding_window", "hidden_size_per_layer_input"};
@@ -259,7 +252,7 @@ static void test_unified_defaults(void) {
  * as the 12B: nested unified text config, its geometry, the wrapper's
  * placeholder ids and pad. */
 static void test_released_config(void) {
-    cJSON *c = read_json(DS_TESTDATA "/configs/gemma-4-12B.config.json");
+    cJSON *c = (cJSON *)read_json_file(DS_TESTDATA "/configs/gemma-4-12B.config.json");
     if (!c) return;
     ds_gemma4_layout lay;
     ds_error *e = ds_gemma4_layout_read(c, "gemma-4-12B", &lay);
@@ -294,13 +287,7 @@ static char *make_dir_of(const cJSON *config, const char *weights_of) {
         return NULL;
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = cJSON_Print(config);
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    free(text);
+    write_json_file(path, config);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     snprintf(target, sizeof target, "%s/model.safetensors", weights_of);
     CHECK(symlink(target, path) == 0, "symlink %s", path);
@@ -316,7 +303,7 @@ static char *make_dir(const cJSON *config) { return make_dir_of(config, UNI); }
 static void test_text_only_unified(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = read_json(path);
+    cJSON *c = (cJSON *)read_json_file(path);
     if (!c) return;
     cJSON *tc = cJSON_DetachItemFromObjectCaseSensitive(c, "text_config");
     cJSON_Delete(c);
@@ -353,7 +340,7 @@ static void test_text_only_unified(void) {
 static void expect_error(bool in_text, const char *field, const char *value, const char *needle) {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = read_json(path);
+    cJSON *c = (cJSON *)read_json_file(path);
     if (!c) return;
     cJSON *o = in_text ? cJSON_GetObjectItemCaseSensitive(c, "text_config") : c;
     cJSON_DeleteItemFromObjectCaseSensitive(o, field);

@@ -181,13 +181,6 @@ static void test_load_and_generate(void) {
     close_pair(be, t, dr);
 }
 
-static cJSON *read_json(const char *path) {
-    char *txt = read_text_file(path, NULL);
-    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
-    free(txt);
-    CHECK(j, "%s: missing or not JSON", path);
-    return j;
-}
 
 static double num(const cJSON *o, const char *k) { return cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(o, k)); }
 
@@ -208,7 +201,7 @@ static void check_gemma4_shape(const char *like, bool unified, int hidden, int l
     snprintf(path, sizeof path, "%s/%s.json", T, like);
     snprintf(args, sizeof args, "synth --like %s --out %s --drafter --config-only", like, dir);
     CHECK(cli(args, path) == 0, "%s", args);
-    cJSON *out = read_json(path);
+    cJSON *out = (cJSON *)read_json_file(path);
     /* No weights written, their size reported: 2 bytes a parameter. */
     const double params = num(out, "target_bytes") / 2;
     CHECK(params >= params_lo && params <= params_hi, "%s: %.4g parameters, expected %.4g..%.4g", like, params,
@@ -225,7 +218,7 @@ static void check_gemma4_shape(const char *like, bool unified, int hidden, int l
               strstr(txt, "\"attention_dropout\":\t0.0,"),
           "%s: float fields not written as floats", like);
     free(txt);
-    cJSON *root = read_json(path);
+    cJSON *root = (cJSON *)read_json_file(path);
     /* The unified layout (the 12B as released) nests the text config. */
     const char *arch =
         cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "architectures"), 0));
@@ -272,7 +265,7 @@ static void check_gemma4_shape(const char *like, bool unified, int hidden, int l
     cJSON_Delete(root);
 
     snprintf(path, sizeof path, "%s-dspark/config.json", dir);
-    cJSON *d = read_json(path);
+    cJSON *d = (cJSON *)read_json_file(path);
     CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(d, "architectures"), 0)),
                   "Gemma4DSparkModel") &&
               num(d, "num_hidden_layers") == 5 && num(d, "block_size") == 7 && num(d, "markov_rank") == 256 &&

@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 #include "io/safetensors.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,25 @@ char *read_text_file(const char *path, size_t *len) {
     buf[n] = 0;
     if (len) *len = (size_t)n;
     return buf;
+}
+
+void *read_json_file(const char *path) {
+    char *txt = read_text_file(path, NULL);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    CHECK(j, "%s: missing or not JSON", path);
+    return j;
+}
+
+void write_json_file(const char *path, const void *json) {
+    char *text = cJSON_Print((const cJSON *)json);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    CHECK(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    free(text);
 }
 
 ds_tokenizer *load_test_tokenizer(const char *name) {

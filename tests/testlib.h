@@ -45,6 +45,12 @@ double rel_err_max(const float *a, const float *b, size_t n);
 /* Reads a whole file (NUL-terminated); NULL if unreadable. */
 char *read_text_file(const char *path, size_t *len);
 
+/* A JSON file parsed (cJSON *, the caller deletes it); NULL plus a failure
+ * if it is missing or not JSON. void * keeps cJSON out of this header. */
+void *read_json_file(const char *path);
+/* Writes a cJSON tree to path, pretty-printed; a failure if it cannot. */
+void write_json_file(const char *path, const void *json);
+
 /* Loads DS_TOKDATA/<name>/tokenizer.json, one of the unpacked real
  * tokenizers several suites share; NULL plus a failure if it cannot. */
 ds_tokenizer *load_test_tokenizer(const char *name);

@@ -98,36 +98,39 @@ __device__ __forceinline__ u64 fixed(float p) { return __double2ull_rz((double)p
 
 /* Block-wide reductions: every thread gets the result; fixed orders, so
  * the same inputs give the same bits. */
-__device__ float block_max(float v, sample_shared &sh) {
+template <int WARPS> __device__ float warps_max(float v, float *rf) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) sh.rf[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0) rf[threadIdx.x >> 5] = v;
     __syncthreads();
-    v = sh.rf[0];
-    for (int w = 1; w < SAMPLE_WARPS; w++) v = fmaxf(v, sh.rf[w]);
+    v = rf[0];
+    for (int w = 1; w < WARPS; w++) v = fmaxf(v, rf[w]);
     __syncthreads();
     return v;
 }
-__device__ double block_sum(double v, sample_shared &sh) {
+template <int WARPS> __device__ double warps_sum(double v, double *rd) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0) sh.rd[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0) rd[threadIdx.x >> 5] = v;
     __syncthreads();
-    v = sh.rd[0];
-    for (int w = 1; w < SAMPLE_WARPS; w++) v += sh.rd[w];
+    v = rd[0];
+    for (int w = 1; w < WARPS; w++) v += rd[w];
     __syncthreads();
     return v;
 }
-__device__ int block_max_int(int v, sample_shared &sh) {
+template <int WARPS> __device__ int warps_max_int(int v, int *ri) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) sh.ri[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0) ri[threadIdx.x >> 5] = v;
     __syncthreads();
-    v = sh.ri[0];
-    for (int w = 1; w < SAMPLE_WARPS; w++) v = max(v, sh.ri[w]);
+    v = ri[0];
+    for (int w = 1; w < WARPS; w++) v = max(v, ri[w]);
     __syncthreads();
     return v;
 }
+__device__ float block_max(float v, sample_shared &sh) { return warps_max<SAMPLE_WARPS>(v, sh.rf); }
+__device__ double block_sum(double v, sample_shared &sh) { return warps_sum<SAMPLE_WARPS>(v, sh.rd); }
+__device__ int block_max_int(int v, sample_shared &sh) { return warps_max_int<SAMPLE_WARPS>(v, sh.ri); }
 
 /* The radix step: with the histogram of the current digit built, warp 0
  * finds the digit d (scanning from the highest) at which the count (or
@@ -530,36 +533,9 @@ typedef struct {
     double tpart[DIST_THREADS];    /* each thread's run mass, then its start */
 } dist_shared; /* ~13 KiB: eight blocks of DIST_THREADS an SM */
 
-__device__ float dist_block_max(float v, dist_shared &sh) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) sh.rf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = sh.rf[0];
-    for (int w = 1; w < DIST_WARPS; w++) v = fmaxf(v, sh.rf[w]);
-    __syncthreads();
-    return v;
-}
-__device__ double dist_block_sum(double v, dist_shared &sh) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0) sh.rd[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = sh.rd[0];
-    for (int w = 1; w < DIST_WARPS; w++) v += sh.rd[w];
-    __syncthreads();
-    return v;
-}
-__device__ int dist_block_max_int(int v, dist_shared &sh) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) sh.ri[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = sh.ri[0];
-    for (int w = 1; w < DIST_WARPS; w++) v = max(v, sh.ri[w]);
-    __syncthreads();
-    return v;
-}
+__device__ float dist_block_max(float v, dist_shared &sh) { return warps_max<DIST_WARPS>(v, sh.rf); }
+__device__ double dist_block_sum(double v, dist_shared &sh) { return warps_sum<DIST_WARPS>(v, sh.rd); }
+__device__ int dist_block_max_int(int v, dist_shared &sh) { return warps_max_int<DIST_WARPS>(v, sh.ri); }
 
 /* Whether this block is the last of its row in this launch (every thread
  * gets the answer). Each thread's global writes and atomics are fenced
