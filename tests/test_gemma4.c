@@ -240,6 +240,49 @@ static void test_ring_rewind_refused(void) {
     ds_target_free(t);
 }
 
+/* Greedy verification keeps the sliding ring's bookkeeping as forwards do:
+ * after verify rounds (3 rows scored, 2 kept, past the window and the ring's
+ * wrap) a plain forward goes on where they stopped, with the logits of a
+ * target that only ever ran forwards; and a verification rewound further
+ * than the ring holds is refused like a forward (not scored against keys
+ * the ring has overwritten). */
+static void test_verify_greedy_ring(void) {
+    ds_target *t, *ref;
+    ds_safetensors *g;
+    CHECK_OK(open_target_fixture(be, TINY, &small_ring, &t, &g));
+    CHECK_OK(ds_target_open(be, TINY "/target", &small_ring, &ref));
+    size_t N;
+    int32_t *full = golden_i32(g, "full_ids", &N);
+    const int V = t->vocab;
+    float *a = malloc((size_t)V * sizeof *a), *b = malloc((size_t)V * sizeof *b);
+    CHECK_OK(feed(t, full, 4, 0));
+    int pos = 4;
+    for (; pos + 3 <= 40 && pos + 3 <= (int)N; pos += 2) {
+        int32_t best[4], block[3] = {full[pos + 1], full[pos + 2], 0};
+        int m = 0, acc = 0;
+        CHECK_OK(ds_target_verify_greedy(t, full[pos], block, 2, 0, 2, pos, best, &m, &acc));
+        ds_target_crop(t, pos + 2);
+    }
+    CHECK_OK(feed(ref, full, pos, 0));
+    CHECK_OK(ds_target_forward(t, full + pos, 1, pos, 1));
+    CHECK_OK(ds_target_forward(ref, full + pos, 1, pos, 1));
+    be->ops->download(be, ds_rows(t->logits, 0, 1), a);
+    be->ops->download(be, ds_rows(ref->logits, 0, 1), b);
+    CHECK(!memcmp(a, b, (size_t)V * sizeof *a), "position %d: logits after verify rounds differ from forwards'", pos);
+    ds_target_crop(t, pos - 20);
+    int32_t best[4], block[3] = {full[pos - 19], full[pos - 18], 0};
+    int m = 0, acc = 0;
+    CHECK_ERR(ds_target_verify_greedy(t, full[pos - 20], block, 2, 0, 2, pos - 20, best, &m, &acc),
+              "sliding-window cache no longer holds position");
+    printf("  verify rounds to position %d, then a forward: logits as forwards'; a rewind of 20 refused\n", pos);
+    free(a);
+    free(b);
+    free(full);
+    golden_close(g);
+    ds_target_free(ref);
+    ds_target_free(t);
+}
+
 /* ---- scratch model directories for the config / layout tests ---------- */
 
 static cJSON *fixture_config(const char *dir) {
@@ -393,4 +436,4 @@ static void teardown(void) { be->ops->destroy(be); }
 
 RUN_TESTS("gemma4", setup, test_inv_freq, test_tiny_prompt, test_tiny_greedy, test_tiny_verify_and_crop,
           test_tiny_row_invariance, test_e_prompt, test_e_greedy, test_e_verify_and_crop, test_e_row_invariance,
-          test_ring_rewind_refused, test_bad_configs, test_multimodal_layout, teardown)
+          test_ring_rewind_refused, test_verify_greedy_ring, test_bad_configs, test_multimodal_layout, teardown)

@@ -90,7 +90,10 @@ static ds_error *check_ring(const gemma4_target *g, int pos0) {
 static ds_error *gemma4_prepare(ds_target *t, const int32_t *ids, int n, int pos0) {
     gemma4_target *g = (gemma4_target *)t;
     const ds_gemma4_config *c = &g->c;
-    if (c->ple_dim)
+    if (c->ple_dim && !ids && c->ple_vocab < t->vocab)
+        return ds_errorf("token ids kept on the backend cannot be checked against the per-layer input vocabulary "
+                         "(0..%d, smaller than the vocabulary's %d)", c->ple_vocab - 1, t->vocab);
+    if (c->ple_dim && ids)
         for (int i = 0; i < n; i++)
             if (ids[i] >= c->ple_vocab)
                 return ds_errorf("token id %d is outside the per-layer input vocabulary (0..%d)", ids[i],

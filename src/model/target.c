@@ -203,6 +203,11 @@ ds_error *ds_target_verify_greedy(ds_target *t, int32_t anchor, const int32_t *b
     st->keep_out = st->out_kept = false;
     st->ids_prev_at = 1;
     st->n_ids_prev = n_kept;
+    /* The architecture's host checks and bookkeeping, as for a forward (a
+     * sliding ring's rows must be marked, or a later call refuses them, and
+     * a rewind past what the ring holds must be refused here too). Drafts
+     * kept on the backend are not on the host to check. */
+    if (t->ops->prepare) DS_TRY(t->ops->prepare(t, n_kept ? NULL : st->ids, rows, pos0));
     ds_region_key key = {DS_REGION_TARGET, rows,
                          rows | 1 << 16 | (t->logits_bf16 ? 1 << 17 : 0) | t->n_taps << 18 | 1 << 28, t};
     ds_backend *be = t->be;

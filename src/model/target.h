@@ -21,7 +21,7 @@ typedef struct {
     /* Optional: the host's part of a forward (checks of the call, host-side
      * bookkeeping such as which position a ring row holds), run before the
      * forward's step region, since a replayed region skips forward(). */
-    ds_error *(*prepare)(ds_target *t, const int32_t *ids, int n, int pos0);
+    ds_error *(*prepare)(ds_target *t, const int32_t *ids, int n, int pos0); /* ids NULL: not on the host */
 } ds_target_ops;
 
 struct ds_target {
