@@ -1,9 +1,10 @@
 /* Narrow y = x W^T for bf16 weights and up to 8 rows of x (decode and
- * verify), persistent: one block per SM walks 16-row tiles b, b + grid, ...
- * while one producer thread streams each tile's weights (and, for M > 1,
- * the x slice and norm weight they meet) through a ring of shared-memory
- * stages with the copy engine (TMA: one 2-D tensor copy per 16 x 256 box),
- * and 16 consumer warps run the tensor-core products from shared memory.
+ * verify), persistent: one block per SM claims 16-row tiles from a counter
+ * (its first is b) while one producer thread streams each tile's weights
+ * (and, where x is not split once per block, the x slice and norm weight
+ * they meet) through a ring of shared-memory stages with the copy engine
+ * (TMA: one 2-D tensor copy per 16 x 256 box), and 16 consumer warps run
+ * the tensor-core products from shared memory.
  *
  * Why: the one-block-per-tile kernel (matmul_mma.cu) holds its loads in
  * registers, so an SM has only what its resident warps keep in flight, and
@@ -156,7 +157,8 @@ __device__ __forceinline__ int ring_claim(int *ctr, int tile) {
 __device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &maps, int k0, uint32_t full, uint32_t st,
                                         uint64_t keep) {
 #pragma unroll
-    for (int b = 0; b < RING_BOXES; b++) tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, k0 + b * RING_BOX, 0, full, keep);
+    for (int b = 0; b < RING_BOXES; b++)
+        tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, k0 + b * RING_BOX, 0, full, keep);
 }
 
 /* 8 values of the norm weight (bf16 or fp32, nw_size bytes each) from shared memory, as fp32. */
@@ -176,7 +178,7 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
     *(uint4 *)(dst + 4) = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
-/* XC (one row of x): the consumers split x (normed) into bf16 hi / lo
+/* XC (x's rows fit beside the ring): the consumers split x (normed) into bf16 hi / lo
  * fragments once per block, in a prologue that overlaps the first weight
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
@@ -239,8 +241,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             for (int v = 0; v < NW; v++)
 #pragma unroll
                 for (int b = 0; b < RING_BOXES; b++)
-                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v ? &maps.up : &maps.w[seg], c.k0 + b * RING_BOX, n0,
-                                full, stream);
+                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v ? &maps.up : &maps.w[seg],
+                                c.k0 + b * RING_BOX, n0, full, stream);
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
@@ -319,12 +321,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < RING_XB; i++) {
                     const int q = q0 + i * MMA_WARPS * 32, row = q / groups;
-                    if (q < M * groups) ds_cu_load8<DS_F32>(x + (int64_t)row * p.x_stride, (q - row * groups) * 8, xf[i]);
+                    if (q < M * groups)
+                        ds_cu_load8<DS_F32>(x + (int64_t)row * p.x_stride, (q - row * groups) * 8, xf[i]);
                 }
 #pragma unroll
                 for (int i = 0; i < RING_XB; i++) {
                     const int q = q0 + i * MMA_WARPS * 32, row = q / groups;
-                    if (q < M * groups) split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + (q - row * groups) * 8);
+                    if (q < M * groups)
+                        split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + (q - row * groups) * 8);
                 }
             }
         }
@@ -407,10 +411,11 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
  * one-block-per-tile kernel (for comparison); DS_CUDA_RING_DYN=0 deals
- * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the
- * ring's bytes per block; DS_CUDA_RING_XC=0 keeps x in the stages at M = 1
- * too, DS_CUDA_RING_XC=R splits x once per block for up to R rows; DS_CUDA_RING_MIN_TILES sets the fewest tiles a call needs (default:
- * one per SM; test_cuda_ops: 1, to check every shape). */
+ * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the ring's
+ * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
+ * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
+ * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
+ * check every shape). */
 typedef struct {
     bool on, dyn;
     int xc_rows;   /* most rows of x split once per block (XC) */
