@@ -80,7 +80,8 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
      * (a bogus intermediate_size must not allocate gigabytes first). */
     if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
     const int ctx_rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
-    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, ctx_rows, &q->s);
+    /* k / v scratch serve the block's G rows; the context's go through ctx_kv. */
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, d->gamma, &q->s);
     if (!e) e = be->ops->alloc(be, DS_F32, ctx_rows, 2 * (int64_t)c->n_layers * c->n_kv_heads * c->head_dim, &q->ctx_kv);
     d->graph_safe = !e;
     if (e) {
