@@ -21,6 +21,16 @@
  * (bench/RESULTS.md, session 5); the norm weight first, AR 4.97 -> 4.87
  * (session 6, found with DS_CUDA_RING_TRACE: ring_trace.cu).
  *
+ * The ring holds ~10 stages, but at most RING_FLIGHT of them are requested
+ * and not yet landed (where x is split once per block). A block enters while
+ * the kernel before it drains and requests its stages at once; the x loads
+ * its consumers issue after the wait then queue behind everything this SM
+ * has in flight (the responses come back in turn: ~170 KB at an SM's ~32
+ * GB/s share of HBM is ~5 us), and the split x gates every product. Three
+ * stages (48 KB at M = 1) still cover an SM's share of HBM's latency.
+ * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
+ * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
+ *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
  * chunks w, w + 16, ... in order; rows stay bit-identical across kernels
@@ -43,6 +53,7 @@
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
+#define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
@@ -65,6 +76,7 @@ typedef struct {
     int xc_row;      /* XC: a split row's stride in 4-byte words, K + 4: the 4 lanes of row g read 16 bytes
                       * further along the banks than row g - 1's, so the rows' fragment loads do not collide */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
+    int flight;      /* XC: most stages requested and not yet landed (0: the ring's depth) */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -235,6 +247,12 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
+            /* At most `flight` stages in flight: stage it - flight has landed. Only below the ring's depth (the
+             * empty wait above limits the rest, and an older stage's barrier may already be rearmed). */
+            if (XC && p.flight && p.flight < p.slots && it >= p.flight) {
+                const int j = it - p.flight;
+                bar_wait(full0 + 8 * (j % p.slots), (j / p.slots) & 1);
+            }
             slot_tile[c.slot] = tile; /* published by the arrive below */
             bar_expect(full, stage_tx + (XC || !NORM ? 0 : c.kn * p.nw_size));
 #pragma unroll
@@ -415,9 +433,11 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
  * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
  * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
- * check every shape). */
+ * check every shape); DS_CUDA_RING_FLIGHT=F caps the stages in flight
+ * (default RING_FLIGHT; 0: the ring's depth). */
 typedef struct {
     bool on, dyn;
+    int flight;    /* most stages in flight (XC; 0: no cap) */
     int xc_rows;   /* most rows of x split once per block (XC) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -432,6 +452,8 @@ static const ring_settings *ring_env(void) {
         r.on = !(on && !strcmp(on, "0"));
         r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
         r.dyn = !(dyn && !strcmp(dyn, "0"));
+        const char *fl = getenv("DS_CUDA_RING_FLIGHT");
+        r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
         read = true;
@@ -560,6 +582,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const bool xc = M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
     p.tiles = tiles;
+    p.flight = env->flight;
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
     for (int i = 0; i < a->nseg; i++)
