@@ -24,10 +24,12 @@
  * The ring holds ~10 stages, but at most RING_FLIGHT of them are requested
  * and not yet landed (where x is split once per block). A block enters while
  * the kernel before it drains and requests its stages at once; the x loads
- * its consumers issue after the wait then queue behind everything this SM
- * has in flight (the responses come back in turn: ~170 KB at an SM's ~32
- * GB/s share of HBM is ~5 us), and the split x gates every product. Three
- * stages (48 KB at M = 1) still cover an SM's share of HBM's latency.
+ * its consumers issue after the wait then come back behind what this SM
+ * has in flight (~170 KB at an SM's ~32 GB/s share of HBM is ~5 us; traced:
+ * such blocks reached their first product 3.9-4.2 us after the wait, blocks
+ * whose ring had landed 1.4-1.7), and the split x gates every product.
+ * Three stages (48 KB at M = 1) still cover an SM's share of HBM's latency,
+ * and a block that enters early still fills the whole ring.
  * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
  * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
  *
