@@ -2,7 +2,7 @@
 """The last traced decode step of a DS_CUDA_RING_TRACE file as a table.
 
     DS_CUDA_RING_TRACE=/tmp/ring.txt ./build-cuda/dspark bench --backend cuda -m MODEL --decode 8 --reps 1
-    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N]
+    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry]
 
 A step is the ring launches from one LM head (the launch with the most
 tiles) to the next, of calls with M rows (default 1). Times are us from the
@@ -10,7 +10,14 @@ step's first block entry; per launch: blocks' entry (first..last), the
 consumers' wait for the previous kernel returning (first..last), the first
 stage of the slowest block, the blocks' ends (first..last), the median time
 between a block's tiles, and the producer's last request -> block end.
-Fields per block are those of src/backend/cuda/ring_trace.h."""
+Fields per block are those of src/backend/cuda/ring_trace.h.
+
+--by-entry adds, per launch, its blocks in four groups by entry time (medians:
+entry, wait, first stage, wait -> first stage, first and second tile's
+durations, end, tiles): a block that entered early and still reaches its
+first stage late, or whose prefetched first tile takes as long as a later
+one, points at what gates the stream (session 9's in-flight cap was found
+this way)."""
 import argparse
 import collections
 import statistics
@@ -20,6 +27,7 @@ ap.add_argument("file")
 ap.add_argument("--rows", type=int, default=1)
 ap.add_argument("--first", type=int, default=0)
 ap.add_argument("--count", type=int, default=1000)
+ap.add_argument("--by-entry", action="store_true")
 a = ap.parse_args()
 
 blocks = collections.defaultdict(list)
@@ -50,3 +58,16 @@ for i, s in enumerate(step[a.first:a.first + a.count], a.first):
         i, k, tiles, us(min(t[0] for t in B)), us(max(t[0] for t in B)), us(min(t[1] for t in B)),
         us(max(t[1] for t in B)), us(max(t[2] for t in B)), us(min(t[3] for t in B)), us(max(t[3] for t in B)),
         statistics.median(gaps) / 1e3 if gaps else 0, statistics.median(t[3] - t[4] for t in B) / 1e3))
+    if a.by_entry:
+        B = sorted(B, key=lambda t: t[0])
+        n = len(B)
+        for j, grp in enumerate([B[:n // 4], B[n // 4:n // 2], B[n // 2:3 * n // 4], B[3 * n // 4:]]):
+            if not grp:
+                continue
+            med = lambda f: statistics.median(f(t) for t in grp)
+            print("       entry group %d: entry %7.1f wait %7.1f first %7.1f (wait->first %5.2f) tile0 %5.2f "
+                  "tile1 %5.2f end %7.1f tiles %.1f" % (
+                      j, med(lambda t: us(t[0])), med(lambda t: us(t[1])), med(lambda t: us(t[2])),
+                      med(lambda t: (t[2] - t[1]) / 1e3), med(lambda t: (t[6] - t[2]) / 1e3),
+                      med(lambda t: (t[7] - t[6]) / 1e3 if t[5] > 1 else 0), med(lambda t: us(t[3])),
+                      med(lambda t: t[5])))
