@@ -78,7 +78,7 @@ typedef struct {
     int xc_row;      /* XC: a split row's stride in 4-byte words, K + 4: the 4 lanes of row g read 16 bytes
                       * further along the banks than row g - 1's, so the rows' fragment loads do not collide */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
-    int flight;      /* XC: most stages requested and not yet landed (0: the ring's depth) */
+    int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -249,9 +249,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
-            /* At most `flight` stages in flight: stage it - flight has landed. Only below the ring's depth (the
-             * empty wait above limits the rest, and an older stage's barrier may already be rearmed). */
-            if (XC && p.flight && p.flight < p.slots && it >= p.flight) {
+            /* At most `flight` stages in flight: stage it - flight has landed. */
+            if (XC && p.flight && it >= p.flight) {
                 const int j = it - p.flight;
                 bar_wait(full0 + 8 * (j % p.slots), (j / p.slots) & 1);
             }
@@ -584,7 +583,6 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const bool xc = M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
     p.tiles = tiles;
-    p.flight = env->flight;
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
     for (int i = 0; i < a->nseg; i++)
@@ -602,6 +600,9 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.x_stride = (int)x.stride;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
+    /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
+     * stage a ring's depth back may already be rearmed for a later one. */
+    p.flight = xc && env->flight < p.slots ? env->flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     const int bytes = p.xc_off + xc_bytes;
