@@ -59,13 +59,19 @@ static void setup(void) {
     CHECK(cli(args) == 0, "%s", args);
 }
 
+/* The unified checkpoint's config.json, parsed (NULL: a check has failed). */
+static cJSON *unified_config(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", UNI);
+    return (cJSON *)read_json_file(path);
+}
+
 /* The files look like google/gemma-4-12B's: nested gemma4_unified_text
  * config, text tensors under model.language_model. (the same bytes as the
  * text layout's), the encoder-free projections, no stored LM head. */
 static void test_format(void) {
     char path[512];
-    snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = (cJSON *)read_json_file(path);
+    cJSON *c = unified_config();
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     CHECK(str_at(c, "model_type") && !strcmp(str_at(c, "model_type"), "gemma4_unified") &&
               !strcmp(cJSON_GetStringValue(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(c, "architectures"), 0)),
@@ -218,9 +224,7 @@ static void test_placeholder_embeds_as_pad(void) {
  * wrapper still makes it a Gemma4UnifiedTextConfig: window 1024 (512 for
  * gemma4_text), no per-layer inputs (256 for gemma4_text). */
 static void test_unified_defaults(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = (cJSON *)read_json_file(path);
+    cJSON *c = unified_config();
     if (!c) return;
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(c, "text_config");
     const char *drop[] = {"model_type", "sliding_window", "hidden_size_per_layer_input"};
@@ -301,9 +305,7 @@ static char *make_dir(const cJSON *config) { return make_dir_of(config, UNI); }
  * weights it computes the text layout's logits, bit for bit, and has no
  * placeholders (no wrapper). */
 static void test_text_only_unified(void) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = (cJSON *)read_json_file(path);
+    cJSON *c = unified_config();
     if (!c) return;
     cJSON *tc = cJSON_DetachItemFromObjectCaseSensitive(c, "text_config");
     cJSON_Delete(c);
@@ -338,9 +340,7 @@ static void test_text_only_unified(void) {
  * when in_text) replaced by the JSON `value` (NULL deletes it): opening it
  * fails with an error containing needle. */
 static void expect_error(bool in_text, const char *field, const char *value, const char *needle) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", UNI);
-    cJSON *c = (cJSON *)read_json_file(path);
+    cJSON *c = unified_config();
     if (!c) return;
     cJSON *o = in_text ? cJSON_GetObjectItemCaseSensitive(c, "text_config") : c;
     cJSON_DeleteItemFromObjectCaseSensitive(o, field);
