@@ -432,6 +432,85 @@ static void test_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attention_case(&cases[i]);
 }
 
+/* The step's q/k norms, RoPE, K/V store and attention in one launch
+ * (qk_norm_rope_attention) against the two ops on the GPU, bit for bit
+ * (output and both caches), against the CPU's two ops within attention's
+ * bound, and each causal row decoded alone against its row of the call. */
+typedef struct {
+    const char *name;
+    int H, KVH, D, p0, n, n_keys; /* n_keys 0: causal (p0 + n) */
+} nra_case;
+
+static void norm_rope_attention_case(const nra_case *c) {
+    const bool causal = c->n_keys == 0;
+    const int n_keys = causal ? c->p0 + c->n : c->n_keys, rows = n_keys + 3;
+    const int64_t qc = (int64_t)c->H * c->D, kc = (int64_t)c->KVH * c->D;
+    float *kv0 = rand_vec((size_t)(rows * kc), 1.0f), *vv0 = rand_vec((size_t)(rows * kc), 1.0f);
+    float *qv = rand_vec((size_t)(c->n * qc), 3.0f);
+    pair q = act(c->n, qc, qv), q2 = act(c->n, qc, qv), k = act_rand(c->n, kc, 2.0f), v = act_rand(c->n, kc, 1.0f);
+    pair ka = act(rows, kc, kv0), va = act(rows, kc, vv0), kb = act(rows, kc, kv0), vb = act(rows, kc, vv0);
+    pair qw = weight(DS_BF16, 1, c->D), kw = weight(DS_F32, 1, c->D);
+    pair outa = act(c->n, qc, NULL), outb = act(c->n, qc, NULL);
+    float *inv = malloc((size_t)(c->D / 2) * sizeof *inv);
+    for (int i = 0; i < c->D / 2; i++) inv[i] = (float)(1.0 / pow(1e6, (double)(2 * i) / c->D));
+    int32_t *pos = malloc((size_t)c->n * sizeof *pos);
+    for (int i = 0; i < c->n; i++) pos[i] = c->p0 + i;
+    ds_attn_params p = {.n_heads = c->H, .n_kv_heads = c->KVH, .head_dim = c->D, .v_head_dim = c->D,
+                        .n_keys = n_keys, .causal = causal, .scale = 1.0f / sqrtf((float)c->D), .q_pos = pos};
+    /* The two ops (a), the fused op (b); the CPU's two ops on (a)'s CPU side. */
+    gpu->ops->qk_norm_rope_store(gpu, q.g, qw.g, k.g, kw.g, v.g, ka.g, va.g, 0, c->D, 1e-6f, pos, inv);
+    gpu->ops->attention(gpu, outa.g, q.g, ka.g, va.g, &p);
+    gpu->ops->qk_norm_rope_attention(gpu, outb.g, q2.g, qw.g, k.g, kw.g, v.g, kb.g, vb.g, c->D, 1e-6f, inv, &p);
+    ds_qk_norm_rope_attention(cpu, outa.c, q.c, qw.c, k.c, kw.c, v.c, ka.c, va.c, c->D, 1e-6f, inv, &p);
+    char what[128];
+    snprintf(what, sizeof what, "qk_norm_rope_attention %s", c->name);
+    compare(outb.g, outa.c, 2e-5, what);
+    const ds_tensor ga[3] = {outa.g, ka.g, va.g}, gb[3] = {outb.g, kb.g, vb.g};
+    const char *names[3] = {"output", "K cache", "V cache"};
+    for (int t = 0; t < 3; t++) {
+        float *a = fetch(gpu, ga[t]), *b = fetch(gpu, gb[t]);
+        CHECK(!memcmp(a, b, (size_t)(ga[t].rows * ga[t].cols) * 4), "%s: %s differs from the two ops'", what,
+              names[t]);
+        free(a), free(b);
+    }
+    if (causal) { /* each row alone (decode), its keys before it in the cache the call wrote */
+        float *all = fetch(gpu, outb.g);
+        pair one = act(1, qc, NULL), q1 = act(c->n, qc, qv);
+        int bad = -1;
+        for (int i = 0; i < c->n && bad < 0; i++) {
+            ds_attn_params p1 = p;
+            p1.q_pos = pos + i;
+            p1.n_keys = pos[i] + 1;
+            gpu->ops->qk_norm_rope_attention(gpu, one.g, ds_rows(q1.g, i, 1), qw.g, ds_rows(k.g, i, 1), kw.g,
+                                             ds_rows(v.g, i, 1), kb.g, vb.g, c->D, 1e-6f, inv, &p1);
+            float *r = fetch(gpu, one.g);
+            if (memcmp(r, all + (size_t)i * qc, (size_t)qc * 4)) bad = i;
+            free(r);
+        }
+        CHECK(bad < 0, "%s: row %d of the %d-row call differs from the row alone", what, bad, c->n);
+        free(all);
+        release(&one), release(&q1);
+    }
+    check_gpu_ok(what);
+    pair *all[] = {&q, &q2, &k, &v, &ka, &va, &kb, &vb, &qw, &kw, &outa, &outb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+    free(kv0), free(vv0), free(qv), free(inv), free(pos);
+}
+
+static void test_norm_rope_attention(void) {
+    const nra_case cases[] = {
+        {"decode D=128 32/8, 1 row at 40", 32, 8, 128, 40, 1, 0},
+        {"verify D=128 32/8, 8 rows at 3", 32, 8, 128, 3, 8, 0},
+        {"verify D=128 16/4, 8 rows at 250 (fresh keys across chunk 256)", 16, 4, 128, 250, 8, 0},
+        {"verify D=128 8/1, 5 rows at 700 (3 chunks)", 8, 1, 128, 700, 5, 0},
+        {"verify D=64 4/2, 3 rows at 0", 4, 2, 64, 0, 3, 0},
+        {"drafter non-causal D=128 32/8, 7 rows, 300 keys", 32, 8, 128, 293, 7, 300},
+        {"9 rows (the two ops)", 8, 2, 128, 20, 9, 0},
+        {"D=256 (the two ops)", 4, 2, 256, 30, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) norm_rope_attention_case(&cases[i]);
+}
+
 /* ---- norms, RoPE, element-wise ------------------------------------------ */
 
 static void test_rmsnorm(void) {
@@ -1264,7 +1343,7 @@ static void teardown(void) {
 
 #define CUDA_TESTS                                                                                           \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
-        test_fused_row_invariance, test_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
+        test_fused_row_invariance, test_attention, test_norm_rope_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
         test_argmax, test_markov_greedy, test_sample_probs, test_sample_draw, test_sample_verify,                   \
         test_sample_markov, test_errors, test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed,      \
         teardown

@@ -251,6 +251,14 @@ typedef struct {
     void (*qk_norm_rope_store)(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                                ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
                                const int32_t *pos, const float *inv_freq);
+    /* qk_norm_rope_store (no ring) then attention(out, q, k_cache,
+     * v_cache, p): the q/k norms, RoPE and the K/V store of a decode or
+     * verification step with its attention, p->q_pos == pos. The values are
+     * those of the two calls; q may be left unnormed (nothing reads it
+     * after). Optional: NULL runs the two calls (ds_qk_norm_rope_attention). */
+    void (*qk_norm_rope_attention)(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
+                                   ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim,
+                                   float eps, const float *inv_freq, const ds_attn_params *p);
     /* Step regions (see ds_step), optional (NULL: every region runs its ops
      * as written). region_begin returns true when the caller must issue the
      * region's ops (to run them, or to have them recorded), false when the
@@ -441,6 +449,17 @@ static inline void ds_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor 
     else ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
     ds_store_rows(be, k_cache, k, ring_size, pos);
     ds_store_rows(be, v_cache, v, ring_size, pos);
+}
+static inline void ds_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
+                                             ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache,
+                                             int head_dim, float eps, const float *inv_freq,
+                                             const ds_attn_params *p) {
+    if (be->ops->qk_norm_rope_attention) {
+        be->ops->qk_norm_rope_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
+        return;
+    }
+    ds_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
+    be->ops->attention(be, out, q, k_cache, v_cache, p);
 }
 
 #endif

@@ -31,7 +31,7 @@ static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     const ds_qwen3_config *c = &q->c;
     const int G = d->gamma;
     ds_tensor x = ds_rows(q->x, 0, G), xn = ds_rows(q->s.xn, 0, G);
-    ds_tensor qt = ds_rows(q->s.q, 0, G), attn = ds_rows(q->s.attn, 0, G);
+    ds_tensor attn = ds_rows(q->s.attn, 0, G);
     be->ops->embed(be, x, d->embed, ids, 1.0f);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                          .v_head_dim = c->head_dim, .n_keys = pos[0] + G, .causal = false,
@@ -39,8 +39,7 @@ static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_qwen3_qkv(be, c, L, x, xn, qt, q->st.k[l], q->st.v[l], &q->s, pos);
-        be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
+        ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, attn);
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
     }
     be->ops->rmsnorm(be, d->block_hidden, x, q->final_norm, c->hidden, c->eps);

@@ -44,9 +44,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
-        ds_tensor qt = ds_rows(q->s.q, 0, n), attn = ds_rows(q->s.attn, 0, n);
-        ds_qwen3_qkv(be, c, L, x, xn, qt, q->st.k[l], q->st.v[l], &q->s, pos);
-        be->ops->attention(be, attn, qt, q->st.k[l], q->st.v[l], &ap);
+        ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, ds_rows(q->s.attn, 0, n));
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);
     }

@@ -198,13 +198,13 @@ void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds
     }
 }
 
-void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
-                  ds_tensor q, ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos) {
-    ds_tensor k = ds_rows(s->k, 0, x.rows), v = ds_rows(s->v, 0, x.rows);
+void ds_qwen3_attention(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
+                        ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const ds_attn_params *ap, ds_tensor attn) {
+    ds_tensor q = ds_rows(s->q, 0, x.rows), k = ds_rows(s->k, 0, x.rows), v = ds_rows(s->v, 0, x.rows);
     const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
     const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
     ds_rmsnorm_linear_multi(be, 3, outs, x, L->in_norm, c->eps, ws, bs, xn);
-    ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, 0, c->head_dim, c->eps, pos, c->inv_freq);
+    ds_qk_norm_rope_attention(be, attn, q, L->q_norm, k, L->k_norm, v, kc, vc, c->head_dim, c->eps, c->inv_freq, ap);
 }
 
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,

@@ -62,11 +62,14 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
  * kv_dim] scratch), then each layer's k norm + RoPE + store. */
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
                               ds_tensor kv, ds_qwen3_scratch *s, const int32_t *pos);
-/* xn = input_layernorm(x) (xn: scratch, unused where the backend fuses the
- * norm), q = rope(q_norm(q_proj(xn))), k and v as ds_qwen3_stack_key_value's; the
- * three projections in one pass where the backend fuses them. */
-void ds_qwen3_qkv(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
-                  ds_tensor q, ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const int32_t *pos);
+/* The attention half up to o_proj: xn = input_layernorm(x) (xn: scratch,
+ * unused where the backend fuses the norm), q = rope(q_norm(q_proj(xn))),
+ * k and v as ds_qwen3_stack_key_value's into kc / vc at ap->q_pos, then
+ * attn = attention(q, kc, vc, ap); the three projections in one pass, and
+ * the norms, RoPE, store and attention in one, where the backend fuses
+ * them. */
+void ds_qwen3_attention(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
+                        ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const ds_attn_params *ap, ds_tensor attn);
 /* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
                              ds_qwen3_scratch *s, int rows);

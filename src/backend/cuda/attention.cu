@@ -15,10 +15,21 @@
  * device and the grid spans chunks 0 .. att_ny-1, a bucket of n_keys fixed
  * by the recording: blocks of chunks outside a row's keys exit at once and
  * the partials are merged over the row's own chunks, so the values are the
- * same as with the grid the host would size from the live positions. */
+ * same as with the grid the host would size from the live positions.
+ *
+ * Fused with the step's q/k norms, RoPE and K/V store (qk_norm_rope_attention,
+ * decode and verification of up to ATT_FRESH_MAX rows): each block norms and
+ * rotates its own q head and, where its chunk holds them, the step's fresh
+ * keys of its kv head (one warp a head, norm_rope_math.cuh's arithmetic:
+ * the bits the standalone kernel stores), reads them from shared memory and
+ * the fresh values from QKV's output, and one block per kv head stores them
+ * into the caches. One launch and one kernel boundary fewer per layer than
+ * the norm kernel followed by attention; the values are the same. */
 #include <math.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/norm_rope_math.cuh"
 
 #define ATT_THREADS 256 /* 16..64 keys in flight per block: decode is latency-bound */
 #define ATT_CHUNK 256
@@ -28,6 +39,23 @@
 typedef struct {
     int32_t v[DS_CU_ROWS];
 } pos_arg;
+
+#define ATT_FRESH_MAX 8           /* rows (fresh keys) of a fused launch */
+#define ATT_FRESH_DIM NR_THREADS  /* largest head: the per-head norm's one element per thread */
+
+/* The fused launch's step: raw q, k, v rows (QKV's outputs; row i at the
+ * launch's row i position), the norm weights, the caches, RoPE's
+ * frequencies. */
+typedef struct {
+    const float *q, *k, *v;
+    int64_t qs, ks, vs;
+    const void *qw, *kw;
+    int qwdt, kwdt, n;
+    float *kc, *vc;
+    int64_t kcs, vcs;
+    float eps;
+    float inv_freq[ATT_FRESH_DIM / 2];
+} fresh_arg;
 
 typedef struct {
     const float *q, *k, *v;
@@ -54,11 +82,24 @@ __device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, in
     *hi = b;
 }
 
-/* Key j's (zeros past j1) elements d = li + L*i of kv head kvh. */
-template <int L, int NPL>
+/* Key j's (zeros past j1) elements d = li + L*i of kv head kvh. FRESH:
+ * keys from position f0 on are the step's, normed and rotated in fk, their
+ * values in QKV's output. */
+template <int L, int NPL, bool FRESH>
 __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh, int li, float kv[NPL],
-                                        float vv[NPL]) {
+                                        float vv[NPL], const fresh_arg &fa, int f0,
+                                        const float (*fk)[ATT_FRESH_DIM]) {
     const bool valid = j < j1;
+    if (FRESH && valid && j >= f0) {
+        const float *vr = fa.v + (int64_t)(j - f0) * fa.vs + (int64_t)kvh * g.Dv;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int d = li + L * i;
+            kv[i] = d < g.D ? fk[j - f0][d] : 0.0f;
+            vv[i] = d < g.Dv ? vr[d] : 0.0f;
+        }
+        return;
+    }
     const int64_t row = g.ring > 0 ? j % g.ring : j;
     const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
     const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
@@ -70,15 +111,58 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
     }
 }
 
+/* FRESH: the block's q head and (where its chunk holds them, or it stores
+ * them) the step's keys of its kv head, normed and rotated into shared
+ * memory, one warp a head; the first block of each kv head (row 0, the
+ * grid's first chunk) stores those keys and their values in the caches. */
+__device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
+                                               int h, int kvh, float *sq, float (*fk)[ATT_FRESH_DIM]) {
+    const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool store = blockIdx.y == 0 && m == 0 && h % g.group == 0;
+    const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
+    for (int t = warp; t <= (keys ? fa.n : 0); t += ATT_THREADS / 32) { /* 0: q; 1 + i: fresh key i */
+        const float *src = t ? fa.k + (int64_t)(t - 1) * fa.ks + (int64_t)kvh * g.D
+                             : fa.q + (int64_t)m * fa.qs + (int64_t)h * g.D;
+        float *dst = t ? fk[t - 1] : sq;
+        for (int i = lane; i < g.D; i += 32) dst[i] = src[i];
+        __syncwarp();
+        const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
+        const int pos = row_pos(g, pa, t ? t - 1 : m);
+        for (int i = lane; i < half; i += 32) { /* a lane rewrites only its own pairs, read by it alone */
+            float oi, oh;
+            nr_rotate(dst[i], dst[i + half], rs, t ? fa.kw : fa.qw, t ? fa.kwdt : fa.qwdt, i, half, pos,
+                      fa.inv_freq[i], &oi, &oh);
+            dst[i] = oi;
+            dst[i + half] = oh;
+        }
+        __syncwarp();
+    }
+    __syncthreads();
+    if (!store) return;
+    for (int e = threadIdx.x; e < fa.n * g.D; e += ATT_THREADS) {
+        const int r = e / g.D, d = e % g.D;
+        fa.kc[(int64_t)row_pos(g, pa, r) * fa.kcs + (int64_t)kvh * g.D + d] = fk[r][d];
+    }
+    for (int e = threadIdx.x; e < fa.n * g.Dv; e += ATT_THREADS) {
+        const int r = e / g.Dv, d = e % g.Dv;
+        fa.vc[(int64_t)row_pos(g, pa, r) * fa.vcs + (int64_t)kvh * g.Dv + d] =
+            fa.v[(int64_t)r * fa.vs + (int64_t)kvh * g.Dv + d];
+    }
+}
+
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
-template <int L, int NPL>
-__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa) {
+template <int L, int NPL, bool FRESH>
+__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     ds_cu_grid_wait();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     __shared__ float s_m[G], s_l[G];
     __shared__ float s_o[G][L * NPL];
+    __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[FRESH ? ATT_FRESH_DIM : 1];
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H, c = g.c0 + (int)blockIdx.y;
     float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+    if (FRESH) fresh_prologue(g, pa, fa, m, h, h / g.group, s_q, s_fk);
+    const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
@@ -96,7 +180,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int d = li + L * i;
-        qv[i] = d < g.D ? qrow[d] : 0.0f;
+        qv[i] = d < g.D ? (FRESH ? s_q[d] : qrow[d]) : 0.0f;
         o[i] = 0.0f;
     }
     float mx = -INFINITY, l = 0.0f;
@@ -104,13 +188,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
      * keys ahead: the next group's round trip to memory overlaps this
      * group's scores (decode is a chain of such round trips). */
     float kv[NPL], vv[NPL];
-    load_kv<L, NPL>(g, j0 + grp, j1, kvh, li, kv, vv);
+    load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
         const bool valid = j < j1;
         float kn[NPL], vn[NPL];
-        load_kv<L, NPL>(g, j + G, j1, kvh, li, kn, vn);
+        load_kv<L, NPL, FRESH>(g, j + G, j1, kvh, li, kn, vn, fa, f0, s_fk);
         float s = 0.0f;
         if (valid) {
 #pragma unroll
@@ -202,8 +286,10 @@ static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
     *hi = b;
 }
 
-void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
-    ds_cuda_backend *cb = ds_cu(be);
+/* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
+ * checked), or NULL. */
+static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                             const ds_attn_params *p, const fresh_arg *fa) {
     const int64_t M = q.rows;
     if (M <= 0 || p->n_heads <= 0) return;
     if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads) {
@@ -290,11 +376,19 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
         /* Few lanes per key, many keys per block in flight: decode is bound
          * by the latency of fetching keys, not by arithmetic. The choice
          * depends on the head size alone (rows stay invariant). */
-        if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8>, grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 64) ds_cu_launch(attn_chunk_kernel<4, 16>, grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 128) ds_cu_launch(attn_chunk_kernel<8, 16>, grid, ATT_THREADS, cb->stream, g, pa);
-        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16>, grid, ATT_THREADS, cb->stream, g, pa);
-        else ds_cu_launch(attn_chunk_kernel<32, 16>, grid, ATT_THREADS, cb->stream, g, pa);
+        static const fresh_arg none = {};
+        if (fa && dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
+        else if (fa && dmax <= 64)
+            ds_cu_launch(attn_chunk_kernel<4, 16, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
+        else if (fa) ds_cu_launch(attn_chunk_kernel<8, 16, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
+        else if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
+        else if (dmax <= 64)
+            ds_cu_launch(attn_chunk_kernel<4, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
+        else if (dmax <= 128)
+            ds_cu_launch(attn_chunk_kernel<8, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
+        else if (dmax <= 256)
+            ds_cu_launch(attn_chunk_kernel<16, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
+        else ds_cu_launch(attn_chunk_kernel<32, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
             ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
@@ -302,4 +396,47 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
         }
         r0 += n;
     }
+}
+
+void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
+    attention_launch(ds_cu(be), out, q, k, v, p, NULL);
+}
+
+/* The fused path where its conditions hold (up to ATT_FRESH_MAX rows at
+ * consecutive positions ending at n_keys, heads up to ATT_FRESH_DIM, no
+ * window or ring, fp32 tensors), else the two ops. DS_CUDA_FUSED_ATTN=0
+ * always runs the two (for comparison). */
+void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
+                                  ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
+                                  const float *inv_freq, const ds_attn_params *p) {
+    ds_cuda_backend *cb = ds_cu(be);
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("DS_CUDA_FUSED_ATTN");
+        env = !(e && !strcmp(e, "0"));
+    }
+    const int n = (int)q.rows;
+    bool fused = env && n >= 1 && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
+                 head_dim == p->v_head_dim && head_dim <= ATT_FRESH_DIM && head_dim % 2 == 0 && p->window == 0 &&
+                 p->ring_size == 0 && p->n_heads > 0 && p->n_kv_heads > 0 && p->n_heads % p->n_kv_heads == 0 &&
+                 q.cols == (int64_t)p->n_heads * head_dim && k.cols == (int64_t)p->n_kv_heads * head_dim &&
+                 v.cols == k.cols && k_cache.cols == k.cols && v_cache.cols == v.cols && k_cache.rows == v_cache.rows &&
+                 q.dtype == DS_F32 && k.dtype == DS_F32 && v.dtype == DS_F32 && k_cache.dtype == DS_F32 &&
+                 v_cache.dtype == DS_F32 && (!qw.data || qw.dtype == DS_BF16 || qw.dtype == DS_F16 || qw.dtype == DS_F32) &&
+                 (!kw.data || kw.dtype == DS_BF16 || kw.dtype == DS_F16 || kw.dtype == DS_F32) && p->q_pos &&
+                 p->n_keys == p->q_pos[0] + n && p->q_pos[0] >= 0 && p->q_pos[n - 1] < k_cache.rows;
+    for (int i = 1; fused && i < n; i++) fused = p->q_pos[i] == p->q_pos[0] + i;
+    if (!fused) {
+        ds_cu_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
+        ds_cu_attention(be, out, q, k_cache, v_cache, p);
+        return;
+    }
+    fresh_arg fa = {};
+    fa.q = (const float *)q.data, fa.k = (const float *)k.data, fa.v = (const float *)v.data;
+    fa.qs = q.stride, fa.ks = k.stride, fa.vs = v.stride;
+    fa.qw = qw.data, fa.kw = kw.data, fa.qwdt = qw.dtype, fa.kwdt = kw.dtype, fa.n = n;
+    fa.kc = (float *)k_cache.data, fa.vc = (float *)v_cache.data, fa.kcs = k_cache.stride, fa.vcs = v_cache.stride;
+    fa.eps = eps;
+    for (int i = 0; i < head_dim / 2; i++) fa.inv_freq[i] = inv_freq[i];
+    attention_launch(cb, out, q, k_cache, v_cache, p, &fa);
 }

@@ -281,6 +281,9 @@ float *ds_cu_dist_max_slot(void *ws, int rows, int64_t V, int row);
 bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, int ws_row, const float *x,
                     int64_t xs, float *out, int64_t os, int rows, int64_t V, const ds_sampling *s, const double *u,
                     int32_t *d_tok, bool max_ready);
+void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
+                                  ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
+                                  const float *inv_freq, const ds_attn_params *p);
 void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                               ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
                               const int32_t *pos, const float *inv_freq);

@@ -2,22 +2,9 @@
  * normalizes one (row, group) with a reduction order fixed by `dim` alone,
  * so a row's result never depends on the rows beside it. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/norm_rope_math.cuh"
 
-#define NORM_THREADS 128
-
-/* 1 / rms(v[0..dim)) over a block of T threads, in an order fixed by T and
- * dim: threads take strided elements, a warp butterfly, warps in order. */
-template <int T>
-__device__ __forceinline__ float block_inv_rms(const float *v, int dim, float eps, float *part) {
-    float ss = 0;
-    for (int i = threadIdx.x; i < dim; i += T) ss = fmaf(v[i], v[i], ss);
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = part[0];
-    for (int i = 1; i < T / 32; i++) total += part[i];
-    return 1.0f / sqrtf(total / (float)dim + eps);
-}
+#define NORM_THREADS NR_THREADS /* the per-head norm's order (norm_rope_math.cuh) */
 
 /* Block b normalizes group b % groups of row b / groups with T threads. */
 template <int T>
@@ -29,7 +16,7 @@ __global__ void __launch_bounds__(T)
     const int64_t r = blockIdx.x / groups, g = blockIdx.x % groups;
     const float *xr = x + r * xs + g * dim;
     float *orow = out + r * os + g * dim;
-    const float rs = block_inv_rms<T>(xr, dim, eps, part);
+    const float rs = nr_block_inv_rms<T>(xr, dim, eps, part);
     if (w)
         for (int i = threadIdx.x; i < dim; i += T) orow[i] = xr[i] * rs * ds_cu_load(w, wdtype, i);
     else
@@ -177,17 +164,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
         if (dr < 0) return;
         o = P.dst + dr * P.ds + (int64_t)h * head_dim;
     }
-    const float rs = block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
+    const float rs = nr_block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
-        float p = v[i] * rs, q = v[i + half] * rs;
-        if (P.w) {
-            p *= ds_cu_load(P.w, P.wdtype, i);
-            q *= ds_cu_load(P.w, P.wdtype, i + half);
-        }
-        const float ang = (float)pos * a.inv_freq[i];
-        const float c = cosf(ang), s = sinf(ang);
-        o[i] = p * c - q * s;
-        o[i + half] = q * c + p * s;
+        float oi, oh;
+        nr_rotate(v[i], v[i + half], rs, P.w, P.wdtype, i, half, pos, a.inv_freq[i], &oi, &oh);
+        o[i] = oi;
+        o[i + half] = oh;
     }
 }
 
