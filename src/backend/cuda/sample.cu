@@ -1081,6 +1081,22 @@ __global__ void __launch_bounds__(DIST_THREADS) dist_kept_mass_kernel(const floa
     }
 }
 
+/* A block's mass s of its slice of row `row` (pr) into the row's partials;
+ * the last block of the row draws with u over them into *tok and re-arms
+ * the row's ticket. */
+__device__ void dist_slice_then_draw(const float *pr, int64_t V, double s, const dist_ws &ws, int row, double u,
+                                     dist_shared &sh, int32_t *tok) {
+    dist_row *st = ws.st + row;
+    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (!dist_last(st, sh)) return;
+    const int t = dist_draw(pr, NULL, V, part, ws.nb, u, -1.0, sh);
+    if (threadIdx.x == 0) {
+        *tok = t;
+        st->ticket = 0;
+    }
+}
+
 /* The truncated output row: the kept tokens renormalised, the rest 0 (in
  * place); with tok (top-p alone) the draw with u[row] into tok[row]. */
 __global__ void __launch_bounds__(DIST_THREADS)
@@ -1104,15 +1120,7 @@ __global__ void __launch_bounds__(DIST_THREADS)
         if (q > 0) s += q;
     }
     if (!tok) return;
-    s = dist_block_sum(s, sh);
-    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
-    if (!dist_last(st, sh)) return;
-    const int t = dist_draw(pr, NULL, V, part, ws.nb, args.u[row], -1.0, sh);
-    if (threadIdx.x == 0) {
-        tok[row] = t;
-        st->ticket = 0;
-    }
+    dist_slice_then_draw(pr, V, dist_block_sum(s, sh), ws, row, args.u[row], sh, tok + row);
 }
 
 /* ds_sample_probs_u on rows of p, u[row] into tok[row]. */
@@ -1122,16 +1130,7 @@ __global__ void __launch_bounds__(DIST_THREADS)
     __shared__ dist_shared sh;
     const int row = blockIdx.y;
     const float *pr = p + (int64_t)row * ps;
-    dist_row *st = ws.st + row;
-    double *part = ws.pdraw + (int64_t)row * 2 * ws.nb;
-    const double s = dist_slice_mass(pr, NULL, V, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
-    if (!dist_last(st, sh)) return;
-    const int t = dist_draw(pr, NULL, V, part, ws.nb, args.u[row], -1.0, sh);
-    if (threadIdx.x == 0) {
-        tok[row] = t;
-        st->ticket = 0;
-    }
+    dist_slice_then_draw(pr, V, dist_slice_mass(pr, NULL, V, sh), ws, row, args.u[row], sh, tok + row);
 }
 
 /* ds_verify_uniforms' decision on the processed target rows pt[n+1][V] and
