@@ -1352,6 +1352,8 @@ int main(void) {
     /* Every shape of these tests through the ring matmul where it applies (M <= 8), however few its tiles:
      * the engine sends small projections to the per-tile kernel, which the M > 8 calls check against it. */
     setenv("DS_CUDA_RING_MIN_TILES", "1", 0);
+    /* The fused norm + attention launch from one row on (the engine keeps decode's one row on the two ops). */
+    setenv("DS_CUDA_FUSED_ATTN", "1", 0);
     const char *dev = getenv("DS_CUDA_DEVICE");
     ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, &gpu);
     if (e) {

@@ -65,6 +65,7 @@ typedef struct {
     float scale;
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
+    int trigger; /* the next kernel scheduled after this block's keys (1) or after its wait (0) */
 } att_geo;
 
 /* Row m's position and key range. */
@@ -114,25 +115,43 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
 /* FRESH: the block's q head and (where its chunk holds them, or it stores
  * them) the step's keys of its kv head, normed and rotated into shared
  * memory, one warp a head; the first block of each kv head (row 0, the
- * grid's first chunk) stores those keys and their values in the caches. */
+ * grid's first chunk) stores those keys and their values in the caches.
+ * A warp's head and its norm weight are requested together (one round trip
+ * to memory, not one per element). */
 __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
                                                int h, int kvh, float *sq, float (*fk)[ATT_FRESH_DIM]) {
     const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool store = blockIdx.y == 0 && m == 0 && h % g.group == 0;
     const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
+    constexpr int E = ATT_FRESH_DIM / 32, P = ATT_FRESH_DIM / 64; /* a lane's elements and pairs */
     for (int t = warp; t <= (keys ? fa.n : 0); t += ATT_THREADS / 32) { /* 0: q; 1 + i: fresh key i */
         const float *src = t ? fa.k + (int64_t)(t - 1) * fa.ks + (int64_t)kvh * g.D
                              : fa.q + (int64_t)m * fa.qs + (int64_t)h * g.D;
+        const void *w = t ? fa.kw : fa.qw;
+        const int wdt = t ? fa.kwdt : fa.qwdt;
+        float e[E], wi[P], wh[P];
+#pragma unroll
+        for (int k = 0; k < E; k++) e[k] = lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < P; k++) {
+            const int i = lane + 32 * k;
+            wi[k] = w && i < half ? ds_cu_load(w, wdt, i) : 1.0f;
+            wh[k] = w && i < half ? ds_cu_load(w, wdt, i + half) : 1.0f;
+        }
         float *dst = t ? fk[t - 1] : sq;
-        for (int i = lane; i < g.D; i += 32) dst[i] = src[i];
+#pragma unroll
+        for (int k = 0; k < E; k++)
+            if (lane + 32 * k < g.D) dst[lane + 32 * k] = e[k];
         __syncwarp();
         const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
         const int pos = row_pos(g, pa, t ? t - 1 : m);
-        for (int i = lane; i < half; i += 32) { /* a lane rewrites only its own pairs, read by it alone */
+#pragma unroll
+        for (int k = 0; k < P; k++) { /* a lane rewrites only its own pairs, read by it alone */
+            const int i = lane + 32 * k;
+            if (i >= half) break;
             float oi, oh;
-            nr_rotate(dst[i], dst[i + half], rs, t ? fa.kw : fa.qw, t ? fa.kwdt : fa.qwdt, i, half, pos,
-                      fa.inv_freq[i], &oi, &oh);
+            nr_rotate_wv(dst[i], dst[i + half], rs, w != NULL, wi[k], wh[k], pos, fa.inv_freq[i], &oi, &oh);
             dst[i] = oi;
             dst[i + half] = oh;
         }
@@ -154,26 +173,40 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
 template <int L, int NPL, bool FRESH>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
-    ds_cu_grid_wait();
+    /* The next kernel (o_proj) is let in only once this block has its keys:
+     * scheduled at the wait, its blocks' weight streams took HBM from these
+     * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
+     * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
+    ds_cu_grid_wait_only();
+    if (!g.trigger) ds_cu_grid_trigger();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     __shared__ float s_m[G], s_l[G];
     __shared__ float s_o[G][L * NPL];
     __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[FRESH ? ATT_FRESH_DIM : 1];
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H, c = g.c0 + (int)blockIdx.y;
     float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
-    if (FRESH) fresh_prologue(g, pa, fa, m, h, h / g.group, s_q, s_fk);
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
+    const int cfirst = lo / ATT_CHUNK, clast = hi > lo ? (hi - 1) / ATT_CHUNK : -1;
+    const int j0 = max(lo, c * ATT_CHUNK), j1 = min(hi, (c + 1) * ATT_CHUNK);
+    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h / g.group;
+    /* The key's and the value's elements are loaded together, one group of
+     * keys ahead: the next group's round trip to memory overlaps this
+     * group's scores (decode is a chain of such round trips). FRESH: the
+     * first group's keys from before the step (in the caches since an
+     * earlier launch) are requested before the prologue, so their round
+     * trip overlaps its own. */
+    float kv[NPL], vv[NPL];
+    const bool early = FRESH && c >= cfirst && c <= clast && j0 + grp < min(j1, f0);
+    if (early) load_kv<L, NPL, false>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
+    if (FRESH) fresh_prologue(g, pa, fa, m, h, kvh, s_q, s_fk);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
         if (blockIdx.y == 0)
             for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) orow[d] = 0;
         return;
     }
-    const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
     if (c < cfirst || c > clast) return;
-    const int j0 = max(lo, c * ATT_CHUNK), j1 = min(hi, (c + 1) * ATT_CHUNK);
-    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h / g.group;
 
     const float *qrow = g.q + m * g.qs + (int64_t)h * g.D;
     float qv[NPL], o[NPL];
@@ -184,11 +217,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         o[i] = 0.0f;
     }
     float mx = -INFINITY, l = 0.0f;
-    /* The key's and the value's elements are loaded together, one group of
-     * keys ahead: the next group's round trip to memory overlaps this
-     * group's scores (decode is a chain of such round trips). */
-    float kv[NPL], vv[NPL];
-    load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
+    if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
@@ -220,6 +249,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
         for (int i = 0; i < NPL; i++) kv[i] = kn[i], vv[i] = vn[i];
     }
+    if (g.trigger) ds_cu_grid_trigger();
     if (li == 0) {
         s_m[grp] = mx;
         s_l[grp] = l;
@@ -318,6 +348,12 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.window = p->window;
     g.ring = p->ring_size;
     g.scale = p->scale;
+    static int trig = -1;
+    if (trig < 0) {
+        const char *e = getenv("DS_CUDA_ATT_TRIGGER");
+        trig = !(e && !strcmp(e, "0"));
+    }
+    g.trigger = trig;
     const int32_t *dpos = NULL;
     if (cb->reg.active) {
         if (!(dpos = ds_cu_step_ptr(cb, "attention", p->q_pos, M))) return;
@@ -402,21 +438,27 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
     attention_launch(ds_cu(be), out, q, k, v, p, NULL);
 }
 
-/* The fused path where its conditions hold (up to ATT_FRESH_MAX rows at
- * consecutive positions ending at n_keys, heads up to ATT_FRESH_DIM, no
- * window or ring, fp32 tensors), else the two ops. DS_CUDA_FUSED_ATTN=0
- * always runs the two (for comparison). */
+/* The fused path where its conditions hold (ATT_FUSED_MIN_ROWS to
+ * ATT_FRESH_MAX rows at consecutive positions ending at n_keys, heads up to
+ * ATT_FRESH_DIM, no window or ring, fp32 tensors), else the two ops. One
+ * row (decode) keeps the two ops: measured on the H200 (8B shape, AR step
+ * 4.517 ms with them vs 4.603-4.622 fused; verify of 8 rows 4.885-4.891
+ * fused vs 4.935-4.943), the norm kernel's small blocks are resident beside
+ * QKV's and ready when it ends, the fused launch's are not.
+ * DS_CUDA_FUSED_ATTN=R fuses from R rows on (0: never). */
+#define ATT_FUSED_MIN_ROWS 2
 void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
                                   ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
                                   const float *inv_freq, const ds_attn_params *p) {
     ds_cuda_backend *cb = ds_cu(be);
-    static int env = -1;
-    if (env < 0) {
+    static int min_rows = -1;
+    if (min_rows < 0) {
         const char *e = getenv("DS_CUDA_FUSED_ATTN");
-        env = !(e && !strcmp(e, "0"));
+        min_rows = e && *e ? atoi(e) : ATT_FUSED_MIN_ROWS;
+        if (min_rows <= 0) min_rows = ATT_FRESH_MAX + 1;
     }
     const int n = (int)q.rows;
-    bool fused = env && n >= 1 && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
+    bool fused = n >= min_rows && n >= 1 && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
                  head_dim == p->v_head_dim && head_dim <= ATT_FRESH_DIM && head_dim % 2 == 0 && p->window == 0 &&
                  p->ring_size == 0 && p->n_heads > 0 && p->n_kv_heads > 0 && p->n_heads % p->n_kv_heads == 0 &&
                  q.cols == (int64_t)p->n_heads * head_dim && k.cols == (int64_t)p->n_kv_heads * head_dim &&

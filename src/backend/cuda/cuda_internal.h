@@ -216,6 +216,20 @@ __device__ __forceinline__ void ds_cu_grid_wait(void) {
 #endif
 }
 
+/* The two halves of ds_cu_grid_wait() for a kernel that lets the next one
+ * be scheduled later than its wait (attention: the next kernel's weight
+ * stream would share HBM with its latency-bound key loads). */
+__device__ __forceinline__ void ds_cu_grid_wait_only(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ds_cu_grid_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 /* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
 __device__ __forceinline__ float ds_cu_rbf16(float f) {
     uint32_t u = __float_as_uint(f);

@@ -48,19 +48,27 @@ __device__ __forceinline__ float nr_warp_inv_rms(const float *v, int dim, float 
     return 1.0f / sqrtf(total / (float)dim + eps);
 }
 
-/* Pair (i, i + half) of a head: normed by rs and the weight w (NULL: none),
- * rotated by pos * inv_freq. */
-__device__ __forceinline__ void nr_rotate(float vi, float vh, float rs, const void *w, int wdtype, int i, int half,
-                                          int pos, float inv_freq, float *oi, float *oh) {
+/* Pair (i, i + half) of a head: normed by rs and the weight's values wi,
+ * wh (has_w false: none), rotated by pos * inv_freq. The weights come as
+ * values so a caller can load them before its norm's reduction. */
+__device__ __forceinline__ void nr_rotate_wv(float vi, float vh, float rs, bool has_w, float wi, float wh, int pos,
+                                             float inv_freq, float *oi, float *oh) {
     float p = __fmul_rn(vi, rs), q = __fmul_rn(vh, rs);
-    if (w) {
-        p = __fmul_rn(p, ds_cu_load(w, wdtype, i));
-        q = __fmul_rn(q, ds_cu_load(w, wdtype, i + half));
+    if (has_w) {
+        p = __fmul_rn(p, wi);
+        q = __fmul_rn(q, wh);
     }
     const float ang = __fmul_rn((float)pos, inv_freq);
     const float c = cosf(ang), s = sinf(ang);
     *oi = __fsub_rn(__fmul_rn(p, c), __fmul_rn(q, s));
     *oh = __fadd_rn(__fmul_rn(q, c), __fmul_rn(p, s));
+}
+
+/* The same with the weight w (NULL: none) read here. */
+__device__ __forceinline__ void nr_rotate(float vi, float vh, float rs, const void *w, int wdtype, int i, int half,
+                                          int pos, float inv_freq, float *oi, float *oh) {
+    const float wi = w ? ds_cu_load(w, wdtype, i) : 1.0f, wh = w ? ds_cu_load(w, wdtype, i + half) : 1.0f;
+    nr_rotate_wv(vi, vh, rs, w != NULL, wi, wh, pos, inv_freq, oi, oh);
 }
 
 #endif
