@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 /* Merges the chunk partials of rows whose keys span several chunks, in
  * chunk order. One block per (row, head). */
 __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
-    ds_cu_grid_wait();
+    ds_cu_grid_wait_only(); /* o_proj let in once the partials' sums are read, as in attn_chunk_kernel */
+    if (!g.trigger) ds_cu_grid_trigger();
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
@@ -298,6 +299,7 @@ __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
     float M = -INFINITY, lsum = 0.0f;
     for (int c = cfirst; c <= clast; c++) M = fmaxf(M, pp[(c - g.c0) * w]);
     for (int c = cfirst; c <= clast; c++) lsum += pp[(c - g.c0) * w + 1] * expf(pp[(c - g.c0) * w] - M);
+    if (g.trigger) ds_cu_grid_trigger();
     float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
     for (int d = threadIdx.x; d < g.Dv; d += blockDim.x) {
         float acc = 0.0f;
