@@ -223,6 +223,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     double bare_tok = 0;
     {
         if (!e) e = ds_target_forward(t, b->prompt, P, 0, 1);
+        if (!e) e = ds_backend_check(b->be); /* the prompt's forward done before the clock starts */
         int32_t tok = b->prompt[P - 1];
         const int n = o->decode > 1 ? o->decode : 2;
         double t0 = now_s();
