@@ -450,16 +450,22 @@ static inline void ds_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor 
     ds_store_rows(be, k_cache, k, ring_size, pos);
     ds_store_rows(be, v_cache, v, ring_size, pos);
 }
+/* qk_norm_rope_attention as its two calls (a backend's own op falls back
+ * to this where its fused launch does not apply). */
+static inline void ds_qk_norm_rope_then_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw,
+                                                  ds_tensor k, ds_tensor kw, ds_tensor v, ds_tensor k_cache,
+                                                  ds_tensor v_cache, int head_dim, float eps, const float *inv_freq,
+                                                  const ds_attn_params *p) {
+    ds_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
+    be->ops->attention(be, out, q, k_cache, v_cache, p);
+}
 static inline void ds_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
                                              ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache,
                                              int head_dim, float eps, const float *inv_freq,
                                              const ds_attn_params *p) {
-    if (be->ops->qk_norm_rope_attention) {
+    if (be->ops->qk_norm_rope_attention)
         be->ops->qk_norm_rope_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
-        return;
-    }
-    ds_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
-    be->ops->attention(be, out, q, k_cache, v_cache, p);
+    else ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
 }
 
 #endif

@@ -460,7 +460,7 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
         if (min_rows <= 0) min_rows = ATT_FRESH_MAX + 1;
     }
     const int n = (int)q.rows;
-    bool fused = n >= min_rows && n >= 1 && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
+    bool fused = n >= min_rows && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
                  head_dim == p->v_head_dim && head_dim <= ATT_FRESH_DIM && head_dim % 2 == 0 && p->window == 0 &&
                  p->ring_size == 0 && p->n_heads > 0 && p->n_kv_heads > 0 && p->n_heads % p->n_kv_heads == 0 &&
                  q.cols == (int64_t)p->n_heads * head_dim && k.cols == (int64_t)p->n_kv_heads * head_dim &&
@@ -471,8 +471,7 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
                  p->n_keys == p->q_pos[0] + n && p->q_pos[0] >= 0 && p->q_pos[n - 1] < k_cache.rows;
     for (int i = 1; fused && i < n; i++) fused = p->q_pos[i] == p->q_pos[0] + i;
     if (!fused) {
-        ds_cu_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
-        ds_cu_attention(be, out, q, k_cache, v_cache, p);
+        ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
         return;
     }
     fresh_arg fa = {};

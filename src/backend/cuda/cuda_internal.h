@@ -205,18 +205,7 @@ static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cud
     ds_cu_launch_smem(kernel, grid, block, 0, stream, static_cast<A &&>(args)...);
 }
 
-/* Waits for the previous kernel in the stream (its results are visible
- * after this), then lets the next kernel be scheduled: it launches once
- * every block of this one has passed here, i.e. while the last wave runs,
- * and waits in its own ds_cu_grid_wait() (see ds_cu_launch). */
-__device__ __forceinline__ void ds_cu_grid_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
-/* The two halves of ds_cu_grid_wait() for a kernel that lets the next one
+/* The two halves of ds_cu_grid_wait(), for a kernel that lets the next one
  * be scheduled later than its wait (attention: the next kernel's weight
  * stream would share HBM with its latency-bound key loads). */
 __device__ __forceinline__ void ds_cu_grid_wait_only(void) {
@@ -228,6 +217,14 @@ __device__ __forceinline__ void ds_cu_grid_trigger(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+/* Waits for the previous kernel in the stream (its results are visible
+ * after this), then lets the next kernel be scheduled: it launches once
+ * every block of this one has passed here, i.e. while the last wave runs,
+ * and waits in its own ds_cu_grid_wait() (see ds_cu_launch). */
+__device__ __forceinline__ void ds_cu_grid_wait(void) {
+    ds_cu_grid_wait_only();
+    ds_cu_grid_trigger();
 }
 
 /* Round to nearest even bf16, kept as fp32 (ds_f32_to_bf16 bit for bit). */
