@@ -37,7 +37,7 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!o->backend || !strcmp(o->backend, "cpu")) err = ds_backend_cpu_new(threads, &e->be);
     else if (!strcmp(o->backend, "cuda")) err = ds_backend_cuda_new(0, &e->be);
     else err = ds_errorf("unknown backend \"%s\" (cpu or cuda)", o->backend);
-    ds_target_opts to = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, NULL, &e->drafter);
     if (!err) {

@@ -133,6 +133,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* Rows a prefill forward takes unless the caller says (ds_target_opts,
+     * ds_drafter_opts): a GPU streams every weight once per forward, so more
+     * rows a chunk amortize it; the CPU's chunks stay cache-sized. */
+    int prefill_rows;
     void (*destroy)(ds_backend *be);
     /* Memory. alloc zero-fills. weight() makes a tensor from a checkpoint
      * tensor (the CPU maps it in place; a GPU copies it to device memory). */

@@ -97,7 +97,7 @@ typedef struct {
 } ds_proposal;
 
 typedef struct {
-    int max_rows; /* most context rows per append (0: 64) */
+    int max_rows; /* most context rows per append (0: the backend's prefill_rows) */
 } ds_drafter_opts;
 
 /* Opens a DeepSpec drafter directory and checks it against the target. */

@@ -59,7 +59,7 @@ struct ds_target {
 };
 
 typedef struct {
-    int max_rows;       /* 0 = default (64) */
+    int max_rows;       /* 0 = the backend's prefill_rows (CPU 64, CUDA 512) */
     int max_logit_rows; /* 0 = default (64) */
 } ds_target_opts;
 

@@ -238,7 +238,7 @@ static ds_error *open_session(const options *o, session *s) {
     if (o->no_draft) drafter = NULL;
     s->model_dir = model;
     DS_TRY(o->cuda ? ds_backend_cuda_new(0, &s->be) : ds_backend_cpu_new(o->threads, &s->be));
-    ds_target_opts topts = {.max_rows = 64, .max_logit_rows = DS_MAX_GAMMA + 1};
+    ds_target_opts topts = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
     DS_TRY(ds_target_open(s->be, model, &topts, &s->target));
     if (drafter) DS_TRY(ds_drafter_open(s->be, drafter, s->target, NULL, &s->drafter));
     snprintf(path, sizeof path, "%s/tokenizer.json", model);

@@ -243,6 +243,7 @@ static void cpu_destroy(ds_backend *be) {
 
 static const ds_backend_ops cpu_ops = {
     .name = "cpu",
+    .prefill_rows = 64,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .weight = cpu_weight,

@@ -205,6 +205,7 @@ static void cu_destroy(ds_backend *be) {
 
 static const ds_backend_ops cuda_ops = {
     .name = "cuda",
+    .prefill_rows = 512, /* 8B at 64 rows a chunk: every 64 prompt tokens re-read 16 GB of weights (3.8 ms) */
     .destroy = cu_destroy,
     .alloc = cu_alloc,
     .weight = cu_weight,
