@@ -417,6 +417,8 @@ static void attention_case(const attn_case *ac) {
     release(&one);
 }
 
+static void attention_packed_cases(void);
+
 static void test_attention(void) {
     const attn_case cases[] = {
         {"decode-like D=64 GQA 4/2, 1 row at 40", 4, 2, 64, 64, true, 0, 0, 40, 1, 0},
@@ -430,6 +432,52 @@ static void test_attention(void) {
         {"non-causal D=128 Dv=64, 5 rows, 20 keys", 4, 4, 128, 64, false, 0, 0, 15, 5, 20},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attention_case(&cases[i]);
+    attention_packed_cases();
+}
+
+/* A block packs the R query heads of a kv head it can (R = 4 at GQA 4 and
+ * 8, 2 at GQA 2; heads up to 128): each head's result must be the same
+ * bits as that head computed alone (one head, one kv head: R = 1), so the
+ * packing can never change what a row gets. */
+static void packed_case(const char *name, int H, int KVH, int D, int p0, int M) {
+    const int n_keys = p0 + M;
+    pair q = act_rand(M, (int64_t)H * D, 1.0f), k = act_rand(n_keys, (int64_t)KVH * D, 1.0f);
+    pair v = act_rand(n_keys, (int64_t)KVH * D, 1.0f), out = act(M, (int64_t)H * D, NULL), one = act(M, D, NULL);
+    int32_t *pos = malloc((size_t)M * sizeof *pos);
+    for (int i = 0; i < M; i++) pos[i] = p0 + i;
+    ds_attn_params p = {.n_heads = H, .n_kv_heads = KVH, .head_dim = D, .v_head_dim = D, .n_keys = n_keys,
+                        .causal = true, .scale = 1.0f / sqrtf((float)D), .q_pos = pos};
+    gpu->ops->attention(gpu, out.g, q.g, k.g, v.g, &p);
+    float *all = fetch(gpu, out.g);
+    int bad = -1;
+    for (int h = 0; h < H && bad < 0; h++) { /* head h alone: column views of its q and its kv head */
+        const int kvh = h / (H / KVH);
+        ds_tensor qh = q.g, kh = k.g, vh = v.g;
+        qh.data = (float *)qh.data + (int64_t)h * D, qh.cols = D;
+        kh.data = (float *)kh.data + (int64_t)kvh * D, kh.cols = D;
+        vh.data = (float *)vh.data + (int64_t)kvh * D, vh.cols = D;
+        ds_attn_params p1 = p;
+        p1.n_heads = p1.n_kv_heads = 1;
+        gpu->ops->attention(gpu, one.g, qh, kh, vh, &p1);
+        float *r = fetch(gpu, one.g);
+        for (int i = 0; i < M && bad < 0; i++)
+            if (memcmp(r + (size_t)i * D, all + ((size_t)i * H + h) * D, (size_t)D * 4)) bad = h;
+        free(r);
+    }
+    CHECK(bad < 0, "attention packed %s: head %d differs from the head computed alone", name, bad);
+    check_gpu_ok(name);
+    free(all);
+    free(pos);
+    pair *ps[] = {&q, &k, &v, &out, &one};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
+}
+
+static void attention_packed_cases(void) {
+    packed_case("decode GQA 8/2 D=128, 1 row at 40", 8, 2, 128, 40, 1);
+    packed_case("verify GQA 8/2 D=128, 8 rows at 700 (3 chunks)", 8, 2, 128, 700, 8);
+    packed_case("verify GQA 6/3 D=64, 5 rows at 250 (across chunk 256)", 6, 3, 64, 250, 5);
+    packed_case("GQA 4/1 D=32, 3 rows at 10", 4, 1, 32, 10, 3);
+    packed_case("GQA 16/2 D=128, 2 rows at 300", 16, 2, 128, 300, 2);
 }
 
 /* The step's q/k norms, RoPE, K/V store and attention in one launch

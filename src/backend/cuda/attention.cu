@@ -112,24 +112,27 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
     }
 }
 
-/* FRESH: the block's q head and (where its chunk holds them, or it stores
+/* FRESH: the block's R q heads and (where its chunk holds them, or it stores
  * them) the step's keys of its kv head, normed and rotated into shared
  * memory, one warp a head; the first block of each kv head (row 0, the
  * grid's first chunk) stores those keys and their values in the caches.
  * A warp's head and its norm weight are requested together (one round trip
  * to memory, not one per element). */
+template <int R>
 __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
-                                               int h, int kvh, float *sq, float (*fk)[ATT_FRESH_DIM]) {
+                                               int h0, int kvh, float (*sq)[ATT_FRESH_DIM],
+                                               float (*fk)[ATT_FRESH_DIM]) {
     const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool store = blockIdx.y == 0 && m == 0 && h % g.group == 0;
+    const bool store = blockIdx.y == 0 && m == 0 && h0 % g.group == 0;
     const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
     constexpr int E = ATT_FRESH_DIM / 32, P = ATT_FRESH_DIM / 64; /* a lane's elements and pairs */
-    for (int t = warp; t <= (keys ? fa.n : 0); t += ATT_THREADS / 32) { /* 0: q; 1 + i: fresh key i */
-        const float *src = t ? fa.k + (int64_t)(t - 1) * fa.ks + (int64_t)kvh * g.D
-                             : fa.q + (int64_t)m * fa.qs + (int64_t)h * g.D;
-        const void *w = t ? fa.kw : fa.qw;
-        const int wdt = t ? fa.kwdt : fa.qwdt;
+    for (int t = warp; t < R + (keys ? fa.n : 0); t += ATT_THREADS / 32) { /* t < R: q head h0 + t; R + i: key i */
+        const bool key = t >= R;
+        const float *src = key ? fa.k + (int64_t)(t - R) * fa.ks + (int64_t)kvh * g.D
+                               : fa.q + (int64_t)m * fa.qs + (int64_t)(h0 + t) * g.D;
+        const void *w = key ? fa.kw : fa.qw;
+        const int wdt = key ? fa.kwdt : fa.qwdt;
         float e[E], wi[P], wh[P];
 #pragma unroll
         for (int k = 0; k < E; k++) e[k] = lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
@@ -139,13 +142,13 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
             wi[k] = w && i < half ? ds_cu_load(w, wdt, i) : 1.0f;
             wh[k] = w && i < half ? ds_cu_load(w, wdt, i + half) : 1.0f;
         }
-        float *dst = t ? fk[t - 1] : sq;
+        float *dst = key ? fk[t - R] : sq[t];
 #pragma unroll
         for (int k = 0; k < E; k++)
             if (lane + 32 * k < g.D) dst[lane + 32 * k] = e[k];
         __syncwarp();
         const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
-        const int pos = row_pos(g, pa, t ? t - 1 : m);
+        const int pos = row_pos(g, pa, key ? t - R : m);
 #pragma unroll
         for (int k = 0; k < P; k++) { /* a lane rewrites only its own pairs, read by it alone */
             const int i = lane + 32 * k;
@@ -170,8 +173,33 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
     }
 }
 
-/* L lanes per key, NPL head dimensions per lane (d = lane + L*i). */
-template <int L, int NPL, bool FRESH>
+/* One key's score's contribution to the running softmax of one query:
+ * the operations written out (no contraction left to the compiler), so a
+ * query's result is the same bits whichever R its block packs. */
+template <int L, int NPL>
+__device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s, const float vv[NPL], int li,
+                                           float *mx, float *l, float o[NPL]) {
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+    if (!valid) return;
+    s = __fmul_rn(s, g.scale);
+    const float mn = fmaxf(*mx, s);
+    const float corr = expf(*mx - mn), p = expf(s - mn);
+    *l = __fmaf_rn(*l, corr, p);
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int d = li + L * i;
+        if (d < g.Dv) o[i] = __fmaf_rn(o[i], corr, __fmul_rn(p, vv[i]));
+    }
+    *mx = mn;
+}
+
+/* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
+ * takes R query heads of one kv head (R divides the GQA group): each key
+ * and value is loaded once for the R heads, which a block per head would
+ * each load again (verify of 8 rows at GQA 4 read every key 32 times).
+ * Every head's arithmetic is the same, in the same order, as with R = 1. */
+template <int L, int NPL, int R, bool FRESH>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
@@ -180,17 +208,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     ds_cu_grid_wait_only();
     if (!g.trigger) ds_cu_grid_trigger();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
+    constexpr bool QS = FRESH || R > 1; /* the queries in shared memory (normed there when FRESH) */
     __shared__ float s_m[G], s_l[G];
     __shared__ float s_o[G][L * NPL];
-    __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[FRESH ? ATT_FRESH_DIM : 1];
-    const int m = blockIdx.x / g.H, h = blockIdx.x % g.H, c = g.c0 + (int)blockIdx.y;
-    float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+    __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
+    const int hpr = g.H / R; /* blocks per row */
+    const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
     const int cfirst = lo / ATT_CHUNK, clast = hi > lo ? (hi - 1) / ATT_CHUNK : -1;
     const int j0 = max(lo, c * ATT_CHUNK), j1 = min(hi, (c + 1) * ATT_CHUNK);
-    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h / g.group;
+    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h0 / g.group;
     /* The key's and the value's elements are loaded together, one group of
      * keys ahead: the next group's round trip to memory overlaps this
      * group's scores (decode is a chain of such round trips). FRESH: the
@@ -200,23 +229,32 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     float kv[NPL], vv[NPL];
     const bool early = FRESH && c >= cfirst && c <= clast && j0 + grp < min(j1, f0);
     if (early) load_kv<L, NPL, false>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
-    if (FRESH) fresh_prologue(g, pa, fa, m, h, kvh, s_q, s_fk);
+    if constexpr (FRESH) fresh_prologue<R>(g, pa, fa, m, h0, kvh, s_q, s_fk);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
         if (blockIdx.y == 0)
-            for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) orow[d] = 0;
+            for (int e = threadIdx.x; e < R * g.Dv; e += ATT_THREADS)
+                g.out[m * g.os + (int64_t)(h0 + e / g.Dv) * g.Dv + e % g.Dv] = 0;
         return;
     }
     if (c < cfirst || c > clast) return;
-
-    const float *qrow = g.q + m * g.qs + (int64_t)h * g.D;
-    float qv[NPL], o[NPL];
-#pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int d = li + L * i;
-        qv[i] = d < g.D ? (FRESH ? s_q[d] : qrow[d]) : 0.0f;
-        o[i] = 0.0f;
+    if (!FRESH && R > 1) { /* the R heads' queries, side by side in the row */
+        for (int e = threadIdx.x; e < R * g.D; e += ATT_THREADS)
+            s_q[e / g.D][e % g.D] = g.q[m * g.qs + (int64_t)h0 * g.D + e];
+        __syncthreads();
     }
-    float mx = -INFINITY, l = 0.0f;
+    float qv[NPL], o[R][NPL], mx[R], l[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        mx[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
+    }
+    if (!QS) {
+        const float *qrow = g.q + m * g.qs + (int64_t)h0 * g.D;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) qv[i] = li + L * i < g.D ? qrow[li + L * i] : 0.0f;
+    }
     if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
@@ -224,62 +262,58 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         const bool valid = j < j1;
         float kn[NPL], vn[NPL];
         load_kv<L, NPL, FRESH>(g, j + G, j1, kvh, li, kn, vn, fa, f0, s_fk);
-        float s = 0.0f;
-        if (valid) {
 #pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                const int d = li + L * i;
-                if (d < g.D) s = fmaf(qv[i], kv[i], s);
+        for (int r = 0; r < R; r++) {
+            float s = 0.0f;
+            if (valid) {
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    const int d = li + L * i;
+                    if (d < g.D) s = __fmaf_rn(QS ? s_q[r][d] : qv[i], kv[i], s);
+                }
             }
-        }
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (valid) {
-            s *= g.scale;
-            const float mn = fmaxf(mx, s);
-            const float corr = expf(mx - mn), p = expf(s - mn);
-            l = l * corr + p;
-#pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                const int d = li + L * i;
-                if (d < g.Dv) o[i] = o[i] * corr + p * vv[i];
-            }
-            mx = mn;
+            att_update<L, NPL>(g, valid, s, vv, li, &mx[r], &l[r], o[r]);
         }
 #pragma unroll
         for (int i = 0; i < NPL; i++) kv[i] = kn[i], vv[i] = vn[i];
     }
     if (g.trigger) ds_cu_grid_trigger();
-    if (li == 0) {
-        s_m[grp] = mx;
-        s_l[grp] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < NPL; i++) s_o[grp][li + L * i] = o[i];
-    __syncthreads();
-    /* Merge the groups in order (a group that saw no key has l = 0). */
-    float M = -INFINITY;
-    for (int k = 0; k < G; k++)
-        if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
-    float fac[G], lsum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < G; k++) {
-        fac[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
-        if (s_l[k] > 0) lsum += s_l[k] * fac[k];
-    }
     const bool single = cfirst == clast;
-    float *pp = g.part + (((int64_t)m * g.H + h) * g.ny + blockIdx.y) * (g.Dv + 2);
-    for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) {
-        float acc = 0.0f;
 #pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r) __syncthreads(); /* the previous head's merge has read s_m, s_l, s_o */
+        if (li == 0) {
+            s_m[grp] = mx[r];
+            s_l[grp] = l[r];
+        }
+#pragma unroll
+        for (int i = 0; i < NPL; i++) s_o[grp][li + L * i] = o[r][i];
+        __syncthreads();
+        /* Merge the groups in order (a group that saw no key has l = 0). */
+        float M = -INFINITY;
         for (int k = 0; k < G; k++)
-            if (s_l[k] > 0) acc += s_o[k][d] * fac[k];
-        if (single) orow[d] = acc / lsum;
-        else pp[2 + d] = acc;
-    }
-    if (!single && threadIdx.x == 0) {
-        pp[0] = M;
-        pp[1] = lsum;
+            if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
+        float fac[G], lsum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            fac[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
+            if (s_l[k] > 0) lsum = __fmaf_rn(s_l[k], fac[k], lsum);
+        }
+        const int h = h0 + r;
+        float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+        float *pp = g.part + (((int64_t)m * g.H + h) * g.ny + blockIdx.y) * (g.Dv + 2);
+        for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < G; k++)
+                if (s_l[k] > 0) acc = __fmaf_rn(s_o[k][d], fac[k], acc);
+            if (single) orow[d] = acc / lsum;
+            else pp[2 + d] = acc;
+        }
+        if (!single && threadIdx.x == 0) {
+            pp[0] = M;
+            pp[1] = lsum;
+        }
     }
 }
 
@@ -316,6 +350,18 @@ static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
     }
     *lo = a;
     *hi = b;
+}
+
+/* The chunk kernel for heads up to 128 with R heads a block (1, 2 or 4), fused or not. */
+template <int L, int NPL>
+static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, const att_geo &g, const pos_arg &pa,
+                          const fresh_arg &f) {
+    if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (fresh && R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
 }
 
 /* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
@@ -356,6 +402,11 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         trig = !(e && !strcmp(e, "0"));
     }
     g.trigger = trig;
+    static int pack = -1; /* DS_CUDA_ATT_PACK=0: a block per head (for comparison) */
+    if (pack < 0) {
+        const char *e = getenv("DS_CUDA_ATT_PACK");
+        pack = !(e && !strcmp(e, "0"));
+    }
     const int32_t *dpos = NULL;
     if (cb->reg.active) {
         if (!(dpos = ds_cu_step_ptr(cb, "attention", p->q_pos, M))) return;
@@ -410,23 +461,20 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         pos_arg pa;
         for (int i = 0; i < n; i++) pa.v[i] = dpos ? 0 : p->q_pos[r0 + i];
         g.dpos = dpos ? dpos + r0 : NULL;
-        dim3 grid((unsigned)(n * g.H), (unsigned)g.ny);
         /* Few lanes per key, many keys per block in flight: decode is bound
          * by the latency of fetching keys, not by arithmetic. The choice
          * depends on the head size alone (rows stay invariant). */
         static const fresh_arg none = {};
-        if (fa && dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
-        else if (fa && dmax <= 64)
-            ds_cu_launch(attn_chunk_kernel<4, 16, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
-        else if (fa) ds_cu_launch(attn_chunk_kernel<8, 16, true>, grid, ATT_THREADS, cb->stream, g, pa, *fa);
-        else if (dmax <= 32) ds_cu_launch(attn_chunk_kernel<4, 8, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
-        else if (dmax <= 64)
-            ds_cu_launch(attn_chunk_kernel<4, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
-        else if (dmax <= 128)
-            ds_cu_launch(attn_chunk_kernel<8, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
-        else if (dmax <= 256)
-            ds_cu_launch(attn_chunk_kernel<16, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
-        else ds_cu_launch(attn_chunk_kernel<32, 16, false>, grid, ATT_THREADS, cb->stream, g, pa, none);
+        const fresh_arg &f = fa ? *fa : none;
+        /* The heads a block packs (R, dividing the group): up to 4, for heads up to 128 (the queries in shared
+         * memory, R heads' outputs in registers). */
+        const int R = dmax > ATT_FRESH_DIM || !pack ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
+        dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
+        if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, g, pa, f);
+        else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, g, pa, f);
+        else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, g, pa, f);
+        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
+        else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
             ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
