@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
         for (int a = 0; a < 4; a++)
 #pragma unroll
             for (int b = 0; b < KPL; b++) s[a][b] = 0.0f;
+#pragma unroll 4 /* several dimensions' loads in flight: 8 warps a block, one block an SM */
         for (int d = 0; d < g.D; d++) {
             float qa[4], kb[KPL];
 #pragma unroll
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
 #pragma unroll
             for (int j = 0; j < OPL; j++) o[a][j] *= corr[a];
         const float *p0 = sp + 4 * rg * (PA_KT + 1);
+#pragma unroll 4
         for (int kk = 0; kk < PA_KT; kk++) {
             float pa[4], vb[OPL];
 #pragma unroll
