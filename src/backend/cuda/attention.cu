@@ -485,6 +485,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
 }
 
 void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
+    if (ds_cu_attention_prefill(ds_cu(be), out, q, k, v, p)) return;
     attention_launch(ds_cu(be), out, q, k, v, p, NULL);
 }
 

@@ -34,6 +34,9 @@ extern "C" {
  * out as [n_keys | walk (DS_CU_WALK) | ids | pos | out], int32. The walk is
  * the Markov walk's [anchor = ids[0], tokens..., ticket, rows done]. */
 #define DS_CU_WALK (DS_CU_ROWS + 3)
+/* Attention calls of at least this many rows (prefill chunks: more rows than
+ * a verify's gamma + 1 <= 8) run the tiled kernel (attention_prefill.cu). */
+#define DS_CU_PREFILL_ROWS 9
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
 #define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */
@@ -292,6 +295,11 @@ float *ds_cu_dist_max_slot(void *ws, int rows, int64_t V, int row);
 bool ds_cu_dist_run(ds_cuda_backend *cb, const char *op, void *ws, int ws_rows, int ws_row, const float *x,
                     int64_t xs, float *out, int64_t os, int rows, int64_t V, const ds_sampling *s, const double *u,
                     int32_t *d_tok, bool max_ready);
+/* Attention for a prefill chunk (DS_CU_PREFILL_ROWS rows or more at
+ * consecutive positions, heads up to 128, outside a step region); false:
+ * not such a call, use the decode kernel. */
+bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                             const ds_attn_params *p);
 void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
                                   ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
                                   const float *inv_freq, const ds_attn_params *p);
