@@ -1407,6 +1407,9 @@ int main(void) {
     setenv("DS_CUDA_RING_MIN_TILES", "1", 0);
     /* The fused norm + attention launch from one row on (the engine keeps decode's one row on the two ops). */
     setenv("DS_CUDA_FUSED_ATTN", "1", 0);
+    /* Attention packs a kv head's query heads into one block however small the grid (the engine only packs
+     * grids of 128 blocks on), so the packed path is what every attention case here checks. */
+    setenv("DS_CUDA_ATT_PACK", "1", 0);
     const char *dev = getenv("DS_CUDA_DEVICE");
     ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, &gpu);
     if (e) {

@@ -42,6 +42,7 @@ typedef struct {
 
 #define ATT_FRESH_MAX 8           /* rows (fresh keys) of a fused launch */
 #define ATT_FRESH_DIM NR_THREADS  /* largest head: the per-head norm's one element per thread */
+#define ATT_PACK_MIN_BLOCKS 128 /* packed grids smaller than this run a head a block (attention_launch) */
 
 /* The fused launch's step: raw q, k, v rows (QKV's outputs; row i at the
  * launch's row i position), the norm weights, the caches, RoPE's
@@ -402,10 +403,17 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         trig = !(e && !strcmp(e, "0"));
     }
     g.trigger = trig;
-    static int pack = -1; /* DS_CUDA_ATT_PACK=0: a block per head (for comparison) */
-    if (pack < 0) {
+    /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
+     * steps: measured on the H200 (8B shape), packing every call slowed the AR step 4.43 -> 4.86 ms (prompt 64: 8
+     * blocks a layer instead of 32) and verify of 8 rows at prompt 64 (64 blocks: 4.89 -> 5.17), and sped verify of
+     * 8 rows at prompt 512 up (128 blocks: 6.08 -> 5.93). So a launch packs when its packed grid still has
+     * ATT_PACK_MIN_BLOCKS blocks (about one an SM). Each head's result is the same bits either way.
+     * DS_CUDA_ATT_PACK=B packs from B blocks (1: always, 0: never). */
+    static int pack_min = -1;
+    if (pack_min < 0) {
         const char *e = getenv("DS_CUDA_ATT_PACK");
-        pack = !(e && !strcmp(e, "0"));
+        pack_min = e && *e ? atoi(e) : ATT_PACK_MIN_BLOCKS;
+        if (pack_min <= 0) pack_min = INT32_MAX;
     }
     const int32_t *dpos = NULL;
     if (cb->reg.active) {
@@ -468,7 +476,8 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         const fresh_arg &f = fa ? *fa : none;
         /* The heads a block packs (R, dividing the group): up to 4, for heads up to 128 (the queries in shared
          * memory, R heads' outputs in registers). */
-        const int R = dmax > ATT_FRESH_DIM || !pack ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
+        int R = dmax > ATT_FRESH_DIM ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
+        if ((int64_t)n * g.H / R * g.ny < pack_min) R = 1;
         dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
         if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, g, pa, f);
         else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, g, pa, f);
