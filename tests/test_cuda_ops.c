@@ -393,12 +393,13 @@ static void attention_case(const attn_case *ac) {
     char what[96];
     snprintf(what, sizeof what, "attention %s", ac->name);
     compare(out.g, out.c, 2e-5, what);
-    /* Each row alone, as decode sees it: n_keys = its position + 1 when causal. Calls of more than 8 rows
-     * (prefill chunks: more than a verify's gamma + 1) run the tiled kernel and are held to the CPU only. */
+    /* Each row alone, as decode sees it: n_keys = its position + 1 when causal. Calls of DS_CU_PREFILL_ROWS
+     * (33) rows or more (prefill chunks: more than any verify's gamma + 1) run the tiled kernel and are held to
+     * the CPU only. */
     float *all = fetch(gpu, out.g);
     pair one = act(1, (int64_t)ac->H * ac->Dv, NULL);
     int bad = -1;
-    for (int i = 0; i < ac->M && ac->M <= 8 && bad < 0; i++) {
+    for (int i = 0; i < ac->M && ac->M <= 32 && bad < 0; i++) {
         ds_attn_params p1 = p;
         p1.q_pos = pos + i;
         if (ac->causal) p1.n_keys = pos[i] + 1;
@@ -430,7 +431,7 @@ static void test_attention(void) {
         {"prefill D=128 GQA 8/2, 150 rows at 100 (key tiles past 256)", 8, 2, 128, 128, true, 0, 0, 100, 150, 0},
         {"prefill D=64 window 40, 70 rows at 30", 4, 2, 64, 64, true, 40, 0, 30, 70, 0},
         {"prefill D=128 window 100 ring 192, 40 rows at 300", 4, 1, 128, 128, true, 100, 192, 300, 40, 0},
-        {"prefill non-causal D=64 Dv=32, 20 rows, 90 keys", 4, 2, 64, 32, false, 0, 0, 0, 20, 90},
+        {"prefill non-causal D=64 Dv=32, 40 rows, 90 keys", 4, 2, 64, 32, false, 0, 0, 0, 40, 90},
         {"D=256 sliding window 100, ring 128", 2, 1, 256, 256, true, 100, 128, 300, 6, 0},
         {"D=512 window 300 ring 512 at 1000", 2, 2, 512, 512, true, 300, 512, 1000, 4, 0},
         {"drafter non-causal D=64, 7 rows, 300 keys", 4, 2, 64, 64, false, 0, 0, 293, 7, 300},

@@ -15,7 +15,8 @@
  *
  * Rows of these calls are not bit-identical to the same rows decoded alone
  * (as prefill's cuBLAS projections are not): the engine needs that only
- * between a verify (up to 8 rows) and decode, which both run attention.cu. */
+ * between a verify (up to DS_CU_NARROW_M rows) and decode, which both run
+ * attention.cu (DS_CU_PREFILL_ROWS). */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>

@@ -34,9 +34,12 @@ extern "C" {
  * out as [n_keys | walk (DS_CU_WALK) | ids | pos | out], int32. The walk is
  * the Markov walk's [anchor = ids[0], tokens..., ticket, rows done]. */
 #define DS_CU_WALK (DS_CU_ROWS + 3)
-/* Attention calls of at least this many rows (prefill chunks: more rows than
- * a verify's gamma + 1 <= 8) run the tiled kernel (attention_prefill.cu). */
-#define DS_CU_PREFILL_ROWS 9
+/* Attention calls of at least this many rows (prefill chunks) run the tiled
+ * kernel (attention_prefill.cu), whose rows are not bit-identical to rows
+ * decoded alone. Every call the narrow matmuls take (up to DS_CU_NARROW_M
+ * rows, row-invariant) stays on the decode kernel, so a verify's rows equal
+ * decode's bit for bit for any drafter's gamma up to 31. */
+#define DS_CU_PREFILL_ROWS (DS_CU_NARROW_M + 1)
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
 #define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */
