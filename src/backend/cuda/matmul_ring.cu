@@ -57,7 +57,6 @@
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 #define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
-#define RING_WAITED (RING_NWBAR + 16)       /* set once the consumers' wait for the previous kernel returned */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, the ring of stages (each: NW weight
@@ -80,7 +79,6 @@ typedef struct {
                       * further along the banks than row g - 1's, so the rows' fragment loads do not collide */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
     int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
-    int flight_pre;  /* XC: the same before the consumers' wait returned (0: flight), below flight */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -219,7 +217,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             bar_init(empty0 + 8 * i, MMA_WARPS);
         }
         bar_init(smem_addr(smem + RING_NWBAR), 1);
-        *(volatile int *)(smem + RING_WAITED) = 0;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -253,11 +250,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
             /* At most `flight` stages in flight: stage it - flight has landed. */
-            /* Before the previous kernel is done, flight_pre: a block that enters early streams gently while
-             * that kernel may still be latency-bound on HBM (attention's key loads). */
-            const int fl = p.flight_pre && !*(volatile int *)(smem + RING_WAITED) ? p.flight_pre : p.flight;
-            if (XC && fl && it >= fl) {
-                const int j = it - fl;
+            if (XC && p.flight && it >= p.flight) {
+                const int j = it - p.flight;
                 bar_wait(full0 + 8 * (j % p.slots), (j / p.slots) & 1);
             }
             slot_tile[c.slot] = tile; /* published by the arrive below */
@@ -300,7 +294,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 
     /* The consumers. */
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
-    if (threadIdx.x == 0) *(volatile int *)(smem + RING_WAITED) = 1;
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
     const int g = lane >> 2, t = lane & 3;
@@ -446,7 +439,6 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
-    int flight_pre; /* the same before the previous kernel is done (experiment; 0: flight) */
     int xc_rows;   /* most rows of x split once per block (XC) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -463,8 +455,6 @@ static const ring_settings *ring_env(void) {
         r.dyn = !(dyn && !strcmp(dyn, "0"));
         const char *fl = getenv("DS_CUDA_RING_FLIGHT");
         r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
-        const char *fp = getenv("DS_CUDA_RING_FLIGHT_PRE");
-        r.flight_pre = fp && atoi(fp) > 0 ? atoi(fp) : 0;
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
         read = true;
@@ -613,7 +603,6 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
      * stage a ring's depth back may already be rearmed for a later one. */
     p.flight = xc && env->flight < p.slots ? env->flight : 0;
-    p.flight_pre = p.flight && env->flight_pre < p.flight ? env->flight_pre : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     const int bytes = p.xc_off + xc_bytes;
