@@ -293,6 +293,11 @@ ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out);
  * device ("no CUDA device"). */
 ds_error *ds_backend_cuda_new(int device, ds_backend **out);
 
+/* Rows a prefill forward takes when its caller does not say (ds_backend_ops.prefill_rows; 64 where unset). */
+static inline int ds_backend_prefill_rows(const ds_backend *be) {
+    return be->ops->prefill_rows > 0 ? be->ops->prefill_rows : 64;
+}
+
 /* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
 static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 

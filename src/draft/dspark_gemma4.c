@@ -144,7 +144,7 @@ ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_targ
     d->be = be;
     d->ck = ck;
     d->arch = "Gemma4DSparkModel";
-    d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : be->ops->prefill_rows > 0 ? be->ops->prefill_rows : 64;
+    d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : ds_backend_prefill_rows(be);
     ds_error *e = gd_init(g, target);
     if (e) {
         gd_destroy(d);

@@ -69,7 +69,7 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     d->be = be;
     d->ck = ck;
     d->arch = "Qwen3DSparkModel";
-    d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : be->ops->prefill_rows > 0 ? be->ops->prefill_rows : 64;
+    d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : ds_backend_prefill_rows(be);
     ds_error *e = ds_qwen3_config_read(ck->config, ck->dir, &q->c);
     if (!e) e = ds_drafter_load_common(d, target);
     const ds_qwen3_config *c = &q->c;

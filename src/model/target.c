@@ -50,7 +50,7 @@ static void embed_ids(const ds_target *t, int32_t *ids, int n) {
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts) {
     t->be = be;
     t->ck = ck;
-    t->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : be->ops->prefill_rows > 0 ? be->ops->prefill_rows : 64;
+    t->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : ds_backend_prefill_rows(be);
     t->max_logit_rows = opts && opts->max_logit_rows > 0 ? opts->max_logit_rows : 64;
     if (t->max_logit_rows > t->max_rows) t->max_logit_rows = t->max_rows;
 }
