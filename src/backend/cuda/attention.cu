@@ -398,10 +398,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.ring = p->ring_size;
     g.scale = p->scale;
     static int trig = -1;
-    if (trig < 0) {
-        const char *e = getenv("DS_CUDA_ATT_TRIGGER");
-        trig = !(e && !strcmp(e, "0"));
-    }
+    if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
     g.trigger = trig;
     /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
      * steps: measured on the H200 (8B shape), packing every call slowed the AR step 4.43 -> 4.86 ms (prompt 64: 8
@@ -527,7 +524,7 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
                  v_cache.dtype == DS_F32 && (!qw.data || qw.dtype == DS_BF16 || qw.dtype == DS_F16 || qw.dtype == DS_F32) &&
                  (!kw.data || kw.dtype == DS_BF16 || kw.dtype == DS_F16 || kw.dtype == DS_F32) && p->q_pos &&
                  p->n_keys == p->q_pos[0] + n && p->q_pos[0] >= 0 && p->q_pos[n - 1] < k_cache.rows;
-    for (int i = 1; fused && i < n; i++) fused = p->q_pos[i] == p->q_pos[0] + i;
+    fused = fused && ds_cu_consecutive(p->q_pos, n);
     if (!fused) {
         ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
         return;

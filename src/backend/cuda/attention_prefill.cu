@@ -184,18 +184,14 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
 
 bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                              const ds_attn_params *p) {
-    static int env = -1;
-    if (env < 0) {
-        const char *e = getenv("DS_CUDA_PREFILL_ATTN"); /* 0: the decode kernel for every call (comparison) */
-        env = !(e && !strcmp(e, "0"));
-    }
+    static int env = -1; /* DS_CUDA_PREFILL_ATTN=0: the decode kernel for every call (comparison) */
+    if (env < 0) env = ds_cu_env_on("DS_CUDA_PREFILL_ATTN");
     const int64_t M = q.rows;
     if (!env || M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
         p->v_head_dim > PA_DMAX || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads ||
         M > INT32_MAX / 2)
         return false;
-    for (int64_t i = 1; i < M; i++)
-        if (p->q_pos[i] != p->q_pos[0] + i) return false; /* consecutive positions: pos0 + row */
+    if (!ds_cu_consecutive(p->q_pos, M)) return false; /* row m at pos0 + m */
     pa_geo g = {};
     g.q = (const float *)q.data, g.k = (const float *)k.data, g.v = (const float *)v.data;
     g.out = (float *)out.data;

@@ -87,10 +87,7 @@ void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes) {
 
 bool ds_cu_pdl_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("DS_CUDA_PDL");
-        on = !(v && !strcmp(v, "0"));
-    }
+    if (on < 0) on = ds_cu_env_on("DS_CUDA_PDL");
     return on;
 }
 

@@ -17,6 +17,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 extern "C" {
 #include "backend/backend.h"
@@ -190,6 +192,17 @@ template <> __device__ __forceinline__ void ds_cu_load8<DS_F16>(const void *p, i
  * launch gap between the ~250 small dependent kernels of a decode step.
  * DS_CUDA_PDL=0 launches plainly (for comparison). */
 bool ds_cu_pdl_enabled(void);
+/* False when the environment variable `name` is "0" (a switch for comparing runs), else true. */
+static inline bool ds_cu_env_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && !strcmp(v, "0"));
+}
+/* Whether positions pos[0..n) are pos[0], pos[0] + 1, ... */
+static inline bool ds_cu_consecutive(const int32_t *pos, int64_t n) {
+    for (int64_t i = 1; i < n; i++)
+        if (pos[i] != pos[0] + i) return false;
+    return true;
+}
 
 template <typename... P, typename... A>
 static inline void ds_cu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -39,8 +39,7 @@ struct ds_cu_graph {
 };
 
 static bool env_graphs(void) {
-    const char *v = getenv("DS_CUDA_GRAPHS");
-    if (v && !strcmp(v, "0")) return false;
+    if (!ds_cu_env_on("DS_CUDA_GRAPHS")) return false;
     const char *prof = getenv("DS_CUDA_PROFILE"), *trace = getenv("DS_CUDA_RING_TRACE");
     /* Per-op timing and the ring timeline are per call: they need the calls. */
     if (prof && *prof && strcmp(prof, "0")) return false;

@@ -448,11 +448,11 @@ static const ring_settings *ring_env(void) {
     static ring_settings r;
     static bool read = false;
     if (!read) {
-        const char *on = getenv("DS_CUDA_RING"), *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
-        const char *mt = getenv("DS_CUDA_RING_MIN_TILES"), *dyn = getenv("DS_CUDA_RING_DYN");
-        r.on = !(on && !strcmp(on, "0"));
+        const char *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
+        const char *mt = getenv("DS_CUDA_RING_MIN_TILES");
+        r.on = ds_cu_env_on("DS_CUDA_RING");
         r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
-        r.dyn = !(dyn && !strcmp(dyn, "0"));
+        r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
         const char *fl = getenv("DS_CUDA_RING_FLIGHT");
         r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
