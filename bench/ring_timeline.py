@@ -12,6 +12,12 @@ stage of the slowest block, the blocks' ends (first..last), the median time
 between a block's tiles, and the producer's last request -> block end.
 Fields per block are those of src/backend/cuda/ring_trace.h.
 
+The attention and q/k norm + RoPE launches between the matmuls are listed
+too (K column "attn" / "norm"; tiles: their blocks): for attention "first"
+is the slowest block's end of its prologue (its key loop starts), "tile" the
+median key loop (prologue end -> keys done, where it lets the next kernel
+in), "drain" the median keys done -> block end (the merge and stores).
+
 --by-entry adds, per launch, its blocks in four groups by entry time (medians:
 entry, wait, first stage, wait -> first stage, first and second tile's
 durations, end, tiles): a block that entered early and still reaches its
@@ -41,8 +47,8 @@ for line in open(a.file):
 launches = sorted((s for s in blocks if meta[s][0] == a.rows), key=lambda s: min(t[0] for t in blocks[s]))
 if not launches:
     raise SystemExit("no traced launch with %d rows" % a.rows)
-most = max(meta[s][2] for s in launches)
-heads = [i for i, s in enumerate(launches) if meta[s][2] == most]
+most = max(meta[s][2] for s in launches if meta[s][1] > 0)
+heads = [i for i, s in enumerate(launches) if meta[s][1] > 0 and meta[s][2] == most]
 if len(heads) < 2:
     raise SystemExit("fewer than two LM heads traced: decode more tokens")
 step = launches[heads[-2] + 1:heads[-1] + 1]
@@ -53,6 +59,16 @@ print("%4s %6s %6s  %-15s %-15s %7s %-15s %7s %7s" % ("#", "K", "tiles", "entry"
 for i, s in enumerate(step[a.first:a.first + a.count], a.first):
     B = blocks[s]
     m, k, tiles = meta[s]
+    if k < 0:  # attention (-1) or the q/k norm + RoPE kernel (-2): no tiles
+        attn = k == -1
+        first = us(max(t[2] for t in B)) if attn else 0.0
+        loop = statistics.median(t[4] - t[2] for t in B) / 1e3 if attn else 0.0
+        drain = statistics.median(t[3] - t[4] for t in B) / 1e3 if attn else 0.0
+        print("%4d %6s %6d  %6.1f..%-7.1f %6.1f..%-7.1f %7.1f %6.1f..%-7.1f %7.2f %7.2f" % (
+            i, "attn" if attn else "norm", len(B), us(min(t[0] for t in B)), us(max(t[0] for t in B)),
+            us(min(t[1] for t in B)), us(max(t[1] for t in B)), first, us(min(t[3] for t in B)),
+            us(max(t[3] for t in B)), loop, drain))
+        continue
     gaps = [t[6 + j + 1] - t[6 + j] for t in B for j in range(min(t[5], 10) - 1)]
     print("%4d %6d %6d  %6.1f..%-7.1f %6.1f..%-7.1f %7.1f %6.1f..%-7.1f %7.2f %7.2f" % (
         i, k, tiles, us(min(t[0] for t in B)), us(max(t[0] for t in B)), us(min(t[1] for t in B)),

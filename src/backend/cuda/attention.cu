@@ -30,6 +30,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/norm_rope_math.cuh"
+#include "backend/cuda/ring_trace.h"
 
 #define ATT_THREADS 256 /* 16..64 keys in flight per block: decode is latency-bound */
 #define ATT_CHUNK 256
@@ -67,6 +68,7 @@ typedef struct {
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
     int trigger; /* the next kernel scheduled after this block's keys (1) or after its wait (0) */
+    unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
 } att_geo;
 
 /* Row m's position and key range. */
@@ -200,13 +202,21 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
  * and value is loaded once for the R heads, which a block per head would
  * each load again (verify of 8 rows at GQA 4 read every key 32 times).
  * Every head's arithmetic is the same, in the same order, as with R = 1. */
+/* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
+ * held across the kernel for it). */
+__device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
+    if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
+}
+
 template <int L, int NPL, int R, bool FRESH>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
      * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
      * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
+    att_stamp(g, RT_ENTRY);
     ds_cu_grid_wait_only();
+    att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     constexpr bool QS = FRESH || R > 1; /* the queries in shared memory (normed there when FRESH) */
@@ -257,6 +267,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         for (int i = 0; i < NPL; i++) qv[i] = li + L * i < g.D ? qrow[li + L * i] : 0.0f;
     }
     if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
+    att_stamp(g, RT_FIRST);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
@@ -279,6 +290,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         for (int i = 0; i < NPL; i++) kv[i] = kn[i], vv[i] = vn[i];
     }
     if (g.trigger) ds_cu_grid_trigger();
+    att_stamp(g, RT_PRODUCED);
     const bool single = cfirst == clast;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -316,6 +328,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             pp[1] = lsum;
         }
     }
+    att_stamp(g, RT_END);
 }
 
 /* Merges the chunk partials of rows whose keys span several chunks, in
@@ -476,6 +489,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         int R = dmax > ATT_FRESH_DIM ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
         if ((int64_t)n * g.H / R * g.ny < pack_min) R = 1;
         dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
+        g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
         if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, g, pa, f);
         else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, g, pa, f);
         else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, g, pa, f);

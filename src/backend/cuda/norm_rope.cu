@@ -3,6 +3,7 @@
  * so a row's result never depends on the rows beside it. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/norm_rope_math.cuh"
+#include "backend/cuda/ring_trace.h"
 
 #define NORM_THREADS NR_THREADS /* the per-head norm's order (norm_rope_math.cuh) */
 
@@ -136,10 +137,9 @@ __device__ __forceinline__ int64_t cache_row(int pos, int ring, int64_t rows) {
  * V copy. The sum of squares has rmsnorm_kernel's order; thread i < half
  * then rotates the normed pair (i, i + half). Where the result goes (in
  * place or a cache row) changes no value. */
-__global__ void __launch_bounds__(NORM_THREADS)
-    rmsnorm_rope_kernel(rope_part p0, rope_part p1, copy_part pv, int rows, int head_dim, float eps, int ring,
-                        int64_t cache_rows, rope_arg a, const int32_t *dpos) {
-    ds_cu_grid_wait();
+__device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_part &p1, const copy_part &pv,
+                                                int rows, int head_dim, float eps, int ring, int64_t cache_rows,
+                                                const rope_arg &a, const int32_t *dpos) {
     __shared__ float part[NORM_THREADS / 32];
     int b = blockIdx.x;
     const int n0 = rows * p0.heads, n1 = rows * p1.heads;
@@ -171,6 +171,17 @@ __global__ void __launch_bounds__(NORM_THREADS)
         o[i] = oi;
         o[i + half] = oh;
     }
+}
+
+__global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_rope_kernel(rope_part p0, rope_part p1, copy_part pv, int rows, int head_dim, float eps, int ring,
+                        int64_t cache_rows, rope_arg a, const int32_t *dpos, unsigned long long *trace) {
+    unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
+    if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
+    ds_cu_grid_wait();
+    if (tr) tr[RT_WAIT] = ds_cu_gtimer();
+    norm_rope_block(p0, p1, pv, rows, head_dim, eps, ring, cache_rows, a, dpos);
+    if (tr) tr[RT_END] = ds_cu_gtimer();
 }
 
 static bool rope_heads_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor w, int head_dim) {
@@ -234,7 +245,8 @@ static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, d
         if (store) pv = {(const float *)v.data + r0 * v.stride, v.stride, (float *)vc.data, vc.stride, (int)v.cols};
         const unsigned blocks = (unsigned)(n * p0.heads + n * p1.heads + (store ? n : 0));
         ds_cu_launch(rmsnorm_rope_kernel, blocks, NORM_THREADS, cb->stream, p0, p1, pv, n, head_dim, eps, ring,
-                     store ? kc.rows : (int64_t)0, a, dpos ? dpos + r0 : NULL);
+                     store ? kc.rows : (int64_t)0, a, dpos ? dpos + r0 : NULL,
+                     ds_cu_ring_trace_slot(cb, n, RT_KIND_NORM_ROPE, 0, (int)blocks));
         if (!ds_cu_launched(cb, op)) return;
     }
 }

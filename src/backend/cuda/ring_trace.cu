@@ -5,6 +5,8 @@
  * each tile's last stage (the first RING_TRACE_TILES), the end — which are
  * written to the file when the backend is destroyed, one line per block:
  *   slot M K tiles block t_entry t_wait t_first t_end t_produced tiles_done t_tile0 ...
+ * The attention and q/k norm + RoPE kernels between them are traced too (K <
+ * 0: ring_trace.h), so the attention window of a layer can be read.
  * bench/ring_timeline.py turns the last decode step into a table.
  *
  * Why: the kernels of a decode step overlap (programmatic dependent launch)
@@ -19,21 +21,23 @@
 
 #include "backend/cuda/ring_trace.h"
 
-#define TRACE_SLOTS 8192 /* launches traced (a bench through verify of 8 rows: ~5500); later ones are not */
+#define TRACE_SLOTS 16384      /* launches traced (a bench through verify of 8 rows: ~9000); later ones are not */
+#define TRACE_BLOCKS (1 << 21) /* block records in all (256 MB): each launch takes its grid's */
 
 struct ds_cu_ring_trace {
     char *path;
-    unsigned long long *dev; /* [TRACE_SLOTS][blocks][RING_TRACE_FIELDS] */
-    int blocks, n;
-    int meta[TRACE_SLOTS][4]; /* M, K, tiles, grid */
+    unsigned long long *dev; /* [TRACE_BLOCKS][RING_TRACE_FIELDS] */
+    int n;
+    size_t used;               /* block records handed out */
+    int meta[TRACE_SLOTS][4];  /* M, K, tiles, grid */
+    size_t first[TRACE_SLOTS]; /* the slot's first block record */
 };
 
 ds_error *ds_cu_ring_trace_open(ds_cuda_backend *cb, const char *path) {
     ds_cu_ring_trace *t = (ds_cu_ring_trace *)calloc(1, sizeof *t);
     if (!t) return ds_errorf("out of memory (ring trace)");
     t->path = (char *)malloc(strlen(path) + 1);
-    t->blocks = cb->sms;
-    const size_t bytes = (size_t)TRACE_SLOTS * t->blocks * RING_TRACE_FIELDS * sizeof *t->dev;
+    const size_t bytes = (size_t)TRACE_BLOCKS * RING_TRACE_FIELDS * sizeof *t->dev;
     cudaError_t e = cudaMalloc((void **)&t->dev, bytes);
     if (e == cudaSuccess) e = cudaMemset(t->dev, 0, bytes);
     if (!t->path || e != cudaSuccess) {
@@ -50,17 +54,19 @@ ds_error *ds_cu_ring_trace_open(ds_cuda_backend *cb, const char *path) {
 
 unsigned long long *ds_cu_ring_trace_slot(ds_cuda_backend *cb, int M, int K, int tiles, int grid) {
     ds_cu_ring_trace *t = cb->ring_trace;
-    if (!t || t->n == TRACE_SLOTS || grid > t->blocks) return NULL;
+    if (!t || t->n == TRACE_SLOTS || grid <= 0 || t->used + (size_t)grid > TRACE_BLOCKS) return NULL;
     const int s = t->n++;
     t->meta[s][0] = M, t->meta[s][1] = K, t->meta[s][2] = tiles, t->meta[s][3] = grid;
-    return t->dev + (size_t)s * t->blocks * RING_TRACE_FIELDS;
+    t->first[s] = t->used;
+    t->used += (size_t)grid;
+    return t->dev + t->first[s] * RING_TRACE_FIELDS;
 }
 
 void ds_cu_ring_trace_close(ds_cuda_backend *cb) {
     ds_cu_ring_trace *t = cb->ring_trace;
     if (!t) return;
     cb->ring_trace = NULL;
-    const size_t n = (size_t)t->n * t->blocks * RING_TRACE_FIELDS;
+    const size_t n = t->used * RING_TRACE_FIELDS;
     unsigned long long *h = (unsigned long long *)malloc(n ? n * sizeof *h : 1);
     FILE *f = h ? fopen(t->path, "w") : NULL;
     cudaError_t e = h ? cudaMemcpy(h, t->dev, n * sizeof *h, cudaMemcpyDeviceToHost) : cudaSuccess;
@@ -70,7 +76,7 @@ void ds_cu_ring_trace_close(ds_cuda_backend *cb) {
     } else {
         for (int s = 0; s < t->n; s++)
             for (int b = 0; b < t->meta[s][3]; b++) {
-                const unsigned long long *v = h + ((size_t)s * t->blocks + b) * RING_TRACE_FIELDS;
+                const unsigned long long *v = h + (t->first[s] + (size_t)b) * RING_TRACE_FIELDS;
                 fprintf(f, "%d %d %d %d %d", s, t->meta[s][0], t->meta[s][1], t->meta[s][2], b);
                 for (int i = 0; i < RING_TRACE_FIELDS; i++) fprintf(f, " %llu", v[i]);
                 fputc('\n', f);

@@ -11,10 +11,22 @@
 #define RING_TRACE_FIELDS (6 + RING_TRACE_TILES)
 enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0 };
 
+/* Kernels between the ring launches are traced too, in the same slots, with
+ * K set to their kind (the ring's K is the matmul's, > 0). Attention: entry,
+ * wait returned, prologue done (RT_FIRST: its keys' loop starts), end, keys
+ * done (RT_PRODUCED: it lets the next kernel in), 0 tiles. The q/k norm +
+ * RoPE (+ K/V store) kernel: entry, wait returned, end. */
+enum { RT_KIND_ATTENTION = -1, RT_KIND_NORM_ROPE = -2 };
+
 /* Starts tracing into a device buffer; the file is written at close. */
 ds_error *ds_cu_ring_trace_open(ds_cuda_backend *cb, const char *path);
-/* The next launch's slot (NULL: not tracing, or the slots are used up). */
+/* The next launch's slot, grid blocks of RING_TRACE_FIELDS (NULL: not
+ * tracing, or the trace is full). K: the matmul's, or an RT_KIND_. */
 unsigned long long *ds_cu_ring_trace_slot(ds_cuda_backend *cb, int M, int K, int tiles, int grid);
+/* Where block (bx, by) of a traced launch writes (NULL: not traced). */
+__device__ __forceinline__ unsigned long long *ds_cu_trace_block(unsigned long long *slot) {
+    return slot ? slot + (size_t)RING_TRACE_FIELDS * (blockIdx.y * gridDim.x + blockIdx.x) : NULL;
+}
 /* Writes the file and frees the buffer (waits for the device). */
 void ds_cu_ring_trace_close(ds_cuda_backend *cb);
 
