@@ -6,12 +6,16 @@
  * attention.cu, reads it once per row, head and chunk: a 512-token prompt
  * moved ~4 GB a layer through L2 that way).
  *
- * A block's 256 threads are 16 row groups of 4 rows (group r: rows 4r ..
- * 4r + 3) by 16 lanes; lane c takes keys c, c + 16, ... of a tile for the
- * scores and output dimensions c, c + 16, ... for P.V: 4 x 4 scores and
- * 4 x 8 outputs a thread, so every value read from shared memory feeds
- * four products (a row group's 16 lanes are half a warp: the row max and
- * sum are butterflies over them). All fp32, exp as the CPU.
+ * A block's 256 threads are row groups of RPT rows (group r: rows RPT r ..
+ * RPT r + RPT - 1) by LANES lanes; lane c takes keys c, c + LANES, ... of a
+ * tile for the scores and output dimensions c, c + LANES, ... for P.V, so
+ * every value read from shared memory feeds RPT products (a row group's
+ * lanes are one warp or half of one: the row max and sum are butterflies
+ * over them). Heads up to 128: 64 rows a block, groups of 4 rows by 16
+ * lanes, 64-key tiles (4 x 4 scores and 4 x 8 outputs a thread); up to 256
+ * (Gemma 4's sliding layers): 32 rows, 4 rows by 32 lanes, 64-key tiles;
+ * up to 512 (its global layers): 16 rows, 2 rows by 32 lanes, 32-key tiles
+ * (2 x 16 outputs a thread). All fp32, exp as the CPU.
  *
  * Rows of these calls are not bit-identical to the same rows decoded alone
  * (as prefill's cuBLAS projections are not): the engine needs that only
@@ -24,10 +28,8 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-#define PA_QT 64      /* query rows a block */
-#define PA_KT 64      /* keys a tile */
-#define PA_THREADS 256 /* 16 row groups of 4 rows by 16 lanes */
-#define PA_DMAX 128   /* head sizes up to this (larger: the decode kernel) */
+#define PA_THREADS 256 /* row groups x lanes */
+#define PA_DMAX 512    /* head sizes up to this (larger: the decode kernel) */
 
 typedef struct {
     const float *q, *k, *v;
@@ -49,24 +51,33 @@ __device__ __forceinline__ void pa_range(const pa_geo &g, int m, int *lo, int *h
     *hi = b;
 }
 
+/* Shared memory of a block: queries [QT][D + 1], keys [KT][D + 1] (padded rows: a warp's keys sit in different
+ * banks), values [KT][Dv], probabilities [QT][KT + 1]. */
+template <int QT, int KT>
+static size_t pa_smem_bytes(int D, int Dv) {
+    return (size_t)(QT * (D + 1) + KT * (D + 1) + KT * Dv + QT * (KT + 1)) * sizeof(float);
+}
+
+template <int QT, int RPT, int LANES, int KT, int DMAX>
 __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
+    static_assert((QT / RPT) * LANES == PA_THREADS && LANES <= 32 && KT % LANES == 0 && DMAX % LANES == 0, "tiling");
     ds_cu_grid_wait();
     extern __shared__ float pa_smem[];
-    const int qstr = g.D + 1, kstr = g.D + 1; /* padded rows: a warp's 16 keys sit in different banks */
-    float *sq = pa_smem, *sk = sq + PA_QT * qstr, *sv = sk + PA_KT * kstr, *sp = sv + PA_KT * g.Dv;
+    const int qstr = g.D + 1, kstr = g.D + 1;
+    float *sq = pa_smem, *sk = sq + QT * qstr, *sv = sk + KT * kstr, *sp = sv + KT * g.Dv;
     __shared__ int s_lo, s_hi;
-    const int h = blockIdx.x, kvh = h / g.group, m0 = blockIdx.y * PA_QT;
-    const int rg = threadIdx.x >> 4, c = threadIdx.x & 15; /* rows 4 rg .. 4 rg + 3; lane c of the group */
-    int lo[4], hi[4];
+    const int h = blockIdx.x, kvh = h / g.group, m0 = blockIdx.y * QT;
+    const int rg = threadIdx.x / LANES, c = threadIdx.x % LANES; /* rows RPT rg ..; lane c of the group */
+    int lo[RPT], hi[RPT];
 #pragma unroll
-    for (int a = 0; a < 4; a++) {
+    for (int a = 0; a < RPT; a++) {
         lo[a] = hi[a] = 0;
-        if (m0 + 4 * rg + a < g.M) pa_range(g, m0 + 4 * rg + a, &lo[a], &hi[a]);
+        if (m0 + RPT * rg + a < g.M) pa_range(g, m0 + RPT * rg + a, &lo[a], &hi[a]);
     }
     /* The block's key span: the union of its rows' ranges. */
     if (threadIdx.x == 0) {
         int a = INT_MAX, b = 0;
-        for (int i = m0; i < g.M && i < m0 + PA_QT; i++) {
+        for (int i = m0; i < g.M && i < m0 + QT; i++) {
             int l, u;
             pa_range(g, i, &l, &u);
             if (u > l) a = min(a, l), b = max(b, u);
@@ -74,112 +85,128 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
         s_lo = a == INT_MAX ? 0 : a;
         s_hi = a == INT_MAX ? 0 : b;
     }
-    for (int e = threadIdx.x; e < PA_QT * g.D; e += PA_THREADS) {
+    for (int e = threadIdx.x; e < QT * g.D; e += PA_THREADS) {
         const int i = e / g.D, d = e % g.D;
         sq[i * qstr + d] = m0 + i < g.M ? g.q[(int64_t)(m0 + i) * g.qs + (int64_t)h * g.D + d] : 0.0f;
     }
     __syncthreads();
     const int span_lo = s_lo, span_hi = s_hi;
-    constexpr int KPL = PA_KT / 16, OPL = PA_DMAX / 16; /* keys and output dimensions a lane */
-    float o[4][OPL], mx[4], l[4];
+    constexpr int KPL = KT / LANES, OPL = DMAX / LANES; /* keys and output dimensions a lane */
+    float o[RPT][OPL], mx[RPT], l[RPT];
 #pragma unroll
-    for (int a = 0; a < 4; a++) {
+    for (int a = 0; a < RPT; a++) {
         mx[a] = -INFINITY;
         l[a] = 0.0f;
 #pragma unroll
         for (int j = 0; j < OPL; j++) o[a][j] = 0.0f;
     }
-    const float *q0 = sq + 4 * rg * qstr;
-    for (int k0 = span_lo; k0 < span_hi; k0 += PA_KT) {
+    const float *q0 = sq + RPT * rg * qstr;
+    for (int k0 = span_lo; k0 < span_hi; k0 += KT) {
         __syncthreads(); /* the previous tile's keys, values and probabilities are read */
-        for (int e = threadIdx.x; e < PA_KT * g.D; e += PA_THREADS) {
+        for (int e = threadIdx.x; e < KT * g.D; e += PA_THREADS) {
             const int i = e / g.D, d = e % g.D, j = k0 + i;
             const int64_t row = g.ring > 0 ? j % g.ring : j;
             sk[i * kstr + d] = j < span_hi ? g.k[row * g.ks + (int64_t)kvh * g.D + d] : 0.0f;
         }
-        for (int e = threadIdx.x; e < PA_KT * g.Dv; e += PA_THREADS) {
+        for (int e = threadIdx.x; e < KT * g.Dv; e += PA_THREADS) {
             const int i = e / g.Dv, d = e % g.Dv, j = k0 + i;
             const int64_t row = g.ring > 0 ? j % g.ring : j;
             sv[i * g.Dv + d] = j < span_hi ? g.v[row * g.vs + (int64_t)kvh * g.Dv + d] : 0.0f;
         }
         __syncthreads();
-        /* Scores: rows 4 rg + a, keys c + 16 b. */
-        float s[4][KPL];
+        /* Scores: rows RPT rg + a, keys c + LANES b. */
+        float s[RPT][KPL];
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < RPT; a++)
 #pragma unroll
             for (int b = 0; b < KPL; b++) s[a][b] = 0.0f;
 #pragma unroll 4 /* several dimensions' loads in flight: 8 warps a block, one block an SM */
         for (int d = 0; d < g.D; d++) {
-            float qa[4], kb[KPL];
+            float qa[RPT], kb[KPL];
 #pragma unroll
-            for (int a = 0; a < 4; a++) qa[a] = q0[a * qstr + d];
+            for (int a = 0; a < RPT; a++) qa[a] = q0[a * qstr + d];
 #pragma unroll
-            for (int b = 0; b < KPL; b++) kb[b] = sk[(c + 16 * b) * kstr + d];
+            for (int b = 0; b < KPL; b++) kb[b] = sk[(c + LANES * b) * kstr + d];
 #pragma unroll
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < RPT; a++)
 #pragma unroll
                 for (int b = 0; b < KPL; b++) s[a][b] = fmaf(qa[a], kb[b], s[a][b]);
         }
-        float corr[4];
+        float corr[RPT];
 #pragma unroll
-        for (int a = 0; a < 4; a++) {
+        for (int a = 0; a < RPT; a++) {
             float tmax = -INFINITY;
 #pragma unroll
             for (int b = 0; b < KPL; b++) {
-                const int j = k0 + c + 16 * b;
+                const int j = k0 + c + LANES * b;
                 s[a][b] = j >= lo[a] && j < hi[a] ? s[a][b] * g.scale : -INFINITY;
                 tmax = fmaxf(tmax, s[a][b]);
             }
 #pragma unroll
-            for (int off = 1; off < 16; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+            for (int off = 1; off < LANES; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
             const float mn = fmaxf(mx[a], tmax);
             /* mn = -inf: none of the row's keys so far (its probabilities are 0). */
             corr[a] = mn == -INFINITY ? 1.0f : expf(mx[a] - mn);
             float psum = 0.0f;
-            float *prow = sp + (4 * rg + a) * (PA_KT + 1);
+            float *prow = sp + (RPT * rg + a) * (KT + 1);
 #pragma unroll
             for (int b = 0; b < KPL; b++) {
                 const float p = s[a][b] == -INFINITY ? 0.0f : expf(s[a][b] - mn);
                 psum += p;
-                prow[c + 16 * b] = p;
+                prow[c + LANES * b] = p;
             }
 #pragma unroll
-            for (int off = 1; off < 16; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
+            for (int off = 1; off < LANES; off <<= 1) psum += __shfl_xor_sync(0xffffffffu, psum, off);
             l[a] = l[a] * corr[a] + psum;
             mx[a] = mn;
         }
-        __syncwarp(); /* a row group's 16 lanes are half of one warp: its probabilities are written */
-        /* P.V: rows 4 rg + a, dimensions c + 16 j. */
+        __syncwarp(); /* a row group's lanes are (part of) one warp: its probabilities are written */
+        /* P.V: rows RPT rg + a, dimensions c + LANES j. */
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < RPT; a++)
 #pragma unroll
             for (int j = 0; j < OPL; j++) o[a][j] *= corr[a];
-        const float *p0 = sp + 4 * rg * (PA_KT + 1);
+        const float *p0 = sp + RPT * rg * (KT + 1);
 #pragma unroll 4
-        for (int kk = 0; kk < PA_KT; kk++) {
-            float pa[4], vb[OPL];
+        for (int kk = 0; kk < KT; kk++) {
+            float pa[RPT], vb[OPL];
 #pragma unroll
-            for (int a = 0; a < 4; a++) pa[a] = p0[a * (PA_KT + 1) + kk];
+            for (int a = 0; a < RPT; a++) pa[a] = p0[a * (KT + 1) + kk];
 #pragma unroll
-            for (int j = 0; j < OPL; j++) vb[j] = c + 16 * j < g.Dv ? sv[kk * g.Dv + c + 16 * j] : 0.0f;
+            for (int j = 0; j < OPL; j++) vb[j] = c + LANES * j < g.Dv ? sv[kk * g.Dv + c + LANES * j] : 0.0f;
 #pragma unroll
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < RPT; a++)
 #pragma unroll
                 for (int j = 0; j < OPL; j++) o[a][j] = fmaf(pa[a], vb[j], o[a][j]);
         }
     }
 #pragma unroll
-    for (int a = 0; a < 4; a++) {
-        const int m = m0 + 4 * rg + a;
+    for (int a = 0; a < RPT; a++) {
+        const int m = m0 + RPT * rg + a;
         if (m >= g.M) break;
         float *orow = g.out + (int64_t)m * g.os + (int64_t)h * g.Dv;
 #pragma unroll
         for (int j = 0; j < OPL; j++) {
-            const int d = c + 16 * j;
+            const int d = c + LANES * j;
             if (d < g.Dv) orow[d] = l[a] > 0 ? o[a][j] / l[a] : 0.0f; /* no keys: zeros, as the CPU */
         }
     }
+}
+
+/* One tiling's launch (its shared memory allowed once per instantiation). */
+template <int QT, int RPT, int LANES, int KT, int DMAX>
+static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
+    auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX>;
+    const size_t smem = pa_smem_bytes<QT, KT>(g.D, g.Dv);
+    static size_t allowed = 0;
+    if (smem > allowed) {
+        if (!ds_cu_ok(cb, "attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            (int)smem)))
+            return; /* the failure is recorded */
+        allowed = smem;
+    }
+    dim3 grid((unsigned)g.H, (unsigned)((g.M + QT - 1) / QT));
+    ds_cu_launch_smem(kernel, grid, PA_THREADS, smem, cb->stream, g);
 }
 
 bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
@@ -199,17 +226,10 @@ bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.M = (int)M, g.H = p->n_heads, g.group = p->n_heads / p->n_kv_heads;
     g.D = p->head_dim, g.Dv = p->v_head_dim, g.n_keys = p->n_keys, g.causal = p->causal;
     g.window = p->window, g.ring = p->ring_size, g.pos0 = p->q_pos[0], g.scale = p->scale;
-    const size_t smem =
-        (size_t)(PA_QT * (g.D + 1) + PA_KT * (g.D + 1) + PA_KT * g.Dv + PA_QT * (PA_KT + 1)) * sizeof(float);
-    static size_t allowed = 0;
-    if (smem > allowed) {
-        if (!ds_cu_ok(cb, "attention", cudaFuncSetAttribute(attn_prefill_kernel,
-                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-            return true; /* the failure is recorded */
-        allowed = smem;
-    }
-    dim3 grid((unsigned)g.H, (unsigned)((M + PA_QT - 1) / PA_QT));
-    ds_cu_launch_smem(attn_prefill_kernel, grid, PA_THREADS, smem, cb->stream, g);
+    const int dmax = g.D > g.Dv ? g.D : g.Dv;
+    if (dmax <= 128) pa_launch<64, 4, 16, 64, 128>(cb, g);
+    else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256>(cb, g);
+    else pa_launch<16, 2, 32, 32, 512>(cb, g);
     ds_cu_launched(cb, "attention");
     return true;
 }
