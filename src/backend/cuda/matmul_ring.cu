@@ -54,6 +54,12 @@
 #define RING_SMEM_XC (227 * 1024)           /* the most, for several rows of x split (K = 4096: 16 KB a row) */
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
 #define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
+/* o_proj and down (residual epilogue) split x once per block only up to 4
+ * rows: at 8 rows x in the stages made verify-8 0.03-0.05 ms faster (H200,
+ * 8B shape, session 12: 4.874 / 4.896 vs 4.920 / 4.944 ms; o_proj's 8-row
+ * split prologue took 3.6 us against 1.3 at one row); gate/up kept it
+ * (DS_CUDA_RING_XC_SWIGLU=4: 4.950 / 4.939, no gain). */
+#define RING_XC_RESIDUAL_ROWS 4
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 #define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
@@ -435,11 +441,14 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
  * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
  * check every shape); DS_CUDA_RING_FLIGHT=F caps the stages in flight
- * (default RING_FLIGHT; 0: the ring's depth). */
+ * (default RING_FLIGHT; 0: the ring's depth); DS_CUDA_RING_XC_SWIGLU=R and
+ * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
+ * default RING_XC_RESIDUAL_ROWS). */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
     int xc_rows;   /* most rows of x split once per block (XC) */
+    int xc_swiglu, xc_residual; /* the same for SwiGLU (gate/up) and residual (o_proj, down) calls */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -452,6 +461,9 @@ static const ring_settings *ring_env(void) {
         const char *mt = getenv("DS_CUDA_RING_MIN_TILES");
         r.on = ds_cu_env_on("DS_CUDA_RING");
         r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
+        const char *xs = getenv("DS_CUDA_RING_XC_SWIGLU"), *xr = getenv("DS_CUDA_RING_XC_RESIDUAL");
+        r.xc_swiglu = xs && *xs ? atoi(xs) : r.xc_rows;
+        r.xc_residual = xr && *xr ? atoi(xr) : (r.xc_rows < RING_XC_RESIDUAL_ROWS ? r.xc_rows : RING_XC_RESIDUAL_ROWS);
         r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
         const char *fl = getenv("DS_CUDA_RING_FLIGHT");
         r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
@@ -580,7 +592,8 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const int smem_cap = M == 1 ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = K + 4;
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
-    const bool xc = M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
+    const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
+    const bool xc = M <= xc_cap && M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
     p.tiles = tiles;
     ring_maps maps;
