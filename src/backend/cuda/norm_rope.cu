@@ -136,15 +136,50 @@ __device__ __forceinline__ int64_t cache_row(int pos, int ring, int64_t rows) {
  * of part 0, the blocks after those part 1, then one block per row of the
  * V copy. The sum of squares has rmsnorm_kernel's order; thread i < half
  * then rotates the normed pair (i, i + half). Where the result goes (in
- * place or a cache row) changes no value. */
+ * place or a cache row) changes no value.
+ *
+ * A thread's first pair's norm weights and frequency are read before the
+ * grid wait (never written by a kernel: rope_pre), so the head's values are
+ * the only round trip to memory after it (the kernel sits between QKV and
+ * attention on every layer's critical path). */
+typedef struct {
+    float wi, wh, f; /* pair threadIdx.x's weights (1 without any) and frequency, where threadIdx.x < half */
+} rope_pre;
+
+/* Block b's part (0 or 1, b made relative to it), or -1: a V copy block. */
+__device__ __forceinline__ int block_part(const rope_part &p0, const rope_part &p1, int rows, int *b) {
+    const int n0 = rows * p0.heads, n1 = rows * p1.heads;
+    if (*b >= n0 + n1) return -1;
+    if (*b < n0) return 0;
+    *b -= n0;
+    return 1;
+}
+
+__device__ __forceinline__ rope_pre rope_pre_load(const rope_part &p0, const rope_part &p1, int rows, int head_dim,
+                                                  const rope_arg &a) {
+    rope_pre r = {1.0f, 1.0f, 0.0f};
+    int b = blockIdx.x;
+    const int k = block_part(p0, p1, rows, &b), i = threadIdx.x, half = head_dim / 2;
+    const void *w = k == 1 ? p1.w : p0.w;
+    const int wdt = k == 1 ? p1.wdtype : p0.wdtype;
+    if (k >= 0 && i < half) {
+        if (w) {
+            r.wi = ds_cu_load(w, wdt, i);
+            r.wh = ds_cu_load(w, wdt, i + half);
+        }
+        r.f = a.inv_freq[i];
+    }
+    return r;
+}
+
 __device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_part &p1, const copy_part &pv,
                                                 int rows, int head_dim, float eps, int ring, int64_t cache_rows,
-                                                const rope_arg &a, const int32_t *dpos) {
+                                                const rope_arg &a, const int32_t *dpos, const rope_pre &pre) {
     __shared__ float part[NORM_THREADS / 32];
     int b = blockIdx.x;
-    const int n0 = rows * p0.heads, n1 = rows * p1.heads;
-    if (b >= n0 + n1) {
-        const int r = b - n0 - n1;
+    const int k = block_part(p0, p1, rows, &b);
+    if (k < 0) {
+        const int r = b - rows * (p0.heads + p1.heads);
         const int64_t dr = cache_row(row_pos(a, dpos, r), ring, cache_rows);
         if (dr < 0) return;
         const float *src = pv.v + (int64_t)r * pv.vs;
@@ -152,22 +187,25 @@ __device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_
         for (int i = threadIdx.x; i < pv.cols; i += NORM_THREADS) d[i] = src[i];
         return;
     }
-    const bool second = b >= n0;
-    const rope_part &P = second ? p1 : p0;
-    if (second) b -= n0;
-    const int r = b / P.heads, h = b % P.heads, half = head_dim / 2;
+    /* the part's fields selected by value: a reference to either parameter would copy both to local memory */
+    float *x = k ? p1.x : p0.x, *dst = k ? p1.dst : p0.dst;
+    const int64_t xs = k ? p1.xs : p0.xs, ds = k ? p1.ds : p0.ds;
+    const void *w = k ? p1.w : p0.w;
+    const int wdtype = k ? p1.wdtype : p0.wdtype, heads = k ? p1.heads : p0.heads;
+    const int r = b / heads, h = b % heads, half = head_dim / 2;
+    float *v = x + (int64_t)r * xs + (int64_t)h * head_dim;
+    const float rs = nr_block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     const int pos = row_pos(a, dpos, r);
-    float *v = P.x + (int64_t)r * P.xs + (int64_t)h * head_dim;
     float *o = v;
-    if (P.dst) {
+    if (dst) {
         const int64_t dr = cache_row(pos, ring, cache_rows);
         if (dr < 0) return;
-        o = P.dst + dr * P.ds + (int64_t)h * head_dim;
+        o = dst + dr * ds + (int64_t)h * head_dim;
     }
-    const float rs = nr_block_inv_rms<NORM_THREADS>(v, head_dim, eps, part);
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
         float oi, oh;
-        nr_rotate(v[i], v[i + half], rs, P.w, P.wdtype, i, half, pos, a.inv_freq[i], &oi, &oh);
+        if (i == threadIdx.x) nr_rotate_wv(v[i], v[i + half], rs, w != NULL, pre.wi, pre.wh, pos, pre.f, &oi, &oh);
+        else nr_rotate(v[i], v[i + half], rs, w, wdtype, i, half, pos, a.inv_freq[i], &oi, &oh);
         o[i] = oi;
         o[i + half] = oh;
     }
@@ -178,9 +216,10 @@ __global__ void __launch_bounds__(NORM_THREADS)
                         int64_t cache_rows, rope_arg a, const int32_t *dpos, unsigned long long *trace) {
     unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
     if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
+    const rope_pre pre = rope_pre_load(p0, p1, rows, head_dim, a);
     ds_cu_grid_wait();
     if (tr) tr[RT_WAIT] = ds_cu_gtimer();
-    norm_rope_block(p0, p1, pv, rows, head_dim, eps, ring, cache_rows, a, dpos);
+    norm_rope_block(p0, p1, pv, rows, head_dim, eps, ring, cache_rows, a, dpos, pre);
     if (tr) tr[RT_END] = ds_cu_gtimer();
 }
 
