@@ -448,8 +448,9 @@ static void test_attention(void) {
 
 /* A block packs the R query heads of a kv head it can (R = 4 at GQA 4 and
  * 8, 2 at GQA 2; heads up to 128): each head's result must be the same
- * bits as that head computed alone (one head, one kv head: R = 1), so the
- * packing can never change what a row gets. */
+ * bits as that head computed alone (one head, one kv head: R = 1; its grid
+ * of M blocks also loads keys two groups ahead), so neither the packing nor
+ * the loads' depth can change what a row gets. */
 static void packed_case(const char *name, int H, int KVH, int D, int p0, int M) {
     const int n_keys = p0 + M;
     pair q = act_rand(M, (int64_t)H * D, 1.0f), k = act_rand(n_keys, (int64_t)KVH * D, 1.0f);

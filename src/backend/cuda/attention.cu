@@ -115,49 +115,88 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
     }
 }
 
-/* FRESH: the block's R q heads and (where its chunk holds them, or it stores
- * them) the step's keys of its kv head, normed and rotated into shared
- * memory, one warp a head; the first block of each kv head (row 0, the
- * grid's first chunk) stores those keys and their values in the caches.
- * A warp's head and its norm weight are requested together (one round trip
- * to memory, not one per element). */
+/* FRESH, in three parts so that one round trip to memory follows the grid
+ * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
+ * took 8.7 us, each trip ~0.8 us).
+ * fresh_consts: a lane's pairs of q's and k's norm weights and RoPE's
+ * frequencies, read before the wait (never written by a kernel). */
+#define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
+#define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
+typedef struct {
+    float qi[ATT_FRESH_P], qh[ATT_FRESH_P], ki[ATT_FRESH_P], kh[ATT_FRESH_P], f[ATT_FRESH_P];
+} fresh_consts;
+
+__device__ __forceinline__ void fresh_consts_load(const att_geo &g, const fresh_arg &fa, fresh_consts *c) {
+    const int lane = threadIdx.x & 31, half = g.D / 2;
+#pragma unroll
+    for (int k = 0; k < ATT_FRESH_P; k++) {
+        const int i = lane + 32 * k;
+        const bool in = i < half;
+        c->qi[k] = fa.qw && in ? ds_cu_load(fa.qw, fa.qwdt, i) : 1.0f;
+        c->qh[k] = fa.qw && in ? ds_cu_load(fa.qw, fa.qwdt, i + half) : 1.0f;
+        c->ki[k] = fa.kw && in ? ds_cu_load(fa.kw, fa.kwdt, i) : 1.0f;
+        c->kh[k] = fa.kw && in ? ds_cu_load(fa.kw, fa.kwdt, i + half) : 1.0f;
+        c->f[k] = in ? fa.inv_freq[i] : 0.0f;
+    }
+}
+
+/* The heads a warp norms (t = warp, warp + warps, ...: t < R the q head
+ * h0 + t, R + i the step's key i) and their elements, requested right after
+ * the wait, before the positions are known (all the step's keys: a block
+ * that needs none of them leaves its copies unread). */
+template <int R> struct fresh_rows {
+    static constexpr int T = (R + ATT_FRESH_MAX + ATT_THREADS / 32 - 1) / (ATT_THREADS / 32);
+    float e[T][ATT_FRESH_E];
+};
+
+template <int R>
+__device__ __forceinline__ void fresh_rows_load(const att_geo &g, const fresh_arg &fa, int m, int h0, int kvh,
+                                                fresh_rows<R> *rw) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < fresh_rows<R>::T; u++) {
+        const int t = warp + u * (ATT_THREADS / 32);
+        const bool key = t >= R;
+        const float *src = key ? fa.k + (int64_t)(t - R) * fa.ks + (int64_t)kvh * g.D
+                               : fa.q + (int64_t)m * fa.qs + (int64_t)(h0 + t) * g.D;
+#pragma unroll
+        for (int k = 0; k < ATT_FRESH_E; k++)
+            rw->e[u][k] = t < R + fa.n && lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
+    }
+}
+
+/* The block's R q heads and (where its chunk holds them, or it stores them)
+ * the step's keys of its kv head, normed and rotated into shared memory,
+ * one warp a head; the first block of each kv head (row 0, the grid's
+ * first chunk) stores those keys and their values in the caches. */
 template <int R>
 __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
-                                               int h0, int kvh, float (*sq)[ATT_FRESH_DIM],
-                                               float (*fk)[ATT_FRESH_DIM]) {
+                                               int h0, int kvh, const fresh_consts &cs, const fresh_rows<R> &rw,
+                                               float (*sq)[ATT_FRESH_DIM], float (*fk)[ATT_FRESH_DIM]) {
     const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool store = blockIdx.y == 0 && m == 0 && h0 % g.group == 0;
     const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
-    constexpr int E = ATT_FRESH_DIM / 32, P = ATT_FRESH_DIM / 64; /* a lane's elements and pairs */
-    for (int t = warp; t < R + (keys ? fa.n : 0); t += ATT_THREADS / 32) { /* t < R: q head h0 + t; R + i: key i */
+#pragma unroll
+    for (int u = 0; u < fresh_rows<R>::T; u++) {
+        const int t = warp + u * (ATT_THREADS / 32);
+        if (t >= R + (keys ? fa.n : 0)) break;
         const bool key = t >= R;
-        const float *src = key ? fa.k + (int64_t)(t - R) * fa.ks + (int64_t)kvh * g.D
-                               : fa.q + (int64_t)m * fa.qs + (int64_t)(h0 + t) * g.D;
-        const void *w = key ? fa.kw : fa.qw;
-        const int wdt = key ? fa.kwdt : fa.qwdt;
-        float e[E], wi[P], wh[P];
-#pragma unroll
-        for (int k = 0; k < E; k++) e[k] = lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
-#pragma unroll
-        for (int k = 0; k < P; k++) {
-            const int i = lane + 32 * k;
-            wi[k] = w && i < half ? ds_cu_load(w, wdt, i) : 1.0f;
-            wh[k] = w && i < half ? ds_cu_load(w, wdt, i + half) : 1.0f;
-        }
         float *dst = key ? fk[t - R] : sq[t];
 #pragma unroll
-        for (int k = 0; k < E; k++)
-            if (lane + 32 * k < g.D) dst[lane + 32 * k] = e[k];
+        for (int k = 0; k < ATT_FRESH_E; k++)
+            if (lane + 32 * k < g.D) dst[lane + 32 * k] = rw.e[u][k];
         __syncwarp();
         const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
-        const int pos = row_pos(g, pa, key ? t - R : m);
+        const int pos = key ? f0 + (t - R) : row_pos(g, pa, m); /* the fused step's positions are consecutive */
+        const bool has_w = key ? fa.kw != NULL : fa.qw != NULL;
 #pragma unroll
-        for (int k = 0; k < P; k++) { /* a lane rewrites only its own pairs, read by it alone */
+        for (int k = 0; k < ATT_FRESH_P; k++) { /* a lane rewrites only its own pairs, read by it alone */
             const int i = lane + 32 * k;
             if (i >= half) break;
             float oi, oh;
-            nr_rotate_wv(dst[i], dst[i + half], rs, w != NULL, wi[k], wh[k], pos, fa.inv_freq[i], &oi, &oh);
+            nr_rotate_wv(dst[i], dst[i + half], rs, has_w, key ? cs.ki[k] : cs.qi[k], key ? cs.kh[k] : cs.qh[k], pos,
+                         cs.f[k], &oi, &oh);
             dst[i] = oi;
             dst[i + half] = oh;
         }
@@ -167,11 +206,11 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
     if (!store) return;
     for (int e = threadIdx.x; e < fa.n * g.D; e += ATT_THREADS) {
         const int r = e / g.D, d = e % g.D;
-        fa.kc[(int64_t)row_pos(g, pa, r) * fa.kcs + (int64_t)kvh * g.D + d] = fk[r][d];
+        fa.kc[(int64_t)(f0 + r) * fa.kcs + (int64_t)kvh * g.D + d] = fk[r][d];
     }
     for (int e = threadIdx.x; e < fa.n * g.Dv; e += ATT_THREADS) {
         const int r = e / g.Dv, d = e % g.Dv;
-        fa.vc[(int64_t)row_pos(g, pa, r) * fa.vcs + (int64_t)kvh * g.Dv + d] =
+        fa.vc[(int64_t)(f0 + r) * fa.vcs + (int64_t)kvh * g.Dv + d] =
             fa.v[(int64_t)r * fa.vs + (int64_t)kvh * g.Dv + d];
     }
 }
@@ -208,13 +247,15 @@ __device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
     if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
 }
 
-template <int L, int NPL, int R, bool FRESH>
+template <int L, int NPL, int R, bool FRESH, int A = 1>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
      * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
      * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
     att_stamp(g, RT_ENTRY);
+    fresh_consts cs;
+    if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
@@ -225,6 +266,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
+    fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
+    if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
@@ -240,7 +283,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     float kv[NPL], vv[NPL];
     const bool early = FRESH && c >= cfirst && c <= clast && j0 + grp < min(j1, f0);
     if (early) load_kv<L, NPL, false>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
-    if constexpr (FRESH) fresh_prologue<R>(g, pa, fa, m, h0, kvh, s_q, s_fk);
+    if constexpr (FRESH) fresh_prologue<R>(g, pa, fa, m, h0, kvh, cs, rw, s_q, s_fk);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
         if (blockIdx.y == 0)
             for (int e = threadIdx.x; e < R * g.Dv; e += ATT_THREADS)
@@ -267,13 +310,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         for (int i = 0; i < NPL; i++) qv[i] = li + L * i < g.D ? qrow[li + L * i] : 0.0f;
     }
     if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
+    /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
+     * registers; decode at prompt 64 is three groups of keys, each a round
+     * trip to memory when one ahead). */
+    float k2[A > 1 ? NPL : 1], v2[A > 1 ? NPL : 1];
+    if constexpr (A > 1) load_kv<L, NPL, FRESH>(g, j0 + grp + G, j1, kvh, li, k2, v2, fa, f0, s_fk);
     att_stamp(g, RT_FIRST);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
         const bool valid = j < j1;
         float kn[NPL], vn[NPL];
-        load_kv<L, NPL, FRESH>(g, j + G, j1, kvh, li, kn, vn, fa, f0, s_fk);
+        load_kv<L, NPL, FRESH>(g, j + A * G, j1, kvh, li, kn, vn, fa, f0, s_fk);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float s = 0.0f;
@@ -287,7 +335,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             att_update<L, NPL>(g, valid, s, vv, li, &mx[r], &l[r], o[r]);
         }
 #pragma unroll
-        for (int i = 0; i < NPL; i++) kv[i] = kn[i], vv[i] = vn[i];
+        for (int i = 0; i < NPL; i++) {
+            if constexpr (A > 1) kv[i] = k2[i], vv[i] = v2[i], k2[i] = kn[i], v2[i] = vn[i];
+            else kv[i] = kn[i], vv[i] = vn[i];
+        }
     }
     if (g.trigger) ds_cu_grid_trigger();
     att_stamp(g, RT_PRODUCED);
@@ -366,11 +417,14 @@ static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
     *hi = b;
 }
 
-/* The chunk kernel for heads up to 128 with R heads a block (1, 2 or 4), fused or not. */
+/* The chunk kernel for heads up to 128 with R heads a block (1, 2 or 4),
+ * fused or not; ahead2 (R = 1): keys two groups ahead. */
 template <int L, int NPL>
-static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, const att_geo &g, const pos_arg &pa,
-                          const fresh_arg &f) {
-    if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
+static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, bool ahead2, const att_geo &g,
+                          const pos_arg &pa, const fresh_arg &f) {
+    if (ahead2 && fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true, 2>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2>, grid, ATT_THREADS, cb->stream, g, pa, f);
+    else if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
     else if (fresh && R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
     else if (fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
     else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
@@ -410,8 +464,9 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.window = p->window;
     g.ring = p->ring_size;
     g.scale = p->scale;
-    static int trig = -1;
+    static int trig = -1, ahead_on = -1;
     if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
+    if (ahead_on < 0) ahead_on = ds_cu_env_on("DS_CUDA_ATT_AHEAD");
     g.trigger = trig;
     /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
      * steps: measured on the H200 (8B shape), packing every call slowed the AR step 4.43 -> 4.86 ms (prompt 64: 8
@@ -490,9 +545,12 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         if ((int64_t)n * g.H / R * g.ny < pack_min) R = 1;
         dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
         g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
-        if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, g, pa, f);
-        else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, g, pa, f);
-        else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, g, pa, f);
+        /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has
+         * no more blocks than SMs (DS_CUDA_ATT_AHEAD=0: never). */
+        const bool ahead2 = ahead_on && R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
+        if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
+        else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
+        else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
         else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
         else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
         if (!ds_cu_launched(cb, "attention")) return;
