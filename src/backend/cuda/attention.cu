@@ -119,7 +119,9 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
  * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
  * took 8.7 us, each trip ~0.8 us).
  * fresh_consts: a lane's pairs of q's and k's norm weights and RoPE's
- * frequencies, read before the wait (never written by a kernel). */
+ * frequencies, requested with the rows after the wait: the fused launch's
+ * blocks enter only as QKV's leave (its ring fills an SM at 2+ rows), so
+ * loads before the wait only delayed it (by ~1.7 us). */
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
 typedef struct {
@@ -254,20 +256,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
      * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
      * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
     att_stamp(g, RT_ENTRY);
-    fresh_consts cs;
-    if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     constexpr bool QS = FRESH || R > 1; /* the queries in shared memory (normed there when FRESH) */
-    __shared__ float s_m[G], s_l[G];
+    __shared__ float s_m[G], s_l[G], s_f[G], s_ml[2];
     __shared__ float s_o[G][L * NPL];
     __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
-    if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
+    fresh_consts cs;
+    if constexpr (FRESH) {
+        fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
+        fresh_consts_load(g, fa, &cs);
+    }
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
@@ -345,7 +349,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     const bool single = cfirst == clast;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        if (r) __syncthreads(); /* the previous head's merge has read s_m, s_l, s_o */
+        if (r) __syncthreads(); /* the previous head's merge has read s_m, s_l, s_o, s_f, s_ml */
         if (li == 0) {
             s_m[grp] = mx[r];
             s_l[grp] = l[r];
@@ -353,16 +357,27 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
         for (int i = 0; i < NPL; i++) s_o[grp][li + L * i] = o[r][i];
         __syncthreads();
-        /* Merge the groups in order (a group that saw no key has l = 0). */
-        float M = -INFINITY;
-        for (int k = 0; k < G; k++)
-            if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
-        float fac[G], lsum = 0.0f;
+        /* Merge the groups in order (a group that saw no key has l = 0): warp 0 takes the max (exact in any
+         * order) and each group's factor once, its lane 0 the sum in group order; every thread computed all G
+         * exponentials before (~1 us of the block's ~3 us merge at G = 32). */
+        if (threadIdx.x < 32) {
+            float M = -INFINITY;
+            for (int k = threadIdx.x; k < G; k += 32)
+                if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
 #pragma unroll
-        for (int k = 0; k < G; k++) {
-            fac[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
-            if (s_l[k] > 0) lsum = __fmaf_rn(s_l[k], fac[k], lsum);
+            for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+            for (int k = threadIdx.x; k < G; k += 32) s_f[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
+            __syncwarp();
+            if (threadIdx.x == 0) {
+                float lsum = 0.0f;
+                for (int k = 0; k < G; k++)
+                    if (s_l[k] > 0) lsum = __fmaf_rn(s_l[k], s_f[k], lsum);
+                s_ml[0] = M;
+                s_ml[1] = lsum;
+            }
         }
+        __syncthreads();
+        const float M = s_ml[0], lsum = s_ml[1];
         const int h = h0 + r;
         float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
         float *pp = g.part + (((int64_t)m * g.H + h) * g.ny + blockIdx.y) * (g.Dv + 2);
@@ -370,7 +385,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             float acc = 0.0f;
 #pragma unroll
             for (int k = 0; k < G; k++)
-                if (s_l[k] > 0) acc = __fmaf_rn(s_o[k][d], fac[k], acc);
+                if (s_l[k] > 0) acc = __fmaf_rn(s_o[k][d], s_f[k], acc);
             if (single) orow[d] = acc / lsum;
             else pp[2 + d] = acc;
         }
