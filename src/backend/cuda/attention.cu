@@ -119,9 +119,8 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
  * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
  * took 8.7 us, each trip ~0.8 us).
  * fresh_consts: a lane's pairs of q's and k's norm weights and RoPE's
- * frequencies, requested with the rows after the wait: the fused launch's
- * blocks enter only as QKV's leave (its ring fills an SM at 2+ rows), so
- * loads before the wait only delayed it (by ~1.7 us). */
+ * frequencies, read before the wait (never written by a kernel; requested
+ * with the rows after it instead, verify of 8 rows took 4.90 ms, not 4.83). */
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
 typedef struct {
@@ -179,15 +178,22 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool store = blockIdx.y == 0 && m == 0 && h0 % g.group == 0;
     const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
-#pragma unroll
+    /* One copy of the norm and rotation code, not one per item: the fused
+     * kernel's prologue is code run once per launch, fetched from memory. */
+#pragma unroll 1
     for (int u = 0; u < fresh_rows<R>::T; u++) {
         const int t = warp + u * (ATT_THREADS / 32);
         if (t >= R + (keys ? fa.n : 0)) break;
         const bool key = t >= R;
         float *dst = key ? fk[t - R] : sq[t];
 #pragma unroll
-        for (int k = 0; k < ATT_FRESH_E; k++)
-            if (lane + 32 * k < g.D) dst[lane + 32 * k] = rw.e[u][k];
+        for (int k = 0; k < ATT_FRESH_E; k++) {
+            float e = rw.e[0][k]; /* rw.e[u][k] without indexing a register array by u */
+#pragma unroll
+            for (int uu = 1; uu < fresh_rows<R>::T; uu++)
+                if (u == uu) e = rw.e[uu][k];
+            if (lane + 32 * k < g.D) dst[lane + 32 * k] = e;
+        }
         __syncwarp();
         const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
         const int pos = key ? f0 + (t - R) : row_pos(g, pa, m); /* the fused step's positions are consecutive */
@@ -256,6 +262,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
      * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
      * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
     att_stamp(g, RT_ENTRY);
+    fresh_consts cs;
+    if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
@@ -267,11 +275,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
-    fresh_consts cs;
-    if constexpr (FRESH) {
-        fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
-        fresh_consts_load(g, fa, &cs);
-    }
+    if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);

@@ -59,7 +59,8 @@ __device__ __forceinline__ void nr_rotate_wv(float vi, float vh, float rs, bool 
         q = __fmul_rn(q, wh);
     }
     const float ang = __fmul_rn((float)pos, inv_freq);
-    const float c = cosf(ang), s = sinf(ang);
+    float s, c;
+    sincosf(ang, &s, &c); /* one range reduction and one copy of its slow path's code, not two */
     *oi = __fsub_rn(__fmul_rn(p, c), __fmul_rn(q, s));
     *oh = __fadd_rn(__fmul_rn(q, c), __fmul_rn(p, s));
 }
