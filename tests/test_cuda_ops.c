@@ -573,6 +573,43 @@ static void test_norm_rope_attention(void) {
 
 /* ---- norms, RoPE, element-wise ------------------------------------------ */
 
+/* rmsnorm_add (Gemma's post-norms, the layer scalar with the last add):
+ * the same bits as rmsnorm, add and scale on the GPU, in place (out = res)
+ * as the model calls it; against the CPU's unfused sequence within 2e-5. */
+static void rmsnorm_add_cases(void) {
+    struct {
+        int64_t rows, cols;
+        ds_dtype wdt;
+        float scale;
+    } cs[] = {{5, 3840, DS_BF16, 1.0f}, {8, 3840, DS_BF16, 0.37f}, {3, 1000, DS_F32, 1.0f}, {1, 640, DS_F16, 2.5f}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const int64_t R = cs[i].rows, C = cs[i].cols;
+        pair x = act_rand(R, C, 4.0f), res = act_rand(R, C, 1.0f), w = weight(cs[i].wdt, 1, C);
+        float *r0 = fetch(gpu, res.g);
+        pair ref = act(R, C, r0), tmp = act(R, C, NULL);
+        free(r0);
+        gpu->ops->rmsnorm_add(gpu, res.g, res.g, x.g, w.g, 1e-6f, cs[i].scale);
+        gpu->ops->rmsnorm(gpu, tmp.g, x.g, w.g, (int)C, 1e-6f); /* the three ops it replaces */
+        gpu->ops->add(gpu, ref.g, ref.g, tmp.g);
+        if (cs[i].scale != 1.0f) gpu->ops->scale(gpu, ref.g, cs[i].scale);
+        ds_rmsnorm_add(cpu, res.c, res.c, x.c, w.c, 1e-6f, cs[i].scale); /* the CPU: the unfused sequence */
+        char what[96];
+        snprintf(what, sizeof what, "rmsnorm_add %lldx%lld %s scale %g", (long long)R, (long long)C,
+                 ds_dtype_name(cs[i].wdt), cs[i].scale);
+        compare(res.g, res.c, 2e-5, what);
+        float *a = fetch(gpu, res.g), *b = fetch(gpu, ref.g);
+        CHECK(!memcmp(a, b, (size_t)(R * C) * 4), "%s: differs from rmsnorm, add, scale", what);
+        free(a);
+        free(b);
+        check_gpu_ok(what);
+        release(&x);
+        release(&res);
+        release(&w);
+        release(&ref);
+        release(&tmp);
+    }
+}
+
 static void test_rmsnorm(void) {
     struct {
         int64_t rows, cols;
@@ -600,6 +637,7 @@ static void test_rmsnorm(void) {
         release(&out);
         if (hw) release(&w);
     }
+    rmsnorm_add_cases();
 }
 
 static void test_rope(void) {

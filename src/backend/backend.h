@@ -189,6 +189,11 @@ typedef struct {
     /* out = silu(n @ wg^T) * (n @ wu^T), n = rmsnorm(x, norm_w). */
     void (*rmsnorm_linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
                                   ds_tensor wg, ds_tensor wu);
+    /* out = (res + rmsnorm(x, w)) * scale over whole rows (Gemma's post-norms:
+     * a sublayer's output normed before the residual add; scale: the layer
+     * scalar, 1 for none); out may be res. The bits of rmsnorm, add, scale. */
+    void (*rmsnorm_add)(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,
+                        float scale);
     /* rmsnorm(x, w, head_dim, eps) then rope(x, head_dim, pos, inv_freq), in place. */
     void (*rmsnorm_rope)(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                          const float *inv_freq);
@@ -356,6 +361,17 @@ static inline void ds_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_te
     }
     be->ops->rmsnorm(be, xn, x, norm_w, (int)x.cols, eps);
     ds_linear_swiglu(be, out, xn, wg, wu, tmp);
+}
+/* x: scratch the unfused sequence norms in place. */
+static inline void ds_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,
+                                  float scale) {
+    if (be->ops->rmsnorm_add) {
+        be->ops->rmsnorm_add(be, out, res, x, w, eps, scale);
+        return;
+    }
+    be->ops->rmsnorm(be, x, x, w, (int)x.cols, eps);
+    be->ops->add(be, out, res, x);
+    if (scale != 1.0f) be->ops->scale(be, out, scale);
 }
 static inline void ds_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps,
                                    const int32_t *pos, const float *inv_freq) {

@@ -45,6 +45,50 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
     ds_cu_launched(cb, "rmsnorm");
 }
 
+/* out = (res + rmsnorm(x, w)) * scale, one block a row: rmsnorm_kernel's
+ * reduction (the same T for the same dim) and its product, then the add and
+ * the scale rounded as the separate kernels round them (no contraction into
+ * an FMA), so the bits are those of the three launches it replaces. */
+template <int T>
+__global__ void __launch_bounds__(T)
+    rmsnorm_add_kernel(float *out, int64_t os, const float *res, int64_t rs, const float *x, int64_t xs, const void *w,
+                       int wdtype, int dim, float eps, float scale) {
+    ds_cu_grid_wait();
+    __shared__ float part[T / 32];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * xs, *rr = res + r * rs;
+    float *orow = out + r * os;
+    const float inv = nr_block_inv_rms<T>(xr, dim, eps, part);
+    for (int i = threadIdx.x; i < dim; i += T) {
+        const float y = w ? __fmul_rn(__fmul_rn(xr[i], inv), ds_cu_load(w, wdtype, i)) : __fmul_rn(xr[i], inv);
+        const float o = __fadd_rn(rr[i], y);
+        orow[i] = scale != 1.0f ? __fmul_rn(o, scale) : o;
+    }
+}
+
+void ds_cu_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,
+                       float scale) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (x.rows <= 0 || x.cols <= 0) return;
+    if (res.rows != x.rows || res.cols != x.cols || out.rows != x.rows || out.cols != x.cols) {
+        ds_cu_fail(cb, "rmsnorm_add", "shapes differ: out %lldx%lld, res %lldx%lld, x %lldx%lld", (long long)out.rows,
+                   (long long)out.cols, (long long)res.rows, (long long)res.cols, (long long)x.rows,
+                   (long long)x.cols);
+        return;
+    }
+    if (w.data && !ds_cu_float_dtype(cb, "rmsnorm_add", w.dtype)) return;
+    const int dim = (int)x.cols;
+    if (dim >= 2048) /* ds_cu_rmsnorm's choice of T for this dim */
+        ds_cu_launch(rmsnorm_add_kernel<512>, (unsigned)x.rows, 512, cb->stream, (float *)out.data, out.stride,
+                     (const float *)res.data, res.stride, (const float *)x.data, x.stride, w.data, w.dtype, dim, eps,
+                     scale);
+    else
+        ds_cu_launch(rmsnorm_add_kernel<NORM_THREADS>, (unsigned)x.rows, NORM_THREADS, cb->stream, (float *)out.data,
+                     out.stride, (const float *)res.data, res.stride, (const float *)x.data, x.stride, w.data, w.dtype,
+                     dim, eps, scale);
+    ds_cu_launched(cb, "rmsnorm_add");
+}
+
 /* Positions and frequencies of one launch, by value. */
 typedef struct {
     int32_t pos[DS_CU_ROWS];
