@@ -40,7 +40,7 @@ static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     ds_backend *be = d->be;
     const ds_gemma4_config *c = &g->c;
     const int G = d->gamma;
-    ds_tensor x = ds_rows(g->x, 0, G), xn = ds_rows(g->s.xn, 0, G);
+    ds_tensor x = ds_rows(g->x, 0, G);
     be->ops->embed(be, x, d->embed, ids, g->embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
         const ds_gemma4_layer *L = &g->st.layers[l];
@@ -49,10 +49,8 @@ static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
                              .v_head_dim = L->head_dim, .n_keys = pos[0] + G, .causal = false,
                              .scale = 1.0f, .q_pos = pos};
-        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
-        ds_gemma4_query(be, c, L, xn, q, pos);
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_gemma4_key_value(be, c, L, xn, g->st.k[l], g->st.v[l], 0, &g->s, pos);
+        ds_gemma4_attention_inputs(be, c, L, x, q, true, g->st.k[l], g->st.v[l], 0, &g->s, pos);
         be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
     }

@@ -111,7 +111,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
     const ds_gemma4_config *c = &g->c;
     /* Positions (and the K/V rows written) from the step, as the ids. */
     const int32_t *pos = t->step.pos;
-    ds_tensor x = ds_rows(g->x, 0, n), xn = ds_rows(g->s.xn, 0, n);
+    ds_tensor x = ds_rows(g->x, 0, n);
     be->ops->embed(be, x, g->embed, ids, g->embed_scale);
     ds_target_tap(t, -1, x, n);
     if (c->ple_dim) per_layer_inputs(g, ids, x, n);
@@ -120,9 +120,7 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
         const int src = c->kv_source[l];
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, n), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, n);
-        be->ops->rmsnorm(be, xn, x, L->in_norm, c->hidden, c->eps);
-        ds_gemma4_query(be, c, L, xn, q, pos);
-        if (L->has_kv) ds_gemma4_key_value(be, c, L, xn, g->st.k[l], g->st.v[l], g->ring[l], &g->s, pos);
+        ds_gemma4_attention_inputs(be, c, L, x, q, L->has_kv, g->st.k[l], g->st.v[l], g->ring[l], &g->s, pos);
         const bool sliding = L->type == DS_G4_SLIDING;
         ds_attn_params ap = {.n_heads = c->n_heads,
                              .n_kv_heads = L->n_kv_heads,

@@ -142,13 +142,6 @@ void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
 }
 
-void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor xn, ds_tensor q,
-                     const int32_t *pos) {
-    be->ops->linear(be, q, xn, L->q_proj, L->q_bias);
-    be->ops->rmsnorm(be, q, q, L->q_norm, L->head_dim, c->eps);
-    be->ops->rope(be, q, L->head_dim, pos, L->inv_freq);
-}
-
 void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
                          ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos) {
     const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
@@ -164,6 +157,25 @@ void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gem
                           pos, L->inv_freq);
 }
 
+void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                                ds_tensor q, bool kv, ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s,
+                                const int32_t *pos) {
+    const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
+    const ds_tensor xn = ds_rows(s->xn, 0, x.rows);
+    if (!kv) { /* K/V shared from an earlier layer: q alone */
+        ds_rmsnorm_linear_multi(be, 1, &q, x, L->in_norm, c->eps, &L->q_proj, &L->q_bias, xn);
+        ds_rmsnorm_rope(be, q, L->q_norm, L->head_dim, c->eps, pos, L->inv_freq);
+        return;
+    }
+    const ds_tensor k = ds_rows(ds_cols(s->k, 0, kvd), 0, x.rows), v = ds_rows(ds_cols(s->v, 0, kvd), 0, x.rows);
+    const ds_tensor outs[3] = {q, k, v}, ws[3] = {L->q_proj, L->k_proj, L->v_proj};
+    const ds_tensor bs[3] = {L->q_bias, L->k_bias, L->v_bias};
+    ds_rmsnorm_linear_multi(be, L->has_v_proj ? 3 : 2, outs, x, L->in_norm, c->eps, ws, bs, xn);
+    /* v_norm from the raw projection (k's before k_norm without a v_proj), as ds_gemma4_key_value */
+    be->ops->rmsnorm(be, v, L->has_v_proj ? v : k, ds_no_tensor(), L->head_dim, c->eps);
+    ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps, pos, L->inv_freq);
+}
+
 void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
                               ds_gemma4_scratch *s, int rows, ds_tensor ple) {
     const int64_t qd = (int64_t)c->n_heads * L->head_dim;
@@ -171,23 +183,21 @@ void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const d
     ds_tensor xn = ds_rows(s->xn, 0, rows);
     ds_tensor gate = ds_rows(ds_cols(s->gate, 0, L->inter), 0, rows),
               up = ds_rows(ds_cols(s->up, 0, L->inter), 0, rows);
+    const bool with_ple = ple.data && L->ple_gate.data;
     be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
-    be->ops->rmsnorm(be, tmp, tmp, L->post_attn_norm, c->hidden, c->eps);
-    be->ops->add(be, x, x, tmp);
-    be->ops->rmsnorm(be, xn, x, L->pre_ff_norm, c->hidden, c->eps);
-    be->ops->linear(be, gate, xn, L->gate, ds_no_tensor());
-    be->ops->linear(be, up, xn, L->up, ds_no_tensor());
+    ds_rmsnorm_add(be, x, x, tmp, L->post_attn_norm, c->eps, 1.0f);
+    /* pre_ff_norm, gate and up in one launch where the backend fuses them */
+    const ds_tensor gu[2] = {gate, up}, gw[2] = {L->gate, L->up}, nb[2] = {ds_no_tensor(), ds_no_tensor()};
+    ds_rmsnorm_linear_multi(be, 2, gu, x, L->pre_ff_norm, c->eps, gw, nb, xn);
     be->ops->geglu_tanh(be, gate, gate, up);
     be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
-    be->ops->rmsnorm(be, tmp, tmp, L->post_ff_norm, c->hidden, c->eps);
-    be->ops->add(be, x, x, tmp);
-    if (ple.data && L->ple_gate.data) {
+    /* the layer scalar with the last residual add (the same rounding as a separate scale) */
+    ds_rmsnorm_add(be, x, x, tmp, L->post_ff_norm, c->eps, with_ple ? 1.0f : L->layer_scalar);
+    if (with_ple) {
         ds_tensor t = ds_rows(s->ple, 0, rows);
         be->ops->linear(be, t, x, L->ple_gate, ds_no_tensor());
         be->ops->geglu_tanh(be, t, t, ple);
         be->ops->linear(be, tmp, t, L->ple_proj, ds_no_tensor());
-        be->ops->rmsnorm(be, tmp, tmp, L->ple_post_norm, c->hidden, c->eps);
-        be->ops->add(be, x, x, tmp);
+        ds_rmsnorm_add(be, x, x, tmp, L->ple_post_norm, c->eps, L->layer_scalar);
     }
-    if (L->layer_scalar != 1.0f) be->ops->scale(be, x, L->layer_scalar);
 }

@@ -92,9 +92,6 @@ ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int
                                   ds_gemma4_scratch *s);
 void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s);
 
-/* q[M, heads*hd] = rope(q_norm(q_proj(xn))) at pos. */
-void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor xn, ds_tensor q,
-                     const int32_t *pos);
 /* k = rope(k_norm(k_proj(x))); v = v_norm(v_proj(x)), or v_norm(k_proj(x))
  * before k_norm when the layer has no v_proj, for the rows of x (through
  * s->k, s->v), written into rows pos[i] (pos[i] % ring when ring > 0) of
@@ -103,6 +100,15 @@ void ds_gemma4_query(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_
  * replays at any position. Only for layers with has_kv. */
 void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
                          ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos);
+/* The attention's inputs from the layer's input x: xn = in_norm(x) (in
+ * s->xn where the backend does not fuse it), q[M, heads*hd] =
+ * rope(q_norm(q_proj(xn))) at pos and, with kv (the layer has its own K/V),
+ * k and v of xn as ds_gemma4_key_value. Where the backend fuses them: the
+ * norm and the q/k/v projections in one launch, q's and k's norms, RoPE and
+ * the K/V store in another (each was its own launch: ~20 a layer). */
+void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
+                                ds_tensor q, bool kv, ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s,
+                                const int32_t *pos);
 /* The rest of the layer, given attn = attention output (rows of s->attn):
  * x += post_attn_norm(o_proj(attn)); x += post_ff_norm(mlp(pre_ff_norm(x)));
  * with per-layer inputs (ple: [rows, ple_dim] view, or no tensor)
