@@ -244,17 +244,17 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
     *mx = mn;
 }
 
-/* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
- * takes R query heads of one kv head (R divides the GQA group): each key
- * and value is loaded once for the R heads, which a block per head would
- * each load again (verify of 8 rows at GQA 4 read every key 32 times).
- * Every head's arithmetic is the same, in the same order, as with R = 1. */
 /* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
  * held across the kernel for it). */
 __device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
     if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
 }
 
+/* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
+ * takes R query heads of one kv head (R divides the GQA group): each key
+ * and value is loaded once for the R heads, which a block per head would
+ * each load again (verify of 8 rows at GQA 4 read every key 32 times).
+ * Every head's arithmetic is the same, in the same order, as with R = 1. */
 template <int L, int NPL, int R, bool FRESH, int A = 1>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     /* The next kernel (o_proj) is let in only once this block has its keys:
