@@ -304,6 +304,11 @@ static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
     ds_rmsnorm_linear_swiglu(cpu, h.c, x.c, nw.c, 1e-6f, wg.c, wu.c, xn.c, tmp.c);
     snprintf(what, sizeof what, "rmsnorm_linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
     compare(h.g, h.c, 2e-5, what);
+    /* Gemma's MLP: the GELU-tanh epilogue (the CPU: rmsnorm, two linears, geglu_tanh) */
+    ds_rmsnorm_linear_geglu(gpu, h.g, x.g, nw.g, 1e-6f, wg.g, wu.g, xn.g, tmp.g);
+    ds_rmsnorm_linear_geglu(cpu, h.c, x.c, nw.c, 1e-6f, wg.c, wu.c, xn.c, tmp.c);
+    snprintf(what, sizeof what, "rmsnorm_linear_geglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
     pair *all[] = {&wq, &wk, &wv, &bq, &wo, &wg, &wu, &x, &att, &res, &q, &k, &v, &h, &tmp, &tmpk, &nw, &xn};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
@@ -340,6 +345,13 @@ static void test_fused_row_invariance(void) {
     float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
     CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
     free(e1), free(em);
+    for (int64_t i = 0; i < MAXM; i++)
+        gpu->ops->rmsnorm_linear_geglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
+    gpu->ops->rmsnorm_linear_geglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
+    e1 = fetch(gpu, n1.g), em = fetch(gpu, nm.g);
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4),
+          "rmsnorm_linear_geglu: rows of a 17-row call differ from 1-row calls");
+    free(e1), free(em);
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
     CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
     CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
@@ -357,8 +369,8 @@ static void test_fused_row_invariance(void) {
         free(q1[o]), free(qm[o]);
     }
     release(&nw), release(&n1), release(&nm);
-    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu, rmsnorm_linear_multi bf16: rows of a 17-row call "
-           "== 1-row calls, bitwise\n");
+    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu / _geglu, rmsnorm_linear_multi bf16: rows of a "
+           "17-row call == 1-row calls, bitwise\n");
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};

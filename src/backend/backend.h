@@ -189,6 +189,9 @@ typedef struct {
     /* out = silu(n @ wg^T) * (n @ wu^T), n = rmsnorm(x, norm_w). */
     void (*rmsnorm_linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
                                   ds_tensor wg, ds_tensor wu);
+    /* out = gelu_tanh(n @ wg^T) * (n @ wu^T), n = rmsnorm(x, norm_w) (Gemma's MLP). */
+    void (*rmsnorm_linear_geglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                 ds_tensor wg, ds_tensor wu);
     /* out = (res + rmsnorm(x, w)) * scale over whole rows (Gemma's post-norms:
      * a sublayer's output normed before the residual add; scale: the layer
      * scalar, 1 for none); out may be res. The bits of rmsnorm, add, scale. */
@@ -361,6 +364,18 @@ static inline void ds_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_te
     }
     be->ops->rmsnorm(be, xn, x, norm_w, (int)x.cols, eps);
     ds_linear_swiglu(be, out, xn, wg, wu, tmp);
+}
+/* xn: scratch of x's shape; tmp: of out's shape. */
+static inline void ds_rmsnorm_linear_geglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                           ds_tensor wg, ds_tensor wu, ds_tensor xn, ds_tensor tmp) {
+    if (be->ops->rmsnorm_linear_geglu) {
+        be->ops->rmsnorm_linear_geglu(be, out, x, norm_w, eps, wg, wu);
+        return;
+    }
+    be->ops->rmsnorm(be, xn, x, norm_w, (int)x.cols, eps);
+    be->ops->linear(be, out, xn, wg, ds_no_tensor());
+    be->ops->linear(be, tmp, xn, wu, ds_no_tensor());
+    be->ops->geglu_tanh(be, out, out, tmp);
 }
 /* x: scratch the unfused sequence norms in place. */
 static inline void ds_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,

@@ -186,10 +186,8 @@ void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const d
     const bool with_ple = ple.data && L->ple_gate.data;
     be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
     ds_rmsnorm_add(be, x, x, tmp, L->post_attn_norm, c->eps, 1.0f);
-    /* pre_ff_norm, gate and up in one launch where the backend fuses them */
-    const ds_tensor gu[2] = {gate, up}, gw[2] = {L->gate, L->up}, nb[2] = {ds_no_tensor(), ds_no_tensor()};
-    ds_rmsnorm_linear_multi(be, 2, gu, x, L->pre_ff_norm, c->eps, gw, nb, xn);
-    be->ops->geglu_tanh(be, gate, gate, up);
+    /* pre_ff_norm, gate, up and GeGLU in one launch where the backend fuses them */
+    ds_rmsnorm_linear_geglu(be, gate, x, L->pre_ff_norm, c->eps, L->gate, L->up, xn, up);
     be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
     /* the layer scalar with the last residual add (the same rounding as a separate scale) */
     ds_rmsnorm_add(be, x, x, tmp, L->post_ff_norm, c->eps, with_ple ? 1.0f : L->layer_scalar);

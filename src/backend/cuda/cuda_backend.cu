@@ -227,6 +227,7 @@ static const ds_backend_ops cuda_ops = {
     .linear_multi = ds_cu_linear_multi,
     .rmsnorm_linear_multi = ds_cu_rmsnorm_linear_multi,
     .rmsnorm_linear_swiglu = ds_cu_rmsnorm_linear_swiglu,
+    .rmsnorm_linear_geglu = ds_cu_rmsnorm_linear_geglu,
     .rmsnorm_add = ds_cu_rmsnorm_add,
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .qk_norm_rope = ds_cu_qk_norm_rope,

@@ -144,6 +144,16 @@ void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes);
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t);
 
 /* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
+/* gelu_tanh(x) * u with the CPU's formula and order, each operation rounded
+ * on its own (no contraction): the element-wise kernel and the matmul's
+ * GeGLU epilogue give the same bits. */
+__device__ __forceinline__ float ds_cu_gelu_tanh_mul(float x, float u) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+    const float t = tanhf(__fmul_rn(k, __fadd_rn(x, x3)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)), u);
+}
+
 __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i) {
     if (dtype == DS_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
     if (dtype == DS_F16) return __half2float(__ushort_as_half(((const unsigned short *)p)[i]));
@@ -282,6 +292,8 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
                                 const ds_tensor *ws, const ds_tensor *biases);
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
                                  ds_tensor wu);
+void ds_cu_rmsnorm_linear_geglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
+                                ds_tensor wu);
 void ds_cu_rmsnorm_rope(ds_backend *be, ds_tensor x, ds_tensor w, int head_dim, float eps, const int32_t *pos,
                         const float *inv_freq);
 void ds_cu_qk_norm_rope(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, int head_dim,

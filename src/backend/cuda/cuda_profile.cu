@@ -126,6 +126,10 @@ static void p_linear_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor 
                            const ds_tensor *b) {
     PROF(WIDE(x.rows) ? "linear_multi (wide)" : "linear_multi", prof_of(be)->inner->linear_multi(be, n, o, x, w, b));
 }
+static void p_rl_geglu(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor nw, float eps, ds_tensor g, ds_tensor u) {
+    PROF(WIDE(x.rows) ? "rmsnorm_linear_geglu (wide)" : "rmsnorm_linear_geglu",
+         prof_of(be)->inner->rmsnorm_linear_geglu(be, o, x, nw, eps, g, u));
+}
 static void p_rmsnorm_add(ds_backend *be, ds_tensor o, ds_tensor r, ds_tensor x, ds_tensor w, float eps, float sc) {
     PROF("rmsnorm_add", prof_of(be)->inner->rmsnorm_add(be, o, r, x, w, eps, sc));
 }
@@ -237,6 +241,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.linear_multi = p_linear_multi;
     ops.rmsnorm_rope = p_rmsnorm_rope;
     ops.rmsnorm_add = p_rmsnorm_add;
+    ops.rmsnorm_linear_geglu = p_rl_geglu;
     ops.qk_norm_rope = p_qk_norm_rope;
     ops.qk_norm_rope_store = p_qk_norm_rope_store;
     ops.markov_greedy = p_markov;

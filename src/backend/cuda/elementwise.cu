@@ -18,11 +18,7 @@ __global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float
         case EW_ADD: y = x + b[r * bs + c]; break;
         case EW_SCALE: y = x * s; break;
         case EW_SWIGLU: y = x / (1.0f + expf(-x)) * b[r * bs + c]; break;
-        case EW_GEGLU_TANH: {
-            const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-            y = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * b[r * bs + c];
-            break;
-        }
+        case EW_GEGLU_TANH: y = ds_cu_gelu_tanh_mul(x, b[r * bs + c]); break;
         case EW_SOFTCAP: y = tanhf(x / s) * s; break;
         default: y = ds_cu_rbf16(x); break;
         }

@@ -78,26 +78,35 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
     ds_cu_add(be, out, res, tmp);
 }
 
-void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
+/* out = act(x @ wg^T) * (x @ wu^T), act SiLU or GELU-tanh: the gated
+ * epilogue of the tensor-core launch, or two projections and the
+ * element-wise op (which rounds as the epilogue does). */
+static void linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, ds_tensor x, ds_tensor wg,
+                       ds_tensor wu) {
     ds_cuda_backend *cb = ds_cu(be);
     if (x.rows <= 0 || wg.rows <= 0) return;
-    if (!ds_cu_linear_ok(cb, "linear_swiglu", out, x, wg, ds_no_tensor()) ||
-        !ds_cu_linear_ok(cb, "linear_swiglu", out, x, wu, ds_no_tensor()))
+    if (!ds_cu_linear_ok(cb, op, out, x, wg, ds_no_tensor()) || !ds_cu_linear_ok(cb, op, out, x, wu, ds_no_tensor()))
         return;
     if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride) {
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = seg_of(out, wg, ds_no_tensor());
         a.seg[0].w2 = (const uint16_t *)wu.data;
-        ds_cu_mma_launch(cb, "linear_swiglu", DS_MMA_SWIGLU, &a, x);
+        a.seg[0].act = act;
+        ds_cu_mma_launch(cb, op, DS_MMA_SWIGLU, &a, x);
         return;
     }
-    float *t = (float *)ds_cu_tmp(cb, "linear_swiglu", (size_t)(out.rows * out.cols) * sizeof(float));
+    float *t = (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float));
     if (!t) return;
     ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false};
     ds_cu_linear(be, out, x, wg, ds_no_tensor());
     ds_cu_linear(be, tmp, x, wu, ds_no_tensor());
-    ds_cu_swiglu(be, out, out, tmp);
+    if (act == DS_GLU_GELU_TANH) ds_cu_geglu_tanh(be, out, out, tmp);
+    else ds_cu_swiglu(be, out, out, tmp);
+}
+
+void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
+    linear_glu(be, "linear_swiglu", DS_GLU_SILU, out, x, wg, wu);
 }
 
 /* The input norm in front of the projections: fused into the tensor-core
@@ -142,12 +151,11 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
     if (xn.data) ds_cu_linear_multi(be, n, outs, xn, ws, biases);
 }
 
-void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
-                                 ds_tensor wu) {
+static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, ds_tensor x, ds_tensor nw,
+                               float eps, ds_tensor wg, ds_tensor wu) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (x.rows <= 0 || !norm_ok(cb, "rmsnorm_linear_swiglu", x, nw)) return;
-    if (!ds_cu_linear_ok(cb, "rmsnorm_linear_swiglu", out, x, wg, ds_no_tensor()) ||
-        !ds_cu_linear_ok(cb, "rmsnorm_linear_swiglu", out, x, wu, ds_no_tensor()))
+    if (x.rows <= 0 || !norm_ok(cb, op, x, nw)) return;
+    if (!ds_cu_linear_ok(cb, op, out, x, wg, ds_no_tensor()) || !ds_cu_linear_ok(cb, op, out, x, wu, ds_no_tensor()))
         return;
     if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride &&
         norm_aligned(nw)) {
@@ -155,12 +163,23 @@ void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_
         a.nseg = 1;
         a.seg[0] = seg_of(out, wg, ds_no_tensor());
         a.seg[0].w2 = (const uint16_t *)wu.data;
+        a.seg[0].act = act;
         a.norm_w = nw.data;
         a.norm_dtype = (int)nw.dtype;
         a.eps = eps;
-        ds_cu_mma_launch(cb, "rmsnorm_linear_swiglu", DS_MMA_SWIGLU, &a, x);
+        ds_cu_mma_launch(cb, op, DS_MMA_SWIGLU, &a, x);
         return;
     }
-    ds_tensor xn = normed_copy(cb, "rmsnorm_linear_swiglu", x, nw, eps);
-    if (xn.data) ds_cu_linear_swiglu(be, out, xn, wg, wu);
+    ds_tensor xn = normed_copy(cb, op, x, nw, eps);
+    if (xn.data) linear_glu(be, op, act, out, xn, wg, wu);
+}
+
+void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
+                                 ds_tensor wu) {
+    rmsnorm_linear_glu(be, "rmsnorm_linear_swiglu", DS_GLU_SILU, out, x, nw, eps, wg, wu);
+}
+
+void ds_cu_rmsnorm_linear_geglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
+                                ds_tensor wu) {
+    rmsnorm_linear_glu(be, "rmsnorm_linear_geglu", DS_GLU_GELU_TANH, out, x, nw, eps, wg, wu);
 }

@@ -286,7 +286,7 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = ds_mma_seg{(const uint16_t *)w.data, NULL, w.stride, (float *)out.data, out.stride, NULL, 0,
-                              bias.data, (int)bias.dtype, (int)N, 0};
+                              bias.data, (int)bias.dtype, (int)N, DS_GLU_SILU, 0};
         ds_cu_mma_launch(cb, "linear", DS_MMA_PLAIN, &a, x);
         return;
     }

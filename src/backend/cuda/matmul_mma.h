@@ -1,6 +1,6 @@
 /* The tensor-core narrow matmul (matmul_mma.cu): one launch computes up to
  * DS_LINEAR_MULTI_MAX projections of the same x (segments), with a plain, residual-add or
- * SwiGLU epilogue. Used by linear, linear_multi, linear_residual and
+ * gated (SwiGLU or GeGLU-tanh) epilogue. Used by linear, linear_multi, linear_residual and
  * linear_swiglu when the weights qualify (ds_cu_mma_eligible). */
 #ifndef DS_CUDA_MATMUL_MMA_H
 #define DS_CUDA_MATMUL_MMA_H
@@ -8,6 +8,8 @@
 #include "backend/cuda/cuda_internal.h"
 
 enum { DS_MMA_PLAIN, DS_MMA_RESIDUAL, DS_MMA_SWIGLU };
+/* The gated mode's activation (DS_MMA_SWIGLU: act(x @ w^T) * (x @ w2^T)). */
+enum { DS_GLU_SILU, DS_GLU_GELU_TANH };
 
 #define DS_MMA_MAX_SEG DS_LINEAR_MULTI_MAX
 
@@ -21,6 +23,7 @@ typedef struct {
     const void *bias;       /* [n] or NULL */
     int bias_dtype;
     int n;
+    int act;                /* DS_MMA_SWIGLU's activation: DS_GLU_SILU (0) or DS_GLU_GELU_TANH */
     int block_end;          /* set by the launcher: 16-row tiles of segments 0..this one */
 } ds_mma_seg;
 

@@ -140,7 +140,8 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
         float y = sum[0];
         if (MODE != DS_MMA_SWIGLU && S.bias) y = __fadd_rn(y, ds_cu_load(S.bias, S.bias_dtype, n));
         if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(S.res[(int64_t)m * S.rs + n], y);
-        if (MODE == DS_MMA_SWIGLU) y = silu_mul(sum[0], sum[NW - 1]);
+        if (MODE == DS_MMA_SWIGLU)
+            y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1]) : silu_mul(sum[0], sum[NW - 1]);
         S.out[(int64_t)m * S.os + n] = y;
     }
 }
