@@ -2,7 +2,7 @@
 """The last traced decode step of a DS_CUDA_RING_TRACE file as a table.
 
     DS_CUDA_RING_TRACE=/tmp/ring.txt ./build-cuda/dspark bench --backend cuda -m MODEL --decode 8 --reps 1
-    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry]
+    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry] [--summary]
 
 A step is the ring launches from one LM head (the launch with the most
 tiles) to the next, of calls with M rows (default 1). Times are us from the
@@ -23,7 +23,12 @@ entry, wait, first stage, wait -> first stage, first and second tile's
 durations, end, tiles): a block that entered early and still reaches its
 first stage late, or whose prefetched first tile takes as long as a later
 one, points at what gates the stream (session 9's in-flight cap was found
-this way)."""
+this way).
+--summary prints, instead of the table, the step's critical path by kind of
+launch (matmul K/tiles, attn, norm): per launch the time from the previous
+launch's last block end to this one's (its span), split into the wait for
+the previous kernel to return and wait -> last end; summed over the step.
+Comparing --rows 1 with --rows 8 shows where a verify pays over decode."""
 import argparse
 import collections
 import statistics
@@ -34,6 +39,7 @@ ap.add_argument("--rows", type=int, default=1)
 ap.add_argument("--first", type=int, default=0)
 ap.add_argument("--count", type=int, default=1000)
 ap.add_argument("--by-entry", action="store_true")
+ap.add_argument("--summary", action="store_true")
 a = ap.parse_args()
 
 blocks = collections.defaultdict(list)
@@ -55,6 +61,23 @@ step = launches[heads[-2] + 1:heads[-1] + 1]
 t0 = min(t[0] for t in blocks[step[0]])
 us = lambda x: (x - t0) / 1e3
 print("step of %d launches, %.1f us; rows %d" % (len(step), us(max(t[3] for t in blocks[step[-1]])), a.rows))
+if a.summary:
+    kinds = collections.OrderedDict()
+    for prev, s in zip(step, step[1:]):
+        m, k, tiles = meta[s]
+        name = "attn" if k == -1 else "norm" if k == -2 else "%d/%d" % (k, tiles)
+        prev_end = max(t[3] for t in blocks[prev])
+        end, wait = max(t[3] for t in blocks[s]), max(t[1] for t in blocks[s])
+        kinds.setdefault(name, []).append(((end - prev_end) / 1e3, (wait - prev_end) / 1e3, (end - wait) / 1e3))
+    print("%-12s %5s %10s %10s %10s %9s" % ("kind", "n", "span", "->wait", "wait->end", "total"))
+    total = 0.0
+    for name, v in kinds.items():
+        n, span = len(v), sum(x[0] for x in v)
+        total += span
+        print("%-12s %5d %10.2f %10.2f %10.2f %9.1f" % (name, n, span / n, statistics.mean(x[1] for x in v),
+                                                    statistics.mean(x[2] for x in v), span))
+    print("%-12s %5s %10s %10s %10s %9.1f" % ("all", "", "", "", "", total))
+    raise SystemExit(0)
 print("%4s %6s %6s  %-15s %-15s %7s %-15s %7s %7s" % ("#", "K", "tiles", "entry", "wait", "first", "end", "tile", "drain"))
 for i, s in enumerate(step[a.first:a.first + a.count], a.first):
     B = blocks[s]
