@@ -143,7 +143,6 @@ void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes);
  * bf16 or f16; anything else is refused with a recorded failure. */
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t);
 
-/* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
 /* gelu_tanh(x) * u with the CPU's formula and order, each operation rounded
  * on its own (no contraction): the element-wise kernel and the matmul's
  * GeGLU epilogue give the same bits. */
@@ -154,6 +153,7 @@ __device__ __forceinline__ float ds_cu_gelu_tanh_mul(float x, float u) {
     return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)), u);
 }
 
+/* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
 __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i) {
     if (dtype == DS_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
     if (dtype == DS_F16) return __half2float(__ushort_as_half(((const unsigned short *)p)[i]));

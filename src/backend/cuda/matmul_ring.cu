@@ -463,7 +463,9 @@ static const ring_settings *ring_env(void) {
         r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
         const char *xs = getenv("DS_CUDA_RING_XC_SWIGLU"), *xr = getenv("DS_CUDA_RING_XC_RESIDUAL");
         r.xc_swiglu = xs && *xs ? atoi(xs) : r.xc_rows;
-        r.xc_residual = xr && *xr ? atoi(xr) : (r.xc_rows < RING_XC_RESIDUAL_ROWS ? r.xc_rows : RING_XC_RESIDUAL_ROWS);
+        r.xc_residual = xr && *xr ? atoi(xr) : RING_XC_RESIDUAL_ROWS;
+        if (r.xc_swiglu > r.xc_rows) r.xc_swiglu = r.xc_rows; /* each kind's cap within xc_rows */
+        if (r.xc_residual > r.xc_rows) r.xc_residual = r.xc_rows;
         r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
         const char *fl = getenv("DS_CUDA_RING_FLIGHT");
         r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
@@ -593,7 +595,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.xc_row = K + 4;
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
-    const bool xc = M <= xc_cap && M <= env->xc_rows && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
+    const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
     p.tiles = tiles;
     ring_maps maps;
