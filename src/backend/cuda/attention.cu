@@ -68,6 +68,7 @@ typedef struct {
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
     int trigger; /* the next kernel scheduled after this block's keys (1) or after its wait (0) */
+    int vec;     /* q, k, v rows (and a fused launch's fresh v rows) 16-byte aligned: vector loads */
     unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
 } att_geo;
 
@@ -86,7 +87,35 @@ __device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, in
     *hi = b;
 }
 
-/* Key j's (zeros past j1) elements d = li + L*i of kv head kvh. FRESH:
+/* A lane's element i of a head: the lane's i / 4-th group of four
+ * consecutive elements, the L lanes of a key side by side (d = 4L * (i / 4)
+ * + 4 li + i % 4), so that each group is one 16-byte load where the rows
+ * allow it (g.vec) and the L lanes read consecutive 16-byte words (no bank
+ * conflict in shared memory). A head's dot product and output take the
+ * elements in i order either way: the same bits with or without vectors. */
+template <int L>
+__device__ __forceinline__ int lane_dim(int li, int i) {
+    return (i >> 2) * (4 * L) + 4 * li + (i & 3);
+}
+
+/* n (a multiple of 4) elements of row r in lane_dim order into e, zeros
+ * past lim or where !ok; vec: 16-byte loads. */
+template <int L, int NPL>
+__device__ __forceinline__ void load_lane_row(const float *r, bool ok, int lim, int li, bool vec, float e[NPL]) {
+#pragma unroll
+    for (int c = 0; c < NPL / 4; c++) {
+        const int d0 = lane_dim<L>(li, 4 * c);
+        if (vec) {
+            const float4 x = ok && d0 < lim ? *(const float4 *)(r + d0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            e[4 * c] = x.x, e[4 * c + 1] = x.y, e[4 * c + 2] = x.z, e[4 * c + 3] = x.w;
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; u++) e[4 * c + u] = ok && d0 + u < lim ? r[d0 + u] : 0.0f;
+        }
+    }
+}
+
+/* Key j's (zeros past j1) elements of kv head kvh in lane_dim order. FRESH:
  * keys from position f0 on are the step's, normed and rotated in fk, their
  * values in QKV's output. */
 template <int L, int NPL, bool FRESH>
@@ -95,24 +124,13 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
                                         const float (*fk)[ATT_FRESH_DIM]) {
     const bool valid = j < j1;
     if (FRESH && valid && j >= f0) {
-        const float *vr = fa.v + (int64_t)(j - f0) * fa.vs + (int64_t)kvh * g.Dv;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) {
-            const int d = li + L * i;
-            kv[i] = d < g.D ? fk[j - f0][d] : 0.0f;
-            vv[i] = d < g.Dv ? vr[d] : 0.0f;
-        }
+        load_lane_row<L, NPL>(fk[j - f0], true, g.D, li, g.vec, kv);
+        load_lane_row<L, NPL>(fa.v + (int64_t)(j - f0) * fa.vs + (int64_t)kvh * g.Dv, true, g.Dv, li, g.vec, vv);
         return;
     }
     const int64_t row = g.ring > 0 ? j % g.ring : j;
-    const float *kr = g.k + row * g.ks + (int64_t)kvh * g.D;
-    const float *vr = g.v + row * g.vs + (int64_t)kvh * g.Dv;
-#pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int d = li + L * i;
-        kv[i] = valid && d < g.D ? kr[d] : 0.0f;
-        vv[i] = valid && d < g.Dv ? vr[d] : 0.0f;
-    }
+    load_lane_row<L, NPL>(g.k + row * g.ks + (int64_t)kvh * g.D, valid, g.D, li, g.vec, kv);
+    load_lane_row<L, NPL>(g.v + row * g.vs + (int64_t)kvh * g.Dv, valid, g.Dv, li, g.vec, vv);
 }
 
 /* FRESH, in three parts so that one round trip to memory follows the grid
@@ -238,8 +256,7 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
     *l = __fmaf_rn(*l, corr, p);
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int d = li + L * i;
-        if (d < g.Dv) o[i] = __fmaf_rn(o[i], corr, __fmul_rn(p, vv[i]));
+        if (lane_dim<L>(li, i) < g.Dv) o[i] = __fmaf_rn(o[i], corr, __fmul_rn(p, vv[i]));
     }
     *mx = mn;
 }
@@ -271,7 +288,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     constexpr bool QS = FRESH || R > 1; /* the queries in shared memory (normed there when FRESH) */
     __shared__ float s_m[G], s_l[G], s_f[G], s_ml[2];
     __shared__ float s_o[G][L * NPL];
-    __shared__ float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM], s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
+    __shared__ __align__(16) float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM];
+    __shared__ __align__(16) float s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
@@ -313,9 +331,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
     }
     if (!QS) {
-        const float *qrow = g.q + m * g.qs + (int64_t)h0 * g.D;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) qv[i] = li + L * i < g.D ? qrow[li + L * i] : 0.0f;
+        load_lane_row<L, NPL>(g.q + m * g.qs + (int64_t)h0 * g.D, true, g.D, li, g.vec, qv);
     }
     if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
     /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
@@ -335,9 +351,19 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             float s = 0.0f;
             if (valid) {
 #pragma unroll
-                for (int i = 0; i < NPL; i++) {
-                    const int d = li + L * i;
-                    if (d < g.D) s = __fmaf_rn(QS ? s_q[r][d] : qv[i], kv[i], s);
+                for (int c = 0; c < NPL / 4; c++) {
+                    const int d0 = lane_dim<L>(li, 4 * c);
+                    float q4[4];
+                    if (QS && g.vec) {
+                        const float4 t = *(const float4 *)&s_q[r][d0];
+                        q4[0] = t.x, q4[1] = t.y, q4[2] = t.z, q4[3] = t.w;
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < 4; u++) q4[u] = QS ? s_q[r][d0 + u] : qv[4 * c + u];
+                    }
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (d0 + u < g.D) s = __fmaf_rn(q4[u], kv[4 * c + u], s);
                 }
             }
             att_update<L, NPL>(g, valid, s, vv, li, &mx[r], &l[r], o[r]);
@@ -359,7 +385,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             s_l[grp] = l[r];
         }
 #pragma unroll
-        for (int i = 0; i < NPL; i++) s_o[grp][li + L * i] = o[r][i];
+        for (int i = 0; i < NPL; i++) s_o[grp][lane_dim<L>(li, i)] = o[r][i];
         __syncthreads();
         /* Merge the groups in order (a group that saw no key has l = 0): warp 0 takes the max (exact in any
          * order) and each group's factor once, its lane 0 the sum in group order; every thread computed all G
@@ -483,6 +509,10 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.window = p->window;
     g.ring = p->ring_size;
     g.scale = p->scale;
+    /* 16-byte rows: every row start a multiple of 4 floats from 16-byte aligned bases. */
+    const auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+    g.vec = al16(q.data) && al16(k.data) && al16(v.data) && q.stride % 4 == 0 && k.stride % 4 == 0 &&
+            v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0 && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
     static int trig = -1, ahead_on = -1;
     if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
     if (ahead_on < 0) ahead_on = ds_cu_env_on("DS_CUDA_ATT_AHEAD");
