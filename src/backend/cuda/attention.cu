@@ -137,13 +137,29 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
  * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
  * took 8.7 us, each trip ~0.8 us).
  * fresh_consts: a lane's pairs of q's and k's norm weights and RoPE's
- * frequencies, read before the wait (never written by a kernel; requested
- * with the rows after it instead, verify of 8 rows took 4.90 ms, not 4.83). */
+ * frequencies. They are never written by a kernel, but loading them before
+ * the wait held it up: a block enters only as QKV's leave (its registers do
+ * not fit beside them), so it reached the wait a trip to HBM later (traced,
+ * verify of 8 rows: the last wait returned 2.7 us after QKV's end; the q/k
+ * norm kernel's, resident early, 0.7). So they are only requested into L2
+ * before the wait (fresh_consts_prefetch) and loaded with the rows after
+ * it, in the same round trip; loaded after the wait without the prefetch,
+ * verify of 8 rows took 4.90 ms, not 4.83 (session 12). */
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
 typedef struct {
     float qi[ATT_FRESH_P], qh[ATT_FRESH_P], ki[ATT_FRESH_P], kh[ATT_FRESH_P], f[ATT_FRESH_P];
 } fresh_consts;
+
+__device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fresh_arg &fa) {
+    /* Threads 0..n: q's weight, a line each (the last one its last byte's: the weight need not start a
+     * line); threads 32..32+n: k's. */
+    const int t = threadIdx.x & 31, wk = threadIdx.x >> 5;
+    const void *w = wk == 0 ? fa.qw : wk == 1 ? fa.kw : NULL;
+    const int bytes = g.D * ((wk == 0 ? fa.qwdt : fa.kwdt) == DS_F32 ? 4 : 2);
+    if (w && 128 * t < bytes + 127)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)w + min(128 * t, bytes - 1)));
+}
 
 __device__ __forceinline__ void fresh_consts_load(const att_geo &g, const fresh_arg &fa, fresh_consts *c) {
     const int lane = threadIdx.x & 31, half = g.D / 2;
@@ -280,7 +296,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
      * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
     att_stamp(g, RT_ENTRY);
     fresh_consts cs;
-    if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
+    if constexpr (FRESH) fresh_consts_prefetch(g, fa);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
@@ -294,6 +310,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
     if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
+    if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
     const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
