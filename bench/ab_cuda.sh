@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One device call's worth of same-call A/B on the Qwen3-8B-shaped synthetic
+# checkpoint: builds the working tree (and, with BASE_FILES, a second tree
+# in /tmp/base that has HEAD's versions of those files), runs the GPU tests
+# (TESTS=1), then `dspark bench` twice per variant, alternating, and with
+# TRACE_ENV a traced bench whose attention launches it summarizes per block
+# (quantiles of wait, prologue, key loop, drain; us from the launch before).
+#
+#   bash bench/make_devdata.sh            # here, once per checkout
+#   # on the device (carry: [".devdata"]), e.g.
+#   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
+#   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
+#
+# VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
+# (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
+# "base". Logs in /tmp/ab (tarred to $OUT/ab.tar.xz when OUT is set).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .devdata/devenv.sh
+T0=$(date +%s)
+t() { echo "[$(($(date +%s) - T0)) s] $*"; }
+B=build-cuda
+M=${SYNTH_DIR:-/tmp/synth-qwen3-8b}
+R=/tmp/ab
+rm -rf $R && mkdir -p $R
+CM="-DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG"
+if [ -n "${BASE_FILES:-}" ]; then
+    rm -rf /tmp/base && mkdir -p /tmp/base
+    tar --exclude=./build-cuda --exclude=./.git -cf - . | tar -C /tmp/base -xf -
+    for f in $BASE_FILES; do git show HEAD:"$f" >/tmp/base/"$f"; done
+    (cd /tmp/base && cmake -S . -B build-cuda $CM >$R/build_base.log 2>&1 &&
+        cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
+     echo $? >$R/build_base.rc) &
+fi
+cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j10 >>$R/build.log 2>&1
+rc=$?
+wait
+[ $rc -eq 0 ] || { grep -E "error" $R/build.log | head; tail -20 $R/build.log; exit 1; }
+[ -z "${BASE_FILES:-}" ] || [ "$(cat $R/build_base.rc)" = 0 ] || { tail -20 $R/build_base.log; exit 1; }
+[ -f $M.done ] || { timeout 200 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >$R/synth.log 2>&1 &&
+    touch $M.done; }
+t built
+if [ -n "${TESTS:-}" ]; then
+    timeout 120 ./$B/tests/test_cuda_ops >$R/ops.log 2>&1
+    echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
+    timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
+    echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
+    DS_BACKEND=cuda timeout 200 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|dspark_gemma4|gemma4_unified|pico|sample_ops)$' \
+        -j6 >$R/golden.log 2>&1
+    echo "goldens (DS_BACKEND=cuda) rc=$? $(grep -E 'tests passed' $R/golden.log)"
+    t tests
+fi
+bench() { # name binary env
+    env $3 timeout 100 $2 bench --backend cuda -m $M -d $M-dspark --prompt-len 64 --decode 64 --json 2>/dev/null |
+        python3 -c "
+import json, sys
+j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
+print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR' % ('$1', ar, v[1], v[8],
+      j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar))"
+}
+for i in 1 2; do
+    [ -z "${BASE_FILES:-}" ] || bench base /tmp/base/build-cuda/dspark DS_X=1
+    for v in ${VARIANTS:-new=DS_X=1}; do bench "${v%%=*}" ./$B/dspark "$(echo "${v#*=}" | tr , ' ')"; done
+done
+t bench
+if [ -n "${TRACE_ENV:-}" ]; then
+    env $(echo "$TRACE_ENV" | tr , ' ') DS_CUDA_RING_TRACE=$R/trace.txt timeout 120 ./$B/dspark bench --backend cuda \
+        -m $M -d $M-dspark --prompt-len 64 --decode 8 --reps 1 >/dev/null 2>&1
+    python3 - $R/trace.txt <<'PY'
+import collections, sys
+blocks, meta = collections.defaultdict(list), {}
+for line in open(sys.argv[1]):
+    v = [int(x) for x in line.split()]
+    if v[5] and v[8]:
+        blocks[v[0]].append(v[5:])
+        meta[v[0]] = v[1:4]
+order = sorted(blocks, key=lambda s: min(t[0] for t in blocks[s]))
+def q(xs):
+    xs = sorted(xs)
+    return "%5.2f %5.2f %5.2f %5.2f" % (xs[0], xs[len(xs) // 4], xs[len(xs) // 2], xs[-1])
+print("attention launches, per block (min / q1 / median / max, us; t0 = the launch before's last block end)")
+for m in (1, 7, 8):
+    idx = [i for i, s in enumerate(order) if meta[s][0] == m and meta[s][1] == -1]
+    for i in idx[-12:-11] + idx[-4:-3]:
+        B = blocks[order[i]]
+        t0 = max(t[3] for t in blocks[order[i - 1]])
+        print("rows %d, %d blocks: wait %s | prologue %s | keys %s | drain %s | end %s" % (
+            m, len(B), q([(t[1] - t0) / 1e3 for t in B]), q([(t[2] - t[1]) / 1e3 for t in B]),
+            q([(t[4] - t[2]) / 1e3 for t in B]), q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
+PY
+    rm -f $R/trace.txt
+fi
+[ -z "${OUT:-}" ] || tar -C /tmp -cJf "$OUT/ab.tar.xz" ab
+t done
