@@ -163,8 +163,8 @@ __device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fr
 
 /* A weight element's raw bits (16 or 32 of them) and their value: the loads
  * are all issued before the first value is formed. ds_cu_load's branch on
- * the dtype around each load made each one a round trip of its own: eight
- * in a row, ~4 us of the 8-row prologue (traced, session 13). */
+ * the dtype around each load made each one a round trip of its own, eight in
+ * a row (H200, verify of 8 rows: the prologue's median 5.1 -> 4.6 us). */
 __device__ __forceinline__ uint32_t fresh_raw(const void *w, int dt, int i) {
     return dt == DS_F32 ? ((const uint32_t *)w)[i] : (uint32_t)((const uint16_t *)w)[i];
 }
