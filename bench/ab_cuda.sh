@@ -78,15 +78,23 @@ order = sorted(blocks, key=lambda s: min(t[0] for t in blocks[s]))
 def q(xs):
     xs = sorted(xs)
     return "%5.2f %5.2f %5.2f %5.2f" % (xs[0], xs[len(xs) // 4], xs[len(xs) // 2], xs[-1])
-print("attention launches, per block (min / q1 / median / max, us; t0 = the launch before's last block end)")
+print("attention launches (and a q/k norm launch before one), per block (min / q1 / median / max, us;")
+print("t0 = the last block end of the matmul before them)")
 for m in (1, 7, 8):
     idx = [i for i, s in enumerate(order) if meta[s][0] == m and meta[s][1] == -1]
     for i in idx[-12:-11] + idx[-4:-3]:
-        B = blocks[order[i]]
-        t0 = max(t[3] for t in blocks[order[i - 1]])
-        print("rows %d, %d blocks: wait %s | prologue %s | keys %s | drain %s | end %s" % (
-            m, len(B), q([(t[1] - t0) / 1e3 for t in B]), q([(t[2] - t[1]) / 1e3 for t in B]),
-            q([(t[4] - t[2]) / 1e3 for t in B]), q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
+        j = i - 1 if meta[order[i - 1]][1] != -2 else i - 2  # the matmul (QKV) before them
+        t0 = max(t[3] for t in blocks[order[j]])
+        for s in order[j + 1:i + 1]:
+            B = blocks[s]
+            if meta[s][1] == -2:
+                print("rows %d, norm %d blocks: entry %s | wait %s | end %s" % (m, len(B), q([(t[0] - t0) / 1e3 for t in B]),
+                      q([(t[1] - t0) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
+                continue
+            print("rows %d, attention %d blocks: entry %s | wait %s | prologue %s | keys %s | drain %s | end %s" % (
+                m, len(B), q([(t[0] - t0) / 1e3 for t in B]), q([(t[1] - t0) / 1e3 for t in B]),
+                q([(t[2] - t[1]) / 1e3 for t in B]), q([(t[4] - t[2]) / 1e3 for t in B]),
+                q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
 PY
     rm -f $R/trace.txt
 fi
