@@ -100,7 +100,9 @@ __global__ void __launch_bounds__(THREADS) chain_kernel(const uint4 *buf, long l
     }
 }
 
-static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link l, int mode, cudaStream_t s) {
+/* pdl: a programmatic launch (never the chain's first: the memset before it must not be overlapped). */
+static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link l, int mode, bool pdl,
+                   cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)grid);
     cfg.blockDim = dim3(THREADS);
@@ -110,7 +112,7 @@ static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link 
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = mode == MODE_SERIAL ? 0 : 1;
+    cfg.numAttrs = pdl ? 1 : 0;
     CHECK(cudaLaunchKernelEx(&cfg, chain_kernel, buf, wpb, l, mode));
 }
 
@@ -175,7 +177,7 @@ int main(int argc, char **argv) {
                 l.out = outs + (size_t)k * grid;
                 l.prev_done = k ? ctr + 2 * ((k - 1) % COUNTERS) : NULL;
                 l.done = ctr + 2 * (k % COUNTERS);
-                launch(buf + (k % n_parts) * per_launch, wpb, grid, smem, l, mode, s);
+                launch(buf + (k % n_parts) * per_launch, wpb, grid, smem, l, mode, mode != MODE_SERIAL && k > 0, s);
             }
             CHECK(cudaEventRecord(e1, s));
             CHECK(cudaStreamSynchronize(s));
