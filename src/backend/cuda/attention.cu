@@ -161,39 +161,26 @@ __device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fr
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)w + min(128 * t, bytes - 1)));
 }
 
-/* A weight element's raw bits (16 or 32 of them) and their value: the loads
- * are all issued before the first value is formed. ds_cu_load's branch on
- * the dtype around each load made each one a round trip of its own, eight in
- * a row (H200, verify of 8 rows: the prologue's median 5.1 -> 4.6 us). */
-__device__ __forceinline__ uint32_t fresh_raw(const void *w, int dt, int i) {
-    return dt == DS_F32 ? ((const uint32_t *)w)[i] : (uint32_t)((const uint16_t *)w)[i];
-}
-__device__ __forceinline__ float fresh_value(uint32_t r, int dt) {
-    return dt == DS_F32    ? __uint_as_float(r)
-           : dt == DS_BF16 ? __uint_as_float(r << 16)
-                           : __half2float(__ushort_as_half((unsigned short)r));
-}
-
 __device__ __forceinline__ void fresh_consts_load(const att_geo &g, const fresh_arg &fa, fresh_consts *c) {
     const int lane = threadIdx.x & 31, half = g.D / 2;
-    uint32_t raw[4][ATT_FRESH_P];
+    uint32_t raw[4][ATT_FRESH_P]; /* all requested before any is widened (ds_cu_load_bits) */
 #pragma unroll
     for (int k = 0; k < ATT_FRESH_P; k++) {
         const int i = lane + 32 * k;
         const bool in = i < half;
-        raw[0][k] = fa.qw && in ? fresh_raw(fa.qw, fa.qwdt, i) : 0u;
-        raw[1][k] = fa.qw && in ? fresh_raw(fa.qw, fa.qwdt, i + half) : 0u;
-        raw[2][k] = fa.kw && in ? fresh_raw(fa.kw, fa.kwdt, i) : 0u;
-        raw[3][k] = fa.kw && in ? fresh_raw(fa.kw, fa.kwdt, i + half) : 0u;
+        raw[0][k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i) : 0u;
+        raw[1][k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i + half) : 0u;
+        raw[2][k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i) : 0u;
+        raw[3][k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i + half) : 0u;
         c->f[k] = in ? fa.inv_freq[i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < ATT_FRESH_P; k++) {
         const bool in = lane + 32 * k < half;
-        c->qi[k] = fa.qw && in ? fresh_value(raw[0][k], fa.qwdt) : 1.0f;
-        c->qh[k] = fa.qw && in ? fresh_value(raw[1][k], fa.qwdt) : 1.0f;
-        c->ki[k] = fa.kw && in ? fresh_value(raw[2][k], fa.kwdt) : 1.0f;
-        c->kh[k] = fa.kw && in ? fresh_value(raw[3][k], fa.kwdt) : 1.0f;
+        c->qi[k] = fa.qw && in ? ds_cu_widen(raw[0][k], fa.qwdt) : 1.0f;
+        c->qh[k] = fa.qw && in ? ds_cu_widen(raw[1][k], fa.qwdt) : 1.0f;
+        c->ki[k] = fa.kw && in ? ds_cu_widen(raw[2][k], fa.kwdt) : 1.0f;
+        c->kh[k] = fa.kw && in ? ds_cu_widen(raw[3][k], fa.kwdt) : 1.0f;
     }
 }
 

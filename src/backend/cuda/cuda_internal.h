@@ -153,10 +153,24 @@ __device__ __forceinline__ float ds_cu_gelu_tanh_mul(float x, float u) {
     return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t)), u);
 }
 
+/* The raw bits of element i of a fp32 / bf16 / f16 array, and their value
+ * as fp32 (exact widening). Loaded as bits, several elements can be in
+ * flight before the first is widened: ds_cu_load's branch on the dtype
+ * around each load makes a caller's loads one round trip each (the fused
+ * attention prologue's eight weights took eight, session 13). */
+__device__ __forceinline__ uint32_t ds_cu_load_bits(const void *p, int dtype, int64_t i) {
+    return dtype == DS_F32 ? ((const uint32_t *)p)[i] : (uint32_t)((const uint16_t *)p)[i];
+}
+__device__ __forceinline__ float ds_cu_widen(uint32_t bits, int dtype) {
+    if (dtype == DS_BF16) return __uint_as_float(bits << 16);
+    if (dtype == DS_F16) return __half2float(__ushort_as_half((unsigned short)bits));
+    return __uint_as_float(bits);
+}
+
 /* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
 __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i) {
-    if (dtype == DS_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
-    if (dtype == DS_F16) return __half2float(__ushort_as_half(((const unsigned short *)p)[i]));
+    if (dtype == DS_BF16) return ds_cu_widen(((const uint16_t *)p)[i], DS_BF16);
+    if (dtype == DS_F16) return ds_cu_widen(((const unsigned short *)p)[i], DS_F16);
     return ((const float *)p)[i];
 }
 
