@@ -22,8 +22,8 @@
  * rotates its own q head and, where its chunk holds them, the step's fresh
  * keys of its kv head (one warp a head, norm_rope_math.cuh's arithmetic:
  * the bits the standalone kernel stores), reads them from shared memory and
- * the fresh values from QKV's output, and one block per kv head stores them
- * into the caches. One launch and one kernel boundary fewer per layer than
+ * the fresh values from QKV's output, and one block per (row, kv head)
+ * stores its row's key and value into the caches. One launch and one kernel boundary fewer per layer than
  * the norm kernel followed by attention; the values are the same. */
 #include <math.h>
 #include <string.h>
@@ -193,6 +193,11 @@ template <int R> struct fresh_rows {
     float e[T][ATT_FRESH_E];
 };
 
+/* The step's keys row m's attention sees (a causal row: those up to its own). */
+__device__ __forceinline__ int fresh_seen(const att_geo &g, const fresh_arg &fa, int m) {
+    return g.causal && m + 1 < fa.n ? m + 1 : fa.n;
+}
+
 template <int R>
 __device__ __forceinline__ void fresh_rows_load(const att_geo &g, const fresh_arg &fa, int m, int h0, int kvh,
                                                 fresh_rows<R> *rw) {
@@ -205,28 +210,32 @@ __device__ __forceinline__ void fresh_rows_load(const att_geo &g, const fresh_ar
                                : fa.q + (int64_t)m * fa.qs + (int64_t)(h0 + t) * g.D;
 #pragma unroll
         for (int k = 0; k < ATT_FRESH_E; k++)
-            rw->e[u][k] = t < R + fa.n && lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
+            rw->e[u][k] = t < R + fresh_seen(g, fa, m) && lane + 32 * k < g.D ? src[lane + 32 * k] : 0.0f;
     }
 }
 
-/* The block's R q heads and (where its chunk holds them, or it stores them)
- * the step's keys of its kv head, normed and rotated into shared memory,
- * one warp a head; the first block of each kv head (row 0, the grid's
- * first chunk) stores those keys and their values in the caches. */
+/* The block's R q heads and (where its chunk holds them, or it stores one)
+ * the step's keys its row sees of its kv head, normed and rotated into
+ * shared memory, one warp a head; the first block of each (row m, kv head)
+ * in the grid's first chunk stores the step's key m and its value in the
+ * caches. (Row 0's blocks stored all the step's keys: they norm all of them
+ * and took ~1.5 us longer than the rest, which waited on them — traced,
+ * verify of 8 rows, session 13.) */
 template <int R>
 __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
                                                int h0, int kvh, const fresh_consts &cs, const fresh_rows<R> &rw,
                                                float (*sq)[ATT_FRESH_DIM], float (*fk)[ATT_FRESH_DIM]) {
     const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool store = blockIdx.y == 0 && m == 0 && h0 % g.group == 0;
-    const bool keys = store || (c * ATT_CHUNK < f0 + fa.n && (c + 1) * ATT_CHUNK > f0);
+    const int nk = fresh_seen(g, fa, m); /* m < nk: a storing block norms its key m */
+    const bool store = blockIdx.y == 0 && h0 % g.group == 0;
+    const bool keys = store || (c * ATT_CHUNK < f0 + nk && (c + 1) * ATT_CHUNK > f0);
     /* One copy of the norm and rotation code, not one per item: the fused
      * kernel's prologue is code run once per launch, fetched from memory. */
 #pragma unroll 1
     for (int u = 0; u < fresh_rows<R>::T; u++) {
         const int t = warp + u * (ATT_THREADS / 32);
-        if (t >= R + (keys ? fa.n : 0)) break;
+        if (t >= R + (keys ? nk : 0)) break;
         const bool key = t >= R;
         float *dst = key ? fk[t - R] : sq[t];
 #pragma unroll
@@ -255,15 +264,11 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
     }
     __syncthreads();
     if (!store) return;
-    for (int e = threadIdx.x; e < fa.n * g.D; e += ATT_THREADS) {
-        const int r = e / g.D, d = e % g.D;
-        fa.kc[(int64_t)(f0 + r) * fa.kcs + (int64_t)kvh * g.D + d] = fk[r][d];
-    }
-    for (int e = threadIdx.x; e < fa.n * g.Dv; e += ATT_THREADS) {
-        const int r = e / g.Dv, d = e % g.Dv;
-        fa.vc[(int64_t)(f0 + r) * fa.vcs + (int64_t)kvh * g.Dv + d] =
-            fa.v[(int64_t)r * fa.vs + (int64_t)kvh * g.Dv + d];
-    }
+    float *kc = fa.kc + (int64_t)(f0 + m) * fa.kcs + (int64_t)kvh * g.D;
+    float *vc = fa.vc + (int64_t)(f0 + m) * fa.vcs + (int64_t)kvh * g.Dv;
+    const float *vr = fa.v + (int64_t)m * fa.vs + (int64_t)kvh * g.Dv;
+    for (int d = threadIdx.x; d < g.D; d += ATT_THREADS) kc[d] = fk[m][d];
+    for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) vc[d] = vr[d];
 }
 
 /* One key's score's contribution to the running softmax of one query:
