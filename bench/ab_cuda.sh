@@ -11,6 +11,7 @@
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #
+# ROUNDS: benches per variant (default 2), alternating.
 # VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
 # (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
 # "base". Logs in /tmp/ab (tarred to $OUT/ab.tar.xz when OUT is set).
@@ -58,7 +59,7 @@ j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j[
 print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR' % ('$1', ar, v[1], v[8],
       j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar))"
 }
-for i in 1 2; do
+for i in $(seq ${ROUNDS:-2}); do
     [ -z "${BASE_FILES:-}" ] || bench base /tmp/base/build-cuda/dspark DS_X=1
     for v in ${VARIANTS:-new=DS_X=1}; do bench "${v%%=*}" ./$B/dspark "$(echo "${v#*=}" | tr , ' ')"; done
 done
@@ -96,6 +97,8 @@ for m in (1, 7, 8):
                 q([(t[2] - t[1]) / 1e3 for t in B]), q([(t[4] - t[2]) / 1e3 for t in B]),
                 q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
 PY
+    # the verify step's critical path by kind of launch (--rows 1 picks up the draft round's launches here)
+    echo "critical path, 8 rows:"; python3 bench/ring_timeline.py $R/trace.txt --rows 8 --summary
     rm -f $R/trace.txt
 fi
 [ -z "${OUT:-}" ] || tar -C /tmp -cJf "$OUT/ab.tar.xz" ab
