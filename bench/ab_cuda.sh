@@ -56,8 +56,9 @@ bench() { # name binary env
         python3 -c "
 import json, sys
 j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
-print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR' % ('$1', ar, v[1], v[8],
-      j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar))"
+print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s' % ('$1', ar, v[1], v[8],
+      j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar,
+      '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR'))"
 }
 for i in $(seq ${ROUNDS:-2}); do
     [ -z "${BASE_FILES:-}" ] || bench base /tmp/base/build-cuda/dspark DS_X=1

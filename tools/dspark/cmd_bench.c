@@ -168,6 +168,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     ds_rng_seed(&rng, o->seed);
     b->prompt = malloc((size_t)(P + DS_MAX_GAMMA + 1) * sizeof *b->prompt);
     double *tm = malloc((size_t)R * sizeof *tm);
+    int32_t *ar_tokens = NULL; /* plain decoding's tokens, for the drafted run's check */
     if (!b->prompt || !tm) {
         free(tm);
         return ds_errorf("out of memory");
@@ -212,6 +213,10 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     if (!e) e = ds_generate(t, NULL, b->prompt, P, &gp, NULL, NULL, &ar);
     if (!e) e = ds_backend_check(b->be);
     double ar_tok = ar.n_tokens > 1 ? (ar.total_s - ar.prefill_s) / (ar.n_tokens - 1) : 0;
+    /* Kept for the drafted run's check: greedy drafted decoding must give these tokens exactly. */
+    const int n_ar = ar.n_tokens;
+    ar_tokens = n_ar > 0 ? malloc((size_t)n_ar * sizeof *ar_tokens) : NULL;
+    if (ar_tokens) memcpy(ar_tokens, ar.tokens, (size_t)n_ar * sizeof *ar_tokens);
     ds_gen_result_free(&ar);
     if (e) goto done;
     if (!(ar_tok > 0)) {
@@ -338,6 +343,12 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         cJSON_AddNumberToObject(run, "draft_s", sp.draft_s);
         cJSON_AddNumberToObject(run, "verify_s", sp.verify_s);
         cJSON_AddNumberToObject(run, "speedup_vs_ar", dec > 0 && sp.n_tokens > 1 ? ar_tok * (sp.n_tokens - 1) / dec : 0);
+        /* Lossless: the drafted run's greedy tokens against plain decoding's, at this model's shapes (the small
+         * models of the tests take other kernels on the GPU). */
+        int same = 0;
+        while (ar_tokens && same < n_ar && same < sp.n_tokens && sp.tokens[same] == ar_tokens[same]) same++;
+        cJSON_AddBoolToObject(run, "tokens_equal_ar", ar_tokens && same == n_ar && sp.n_tokens == n_ar);
+        cJSON_AddNumberToObject(run, "tokens_equal_ar_prefix", same);
     }
     ds_gen_result_free(&sp);
     if (e) goto done;
@@ -356,6 +367,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         cJSON_AddItemToArray(pj, it);
     }
 done:
+    free(ar_tokens);
     if (!e) { /* whether the steps ran as recorded CUDA graphs (DS_CUDA_GRAPHS=0: op by op) */
         ds_region_stats rs = ds_backend_region_stats(b->be);
         cJSON *g = cJSON_AddObjectToObject(root, "graphs");
@@ -404,6 +416,10 @@ static void print_report(const cJSON *r) {
     if (run) printf("drafted    measured tau %.3f: %.2f tokens/s, %.2fx AR; its whole round %.3f ms = %.3f AR steps\n",
                     NUM(run, "tau_measured"), NUM(run, "decode_tokens_per_s"), NUM(run, "speedup_vs_ar"),
                     NUM(run, "ms_per_round"), NUM(run, "ms_per_round") / NUM(a, "ms_per_token"));
+    if (run)
+        printf("lossless   drafted tokens %s plain decoding's (first %.0f equal)\n",
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(run, "tokens_equal_ar")) ? "==" : "DIFFER FROM",
+               NUM(run, "tokens_equal_ar_prefix"));
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "projection"))
         printf("projection tau %.2f (assumed): %.1f tokens/s, %.2fx AR (with the drafted run's whole round: %.2fx)\n",
                NUM(it, "tau"), NUM(it, "tokens_per_s"), NUM(it, "speedup_vs_ar"), NUM(it, "speedup_vs_ar_run_round"));
