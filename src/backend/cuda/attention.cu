@@ -23,8 +23,9 @@
  * keys of its kv head (one warp a head, norm_rope_math.cuh's arithmetic:
  * the bits the standalone kernel stores), reads them from shared memory and
  * the fresh values from QKV's output, and one block per (row, kv head)
- * stores its row's key and value into the caches. One launch and one kernel boundary fewer per layer than
- * the norm kernel followed by attention; the values are the same. */
+ * stores its row's key and value into the caches. One launch and one
+ * kernel boundary fewer per layer than the norm kernel followed by
+ * attention; the values are the same. */
 #include <math.h>
 #include <string.h>
 
