@@ -46,6 +46,8 @@ if [ -n "${TESTS:-}" ]; then
     echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
     timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
     echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
+    DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_ring.log 2>&1
+    echo "test_cuda_graphs, ring kernels at the test shapes rc=$? $(tail -1 $R/graphs_ring.log)"
     DS_BACKEND=cuda timeout 200 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|dspark_gemma4|gemma4_unified|pico|sample_ops)$' \
         -j6 >$R/golden.log 2>&1
     echo "goldens (DS_BACKEND=cuda) rc=$? $(grep -E 'tests passed' $R/golden.log)"
