@@ -100,8 +100,8 @@ for m in (1, 7, 8):
                 q([(t[2] - t[1]) / 1e3 for t in B]), q([(t[4] - t[2]) / 1e3 for t in B]),
                 q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
 PY
-    # the verify step's critical path by kind of launch (--rows 1 picks up the draft round's launches here)
-    echo "critical path, 8 rows:"; python3 bench/ring_timeline.py $R/trace.txt --rows 8 --summary
+    # a decode step's and a verify step's critical path by kind of launch
+    for m in 1 8; do echo "critical path, $m row(s):"; python3 bench/ring_timeline.py $R/trace.txt --rows $m --summary; done
     rm -f $R/trace.txt
 fi
 [ -z "${OUT:-}" ] || tar -C /tmp -cJf "$OUT/ab.tar.xz" ab

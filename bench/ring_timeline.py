@@ -5,7 +5,8 @@
     python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry] [--summary]
 
 A step is the ring launches from one LM head (the launch with the most
-tiles) to the next, of calls with M rows (default 1). Times are us from the
+tiles) to the next, of calls with M rows (default 1): the last such
+step with no launch of other row counts among its launches. Times are us from the
 step's first block entry; per launch: blocks' entry (first..last), the
 consumers' wait for the previous kernel returning (first..last), the first
 stage of the slowest block, the blocks' ends (first..last), the median time
@@ -50,14 +51,24 @@ for line in open(a.file):
     if t[0] and t[3]:  # entered and finished
         blocks[slot].append(t)
         meta[slot] = (m, k, tiles)
-launches = sorted((s for s in blocks if meta[s][0] == a.rows), key=lambda s: min(t[0] for t in blocks[s]))
+entry = lambda s: min(t[0] for t in blocks[s])
+everything = sorted(blocks, key=entry)
+launches = [s for s in everything if meta[s][0] == a.rows]
 if not launches:
     raise SystemExit("no traced launch with %d rows" % a.rows)
 most = max(meta[s][2] for s in launches if meta[s][1] > 0)
 heads = [i for i, s in enumerate(launches) if meta[s][1] > 0 and meta[s][2] == most]
 if len(heads) < 2:
     raise SystemExit("fewer than two LM heads traced: decode more tokens")
-step = launches[heads[-2] + 1:heads[-1] + 1]
+# The last pair of LM heads whose step's launches ran with nothing of other row counts among them (a drafted
+# run's 1-row drafter calls sit between far-apart 1-row heads, with verifies and blocks among them: no step).
+where = {s: i for i, s in enumerate(everything)}
+for h0, h1 in reversed(list(zip(heads, heads[1:]))):
+    step = launches[h0 + 1:h1 + 1]
+    if where[step[-1]] - where[step[0]] == len(step) - 1:
+        break
+else:
+    raise SystemExit("no two LM heads of %d rows with only %d-row launches between them" % (a.rows, a.rows))
 t0 = min(t[0] for t in blocks[step[0]])
 us = lambda x: (x - t0) / 1e3
 print("step of %d launches, %.1f us; rows %d" % (len(step), us(max(t[3] for t in blocks[step[-1]])), a.rows))
