@@ -70,36 +70,7 @@ t bench
 if [ -n "${TRACE_ENV:-}" ]; then
     env $(echo "$TRACE_ENV" | tr , ' ') DS_CUDA_RING_TRACE=$R/trace.txt timeout 120 ./$B/dspark bench --backend cuda \
         -m $M -d $M-dspark --prompt-len 64 --decode 8 --reps 1 >/dev/null 2>&1
-    python3 - $R/trace.txt <<'PY'
-import collections, sys
-blocks, meta = collections.defaultdict(list), {}
-for line in open(sys.argv[1]):
-    v = [int(x) for x in line.split()]
-    if v[5] and v[8]:
-        blocks[v[0]].append(v[5:])
-        meta[v[0]] = v[1:4]
-order = sorted(blocks, key=lambda s: min(t[0] for t in blocks[s]))
-def q(xs):
-    xs = sorted(xs)
-    return "%5.2f %5.2f %5.2f %5.2f" % (xs[0], xs[len(xs) // 4], xs[len(xs) // 2], xs[-1])
-print("attention launches (and a q/k norm launch before one), per block (min / q1 / median / max, us;")
-print("t0 = the last block end of the matmul before them)")
-for m in (1, 7, 8):
-    idx = [i for i, s in enumerate(order) if meta[s][0] == m and meta[s][1] == -1]
-    for i in idx[-12:-11] + idx[-4:-3]:
-        j = i - 1 if meta[order[i - 1]][1] != -2 else i - 2  # the matmul (QKV) before them
-        t0 = max(t[3] for t in blocks[order[j]])
-        for s in order[j + 1:i + 1]:
-            B = blocks[s]
-            if meta[s][1] == -2:
-                print("rows %d, norm %d blocks: entry %s | wait %s | end %s" % (m, len(B), q([(t[0] - t0) / 1e3 for t in B]),
-                      q([(t[1] - t0) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
-                continue
-            print("rows %d, attention %d blocks: entry %s | wait %s | prologue %s | keys %s | drain %s | end %s" % (
-                m, len(B), q([(t[0] - t0) / 1e3 for t in B]), q([(t[1] - t0) / 1e3 for t in B]),
-                q([(t[2] - t[1]) / 1e3 for t in B]), q([(t[4] - t[2]) / 1e3 for t in B]),
-                q([(t[3] - t[4]) / 1e3 for t in B]), q([(t[3] - t0) / 1e3 for t in B])))
-PY
+    python3 bench/ring_timeline.py $R/trace.txt --attention-blocks
     # a decode step's and a verify step's critical path by kind of launch
     for m in 1 8; do echo "critical path, $m row(s):"; python3 bench/ring_timeline.py $R/trace.txt --rows $m --summary; done
     rm -f $R/trace.txt

@@ -2,7 +2,7 @@
 """The last traced decode step of a DS_CUDA_RING_TRACE file as a table.
 
     DS_CUDA_RING_TRACE=/tmp/ring.txt ./build-cuda/dspark bench --backend cuda -m MODEL --decode 8 --reps 1
-    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry] [--summary]
+    python3 bench/ring_timeline.py /tmp/ring.txt [--rows M] [--first I] [--count N] [--by-entry] [--summary | --attention-blocks]
 
 A step is the ring launches from one LM head (the launch with the most
 tiles) to the next, of calls with M rows (default 1): the last such
@@ -25,6 +25,9 @@ durations, end, tiles): a block that entered early and still reaches its
 first stage late, or whose prefetched first tile takes as long as a later
 one, points at what gates the stream (session 9's in-flight cap was found
 this way).
+--attention-blocks prints, instead, two attention launches per row count (1,
+7, 8) and a q/k norm launch before one, per block: quantiles of entry,
+wait, prologue, key loop, drain and end, us from the matmul before them.
 --summary prints, instead of the table, the step's critical path by kind of
 launch (matmul K/tiles, attn, norm): per launch the time from the previous
 launch's last block end to this one's (its span), split into the wait for
@@ -41,6 +44,7 @@ ap.add_argument("--first", type=int, default=0)
 ap.add_argument("--count", type=int, default=1000)
 ap.add_argument("--by-entry", action="store_true")
 ap.add_argument("--summary", action="store_true")
+ap.add_argument("--attention-blocks", action="store_true")
 a = ap.parse_args()
 
 blocks = collections.defaultdict(list)
@@ -53,6 +57,28 @@ for line in open(a.file):
         meta[slot] = (m, k, tiles)
 entry = lambda s: min(t[0] for t in blocks[s])
 everything = sorted(blocks, key=entry)
+if a.attention_blocks:  # two attention launches per row count 1 / 7 / 8, per block, from the matmul before them
+    def q(xs):
+        xs = sorted(xs)
+        return "%5.2f %5.2f %5.2f %5.2f" % (xs[0], xs[len(xs) // 4], xs[len(xs) // 2], xs[-1])
+    print("attention launches (and a q/k norm launch before one), per block (min / q1 / median / max, us;")
+    print("t0 = the last block end of the matmul before them)")
+    for m in (1, 7, 8):
+        idx = [i for i, s in enumerate(everything) if meta[s][0] == m and meta[s][1] == -1]
+        for i in idx[-12:-11] + idx[-4:-3]:
+            j = i - 1 if meta[everything[i - 1]][1] != -2 else i - 2  # the matmul (QKV) before them
+            t0 = max(t[3] for t in blocks[everything[j]])
+            for s in everything[j + 1:i + 1]:
+                B = blocks[s]
+                rel = lambda f: q([(f(t) - t0) / 1e3 for t in B])
+                if meta[s][1] == -2:
+                    print("rows %d, norm %d blocks: entry %s | wait %s | end %s" % (
+                        m, len(B), rel(lambda t: t[0]), rel(lambda t: t[1]), rel(lambda t: t[3])))
+                    continue
+                print("rows %d, attention %d blocks: entry %s | wait %s | prologue %s | keys %s | drain %s | end %s" % (
+                    m, len(B), rel(lambda t: t[0]), rel(lambda t: t[1]), q([(t[2] - t[1]) / 1e3 for t in B]),
+                    q([(t[4] - t[2]) / 1e3 for t in B]), q([(t[3] - t[4]) / 1e3 for t in B]), rel(lambda t: t[3])))
+    raise SystemExit(0)
 launches = [s for s in everything if meta[s][0] == a.rows]
 if not launches:
     raise SystemExit("no traced launch with %d rows" % a.rows)
