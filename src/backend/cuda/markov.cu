@@ -447,8 +447,14 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
         if (threadIdx.x == 0) {
             pvs[blockIdx.x] = bv;
             pis[blockIdx.x] = bi;
-            __threadfence();
-            atomicAdd(ticket, 1u);
+            /* the arrival releases the partial (no separate fence round trip) */
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ticket) : "memory");
+            /* the next step's e is w1 of some block's best: have this one's in L2 by then */
+            if (s + 1 < G) {
+                const int esz = w1dt == DS_F32 ? 4 : 2;
+                const char *row = (const char *)w1 + (int64_t)bi * w1s * esz;
+                for (int off = 0; off < r * esz; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+            }
         }
         if (s + 1 < G) /* the next step's base logits, while the other blocks finish this one */
 #pragma unroll
