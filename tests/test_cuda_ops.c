@@ -848,8 +848,12 @@ static void test_markov_greedy(void) {
         for (int data = 0; data < 3; data++) {
             for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
             if (data == 2) base[(size_t)3 * V] = NAN;
-            for (int mode = 0; mode < 4; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned) */
-                const bool bf16 = mode & 1, pruned = mode & 2;
+            for (int mode = 0; mode < 8; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned); bit 2: per step */
+                const bool bf16 = mode & 1, pruned = mode & 2, fused = !(mode & 4);
+                if (!pruned && !fused) continue; /* only the pruned walk has the one-launch form */
+                /* DS_CUDA_MARKOV_FUSED=0: the pruned walk a launch a step (markov.cu reads it at each call) */
+                if (fused) unsetenv("DS_CUDA_MARKOV_FUSED");
+                else setenv("DS_CUDA_MARKOV_FUSED", "0", 1);
                 if ((data > 0 || wk > 0) && !pruned) continue; /* the full walk: the first data set */
                 pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
                 ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
@@ -866,16 +870,29 @@ static void test_markov_greedy(void) {
                     gpu->ops->download(gpu, po.g, got);
                     logits_ok = !memcmp(got, want, (size_t)G * V * 4);
                 }
-                printf("  markov_greedy (%s, %s, %s, %s): %d/%d tokens equal the host walk's%s\n", wnames[wk],
-                       names[data], bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits", same, G,
+                printf("  markov_greedy (%s, %s, %s, %s%s): %d/%d tokens equal the host walk's%s\n", wnames[wk],
+                       names[data], bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits",
+                       pruned ? fused ? ", one launch" : ", a launch a step" : "", same, G,
                        pruned ? "" : logits_ok ? ", logits bit-identical" : ", logits DIFFER");
                 CHECK(same == G, "markov_greedy (%s, %s): %d of %d tokens differ", wnames[wk], names[data], G - same,
                       G);
                 CHECK(logits_ok, "markov_greedy: corrected logits differ");
+                /* emb (the confidence head's input): row k = w1[the token before position k] */
+                float *ge = malloc((size_t)G * (r + 3) * sizeof *ge);
+                gpu->ops->download(gpu, pe.g, ge);
+                int emb_bad = -1;
+                for (int k = 0; k < G && emb_bad < 0; k++) {
+                    const int prev = k ? want_tok[k - 1] : anchor;
+                    if (memcmp(ge + (size_t)k * (r + 3) + 2, w1 + (size_t)prev * r, (size_t)r * sizeof *ge)) emb_bad = k;
+                }
+                CHECK(emb_bad < 0, "markov_greedy (%s, %s, %s): emb row %d is not w1[previous token]", wnames[wk],
+                      names[data], fused ? "one launch" : "a launch a step", emb_bad);
+                free(ge);
                 release(&pb);
                 release(&po);
                 release(&pe);
             }
+            unsetenv("DS_CUDA_MARKOV_FUSED");
         }
         release(&pp);
         release(&pc);

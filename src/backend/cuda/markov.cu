@@ -318,6 +318,179 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     step_end(bv, bi, y0, pv, pi, ticket, idx, sv, si, &last);
 }
 
+/* The whole pruned walk in one launch (greedy, tokens only): the blocks
+ * stay resident through the G steps and meet at a grid barrier after each
+ * (the ticket counts arrivals: step s is over once it reaches
+ * (s + 1) * blocks), where every block merges all blocks' bests itself, so
+ * the next step's previous token needs no second round trip through a
+ * last block; per step this saves a launch boundary and that round trip
+ * (a separate launch a step took ~10 us, H200, 8B drafter). The weights'
+ * parts that do not depend on the previous token (each thread's coef and
+ * radius rows, proj) are loaded before the grid wait, the next step's base
+ * logits before the barrier. A row's value and the merge order are the
+ * step kernels', so the tokens are theirs bit for bit. Partials go to
+ * per-step slots (pv, pi: [G][blocks]): no slot is rewritten while
+ * another block may still read it. Launched only when every block fits on
+ * the GPU at once (walk_fits), else the barrier could wait forever. */
+template <int DT>
+__global__ void __launch_bounds__(PRUNE_THREADS)
+    markov_walk_kernel(const float *__restrict__ base, int64_t bstride, int G, const void *w1, int w1dt, int64_t w1s,
+                       const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
+                       int64_t estride, float *pv, int *pi, unsigned *ticket, const float *__restrict__ proj,
+                       const float *__restrict__ coef, const float *__restrict__ radius, int k, unsigned *rows_done,
+                       int32_t *dtok) {
+    extern __shared__ float e[];
+    __shared__ float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
+    __shared__ float sv[STEP_WARPS], wl[STEP_WARPS];
+    __shared__ int si[STEP_WARPS], wbad[STEP_WARPS];
+    __shared__ float y0;
+    __shared__ int ncand, prev_s;
+    __shared__ int cand[PRUNE_ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
+    /* The previous token's independent part of each row's bound. */
+    float cf[PRUNE_PER_THREAD][DS_MARKOV_BOUND_K], rd[PRUNE_PER_THREAD];
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        rd[q] = n < V ? radius[n] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS_MARKOV_BOUND_K; j++) cf[q][j] = n < V && j < k ? coef[n * k + j] : 0.0f;
+    }
+    ds_cu_grid_wait();
+    float bs[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows */
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        bs[q] = n < V ? base[n] : 0.0f;
+    }
+    int prev = idx[0];
+    for (int s = 0; s < G; s++) {
+        const float *bsrow = base + (int64_t)s * bstride;
+        if (threadIdx.x == 0) ncand = 0;
+        for (int i = threadIdx.x; i < r; i += blockDim.x) {
+            e[i] = ds_cu_load(w1, w1dt, (int64_t)prev * w1s + i);
+            if (blockIdx.x == 0) emb[(int64_t)s * estride + i] = e[i];
+        }
+        __syncthreads();
+        if (warp == 0) { /* column 0's corrected logit, where the argmax scan starts */
+            const int64_t n0[1] = {0};
+            float b[1];
+            step_rows<DT, 1>(w2, w2s, r, e, lane, n0, V, b);
+            if (lane == 0) y0 = step_logit(bsrow, b[0], 0, bf16);
+        }
+        for (int j = warp - 1; warp > 0 && j <= k; j += STEP_WARPS - 1) {
+            const float *pj = j < k ? proj + (int64_t)j * r : e;
+            float acc = 0.0f;
+            for (int i = lane; i < r; i += 32) acc = fmaf(pj[i], e[i], acc);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (lane == 0) pe[j] = acc;
+        }
+        __syncthreads();
+        float p[DS_MARKOV_BOUND_K];
+#pragma unroll
+        for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? pe[j] : 0.0f;
+        const float ne = sqrtf(pe[k]) * (1.0f + 1.0f / 1024.0f);
+        float hi[PRUNE_PER_THREAD];
+        float lmax = y0;
+        int bad = !isfinite(y0) || !isfinite(ne);
+#pragma unroll
+        for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+            const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+            hi[q] = -INFINITY;
+            if (n >= V) continue;
+            float c = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
+                if (j < k) c = fmaf(cf[q][j], p[j], c);
+            const float rad = fmaf(rd[q], ne, fabsf(c) * 0x1p-22f);
+            const float lo = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c - rad)) : bs[q] + (c - rad);
+            hi[q] = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c + rad)) : bs[q] + (c + rad);
+            bad |= !isfinite(lo) || !isfinite(hi[q]);
+            lmax = fmaxf(lmax, lo);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, off));
+            bad |= __shfl_xor_sync(0xffffffffu, bad, off);
+        }
+        if (lane == 0) wl[warp] = lmax, wbad[warp] = bad;
+        __syncthreads();
+        for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, wl[w]), bad |= wbad[w];
+#pragma unroll
+        for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+            const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+            if (n < V && (bad || hi[q] >= lmax)) cand[atomicAdd(&ncand, 1)] = (int)(n - nb);
+        }
+        __syncthreads();
+        float bv = y0;
+        int bi = 0;
+        const int cnt = ncand;
+        if (threadIdx.x == 0) atomicAdd(rows_done, (unsigned)cnt);
+        for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
+            int64_t n[PRUNE_BATCH];
+#pragma unroll
+            for (int q = 0; q < PRUNE_BATCH; q++) n[q] = c0 + q < cnt ? nb + cand[c0 + q] : -1;
+            float b[PRUNE_BATCH];
+            step_rows<DT, PRUNE_BATCH>(w2, w2s, r, e, lane, n, V, b);
+#pragma unroll
+            for (int q = 0; q < PRUNE_BATCH; q++) {
+                if (n[q] < 0) break;
+                const float y = step_logit(bsrow, b[q], n[q], bf16);
+                if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
+            }
+        }
+        block_best(&bv, &bi, sv, si);
+        float *pvs = pv + (size_t)s * gridDim.x;
+        int *pis = pi + (size_t)s * gridDim.x;
+        if (threadIdx.x == 0) {
+            pvs[blockIdx.x] = bv;
+            pis[blockIdx.x] = bi;
+            /* the arrival releases the partial (no separate fence round trip) */
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ticket) : "memory");
+            /* the next step's e is w1 of some block's best: have this one's in L2 by then */
+            if (s + 1 < G) {
+                const int esz = w1dt == DS_F32 ? 4 : 2;
+                const char *row = (const char *)w1 + (int64_t)bi * w1s * esz;
+                for (int off = 0; off < r * esz; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
+            }
+        }
+        if (s + 1 < G) /* the next step's base logits, while the other blocks finish this one */
+#pragma unroll
+            for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+                const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+                bs[q] = n < V ? bsrow[bstride + n] : 0.0f;
+            }
+        if (threadIdx.x == 0) {
+            const unsigned want = (unsigned)(s + 1) * gridDim.x;
+            unsigned got;
+            do
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(got) : "l"(ticket) : "memory");
+            while (got < want);
+        }
+        __syncthreads();
+        /* Every block merges the bests as the step kernels' last block does (from column 0). */
+        bv = y0;
+        bi = 0;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+            const float v = __ldcg(pvs + b);
+            const int c = __ldcg(pis + b);
+            if (step_better(v, c, bv, bi)) bv = v, bi = c;
+        }
+        block_best(&bv, &bi, sv, si);
+        if (threadIdx.x == 0) {
+            prev_s = bi;
+            if (blockIdx.x == 0) {
+                idx[s + 1] = bi;
+                if (dtok) dtok[s] = bi;
+            }
+        }
+        __syncthreads();
+        prev = prev_s;
+    }
+}
+
 /* Whether the one-launch step applies: w2's rows 16-byte aligned in runs of 8. */
 static bool step_fits(ds_tensor w2, ds_tensor emb) {
     const int esz = w2.dtype == DS_F32 ? 4 : 2;
@@ -331,6 +504,21 @@ static bool bound_fits(const ds_markov_bound *b, int64_t V, int64_t r) {
     return k >= 1 && k <= DS_MARKOV_BOUND_K && b->proj.cols == r && b->proj.stride == r && b->coef.rows == V &&
            b->coef.cols == k && b->coef.stride == k && b->radius.rows == 1 && b->radius.cols == V &&
            b->proj.dtype == DS_F32 && b->coef.dtype == DS_F32 && b->radius.dtype == DS_F32;
+}
+
+/* DS_CUDA_MARKOV_FUSED=0: one launch per step (for comparison; read at each call, so a test can run both). */
+static bool walk_fused(const ds_cuda_backend *) { return ds_cu_env_on("DS_CUDA_MARKOV_FUSED"); }
+
+/* Whether all `blocks` blocks of the walk kernel can be resident at once
+ * (its grid barrier waits for every block). */
+template <typename K>
+static bool walk_fits(const ds_cuda_backend *cb, K kernel, unsigned blocks, size_t smem) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, PRUNE_THREADS, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return (int64_t)per_sm * cb->sms >= (int64_t)blocks;
 }
 
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
@@ -387,6 +575,34 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
+    if (prune && walk_fused(cb)) {
+        const unsigned blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
+        const size_t smem = (size_t)r * sizeof(float);
+        bool launched = false;
+#define WALK(DT_)                                                                                                   \
+    do {                                                                                                            \
+        if (walk_fits(cb, markov_walk_kernel<DT_>, blocks, smem)) {                                                 \
+            char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)G * blocks * (sizeof(float) + sizeof(int))); \
+            if (!part) return;                                                                                      \
+            ds_cu_launch_smem(markov_walk_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream,                     \
+                              (const float *)base.data, base.stride, G, w1.data, (int)w1.dtype, w1.stride, w2.data,  \
+                              w2.stride, r, V, (int)bf16, idx, (float *)emb.data, emb.stride, (float *)part,        \
+                              (int *)(part + (size_t)G * blocks * sizeof(float)), ticket,                          \
+                              (const float *)bound->proj.data, (const float *)bound->coef.data,                    \
+                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok);           \
+            launched = true;                                                                                        \
+        }                                                                                                           \
+    } while (0)
+        if (w2.dtype == DS_BF16) WALK(DS_BF16);
+        else if (w2.dtype == DS_F16) WALK(DS_F16);
+        else WALK(DS_F32);
+#undef WALK
+        if (launched) {
+            if (!ds_cu_launched(cb, "markov_greedy")) return;
+            dtok = NULL; /* the kernel wrote the step's outputs */
+            goto fetch;
+        }
+    }
     if (one_launch) {
         const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
         const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
@@ -439,9 +655,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
     }
+fetch:
     if (region) {
-        ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t),
-                                                      cudaMemcpyDeviceToDevice, cb->stream));
+        if (dtok)
+            ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t),
+                                                          cudaMemcpyDeviceToDevice, cb->stream));
         return;
     }
     int32_t got[DS_CU_ROWS + 2];
