@@ -91,7 +91,8 @@ if len(heads) < 2:
 where = {s: i for i, s in enumerate(everything)}
 for h0, h1 in reversed(list(zip(heads, heads[1:]))):
     step = launches[h0 + 1:h1 + 1]
-    if where[step[-1]] - where[step[0]] == len(step) - 1:
+    # (two heads with nothing between them, as a prefill's chunk ends may give, are no step)
+    if len(step) > 2 and where[step[-1]] - where[step[0]] == len(step) - 1:
         break
 else:
     raise SystemExit("no two LM heads of %d rows with only %d-row launches between them" % (a.rows, a.rows))
