@@ -851,9 +851,9 @@ static void test_markov_greedy(void) {
             for (int mode = 0; mode < 8; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned); bit 2: per step */
                 const bool bf16 = mode & 1, pruned = mode & 2, fused = !(mode & 4);
                 if (!pruned && !fused) continue; /* only the pruned walk has the one-launch form */
-                /* DS_CUDA_MARKOV_FUSED=0: the pruned walk a launch a step (markov.cu reads it at each call) */
-                if (fused) unsetenv("DS_CUDA_MARKOV_FUSED");
-                else setenv("DS_CUDA_MARKOV_FUSED", "0", 1);
+                /* DS_CUDA_MARKOV_FUSED=1 / 0: the pruned walk in one launch / a launch a step, whatever the
+                 * vocabulary (markov.cu reads it at each call; unset, V = 3000 would take a launch a step) */
+                setenv("DS_CUDA_MARKOV_FUSED", fused ? "1" : "0", 1);
                 if ((data > 0 || wk > 0) && !pruned) continue; /* the full walk: the first data set */
                 pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
                 ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */

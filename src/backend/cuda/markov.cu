@@ -506,8 +506,18 @@ static bool bound_fits(const ds_markov_bound *b, int64_t V, int64_t r) {
            b->proj.dtype == DS_F32 && b->coef.dtype == DS_F32 && b->radius.dtype == DS_F32;
 }
 
-/* DS_CUDA_MARKOV_FUSED=0: one launch per step (for comparison; read at each call, so a test can run both). */
-static bool walk_fused(const ds_cuda_backend *) { return ds_cu_env_on("DS_CUDA_MARKOV_FUSED"); }
+/* The one-launch walk pays where the vocabulary spreads over many blocks:
+ * H200, draft round at the Qwen3-8B shape (V = 151936, 149 blocks) 1.006-
+ * 1.008 ms vs 1.021-1.024 a launch a step; the pico pair (V = 8192, 8
+ * blocks) 7959-7983 tokens/s vs 8116 (a step's launch costs about what the
+ * barrier and every block's merge do, and the small steps drain faster).
+ * DS_CUDA_MARKOV_FUSED=0 / 1 forces either (read at each call, so a test
+ * can run both). */
+#define WALK_FUSED_MIN_BLOCKS 64
+static bool walk_fused(unsigned blocks) {
+    const char *v = getenv("DS_CUDA_MARKOV_FUSED");
+    return v ? strcmp(v, "0") != 0 : blocks >= WALK_FUSED_MIN_BLOCKS;
+}
 
 /* Whether all `blocks` blocks of the walk kernel can be resident at once
  * (its grid barrier waits for every block). */
@@ -575,8 +585,9 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
-    if (prune && walk_fused(cb)) {
-        const unsigned blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
+    const unsigned prune_blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
+    if (prune && walk_fused(prune_blocks)) {
+        const unsigned blocks = prune_blocks;
         const size_t smem = (size_t)r * sizeof(float);
         bool launched = false;
 #define WALK(DT_)                                                                                                   \
