@@ -100,9 +100,8 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
  * corrected logit of column 0, where the argmax scan starts. */
 template <int DT>
 __device__ __forceinline__ void step_begin(const float *base, const void *w1, int w1dt, int64_t w1s, const void *w2,
-                                           int64_t w2s, int r, int64_t V, int bf16, const int32_t *idx, float *emb,
+                                           int64_t w2s, int r, int64_t V, int bf16, int64_t prev, float *emb,
                                            float *e, float *y0) {
-    const int64_t prev = idx[0];
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         e[i] = ds_cu_load(w1, w1dt, prev * w1s + i);
         if (blockIdx.x == 0) emb[i] = e[i];
@@ -121,6 +120,19 @@ __device__ __forceinline__ void step_begin(const float *base, const void *w1, in
  * ticket. The argmax rule is the CPU scan's (ties to the lowest column,
  * starting from column 0, so a NaN never wins), which makes the order of
  * the blocks, and of the rows within them, irrelevant. */
+/* The blocks' bests (pv, pi: one per block) merged, from column 0's value y0, into thread 0's *bv, *bi. */
+__device__ __forceinline__ void merge_bests(float y0, const float *pv, const int *pi, float *sv, int *si, float *bv,
+                                            int *bi) {
+    *bv = y0;
+    *bi = 0;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+        const float v = __ldcg(pv + b);
+        const int c = __ldcg(pi + b);
+        if (step_better(v, c, *bv, *bi)) *bv = v, *bi = c;
+    }
+    block_best(bv, bi, sv, si);
+}
+
 __device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, int *pi, unsigned *ticket,
                                          int32_t *idx, float *sv, int *si, bool *last) {
     block_best(&bv, &bi, sv, si);
@@ -134,14 +146,7 @@ __device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, 
     if (!*last) return;
     /* The last block: every other block's best is visible (fence, then ticket). */
     __threadfence();
-    bv = y0;
-    bi = 0;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
-        const float v = __ldcg(pv + b);
-        const int c = __ldcg(pi + b);
-        if (step_better(v, c, bv, bi)) bv = v, bi = c;
-    }
-    block_best(&bv, &bi, sv, si);
+    merge_bests(y0, pv, pi, sv, si, &bv, &bi);
     if (threadIdx.x == 0) {
         idx[1] = bi;
         *ticket = 0; /* ready for the next step's launch */
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
     __shared__ bool last;
     float mt = -INFINITY; /* max of y (SAMPLED) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx, emb, e, &y0);
+    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx[0], emb, e, &y0);
     __syncthreads();
     float bv = y0;
     int bi = 0;
@@ -233,39 +238,67 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
 #define PRUNE_ROWS (PRUNE_THREADS * PRUNE_PER_THREAD)
 #define PRUNE_BATCH 4
 
+/* What a pruned step keeps in shared memory besides e and y0. */
+struct prune_shared {
+    float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
+    float sv[STEP_WARPS], wl[STEP_WARPS];
+    int si[STEP_WARPS], wbad[STEP_WARPS];
+    int ncand; /* zeroed by thread 0 before the step's first barrier */
+    int cand[PRUNE_ROWS];
+};
+
+/* The parts of a block's rows' bounds that do not depend on the previous
+ * token: per thread, rows nb + threadIdx.x + q PRUNE_THREADS (q <
+ * PRUNE_PER_THREAD), their coef rows and radii (rows past V: zero). */
+struct prune_rows {
+    float cf[PRUNE_PER_THREAD][DS_MARKOV_BOUND_K], rd[PRUNE_PER_THREAD];
+};
+__device__ __forceinline__ void prune_rows_load(prune_rows &pr, const float *__restrict__ coef,
+                                                const float *__restrict__ radius, int k, int64_t nb, int64_t V) {
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        pr.rd[q] = n < V ? radius[n] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS_MARKOV_BOUND_K; j++) pr.cf[q][j] = n < V && j < k ? coef[n * k + j] : 0.0f;
+    }
+}
+/* The thread's rows' base logits of one position. */
+__device__ __forceinline__ void prune_base_load(float (&bs)[PRUNE_PER_THREAD], const float *base, int64_t nb,
+                                                int64_t V) {
+#pragma unroll
+    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+        bs[q] = n < V ? base[n] : 0.0f;
+    }
+}
+
+/* A pruned step over the block's rows, once e = w1[prev] is in shared
+ * memory and warp 0 is writing *y0 (step_begin): warps 1.. compute proj e
+ * and |e|^2 (each row in a fixed order), the bounds leave the rows that
+ * may win or tie, and those are computed exactly; the thread's best (value,
+ * column), from column 0's, is returned for block_best. */
 template <int DT>
-__global__ void __launch_bounds__(PRUNE_THREADS)
-    markov_pruned_step_kernel(const float *__restrict__ base, const void *w1, int w1dt, int64_t w1s, const void *w2,
-                              int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb, float *pv, int *pi,
-                              unsigned *ticket, const float *__restrict__ proj, const float *__restrict__ coef,
-                              const float *__restrict__ radius, int k, unsigned *rows_done) {
-    ds_cu_grid_wait();
-    extern __shared__ float e[];
-    __shared__ float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
-    __shared__ float sv[STEP_WARPS], wl[STEP_WARPS];
-    __shared__ int si[STEP_WARPS], wbad[STEP_WARPS];
-    __shared__ float y0;
-    __shared__ bool last;
-    __shared__ int ncand;
-    __shared__ int cand[PRUNE_ROWS];
+__device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const float (&bs)[PRUNE_PER_THREAD],
+                                                 const float *base, const void *w2, int64_t w2s, int r, int64_t V,
+                                                 int bf16, const float *e, const float *y0p,
+                                                 const float *__restrict__ proj, int k, int64_t nb,
+                                                 unsigned *rows_done, prune_shared &sh, float *bvo, int *bio) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (threadIdx.x == 0) ncand = 0;
-    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx, emb, e, &y0);
-    /* Warps 1.. compute proj e and |e|^2 (row k), each row in a fixed order. */
     for (int j = warp - 1; warp > 0 && j <= k; j += STEP_WARPS - 1) {
         const float *pj = j < k ? proj + (int64_t)j * r : e;
         float acc = 0.0f;
         for (int i = lane; i < r; i += 32) acc = fmaf(pj[i], e[i], acc);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) pe[j] = acc;
+        if (lane == 0) sh.pe[j] = acc;
     }
     __syncthreads();
+    const float y0 = *y0p;
     float p[DS_MARKOV_BOUND_K];
 #pragma unroll
-    for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? pe[j] : 0.0f;
-    const float ne = sqrtf(pe[k]) * (1.0f + 1.0f / 1024.0f);
-    const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
+    for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? sh.pe[j] : 0.0f;
+    const float ne = sqrtf(sh.pe[k]) * (1.0f + 1.0f / 1024.0f);
     float hi[PRUNE_PER_THREAD];
     float lmax = y0;
     int bad = !isfinite(y0) || !isfinite(ne);
@@ -277,10 +310,10 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
         float c = 0.0f;
 #pragma unroll
         for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
-            if (j < k) c = fmaf(coef[n * k + j], p[j], c);
-        const float rad = fmaf(radius[n], ne, fabsf(c) * 0x1p-22f);
-        const float lo = step_logit(base, c - rad, n, bf16);
-        hi[q] = step_logit(base, c + rad, n, bf16);
+            if (j < k) c = fmaf(pr.cf[q][j], p[j], c);
+        const float rad = fmaf(pr.rd[q], ne, fabsf(c) * 0x1p-22f);
+        const float lo = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c - rad)) : bs[q] + (c - rad);
+        hi[q] = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c + rad)) : bs[q] + (c + rad);
         bad |= !isfinite(lo) || !isfinite(hi[q]);
         lmax = fmaxf(lmax, lo);
     }
@@ -289,23 +322,23 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
         lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, off));
         bad |= __shfl_xor_sync(0xffffffffu, bad, off);
     }
-    if (lane == 0) wl[warp] = lmax, wbad[warp] = bad;
+    if (lane == 0) sh.wl[warp] = lmax, sh.wbad[warp] = bad;
     __syncthreads();
-    for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, wl[w]), bad |= wbad[w];
+    for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, sh.wl[w]), bad |= sh.wbad[w];
 #pragma unroll
     for (int q = 0; q < PRUNE_PER_THREAD; q++) {
         const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-        if (n < V && (bad || hi[q] >= lmax)) cand[atomicAdd(&ncand, 1)] = (int)(n - nb);
+        if (n < V && (bad || hi[q] >= lmax)) sh.cand[atomicAdd(&sh.ncand, 1)] = (int)(n - nb);
     }
     __syncthreads();
     float bv = y0;
     int bi = 0;
-    const int cnt = ncand;
+    const int cnt = sh.ncand;
     if (threadIdx.x == 0) atomicAdd(rows_done, (unsigned)cnt);
     for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
         int64_t n[PRUNE_BATCH];
 #pragma unroll
-        for (int q = 0; q < PRUNE_BATCH; q++) n[q] = c0 + q < cnt ? nb + cand[c0 + q] : -1;
+        for (int q = 0; q < PRUNE_BATCH; q++) n[q] = c0 + q < cnt ? nb + sh.cand[c0 + q] : -1;
         float b[PRUNE_BATCH];
         step_rows<DT, PRUNE_BATCH>(w2, w2s, r, e, lane, n, V, b);
 #pragma unroll
@@ -315,7 +348,32 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
             if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
         }
     }
-    step_end(bv, bi, y0, pv, pi, ticket, idx, sv, si, &last);
+    *bvo = bv;
+    *bio = bi;
+}
+
+template <int DT>
+__global__ void __launch_bounds__(PRUNE_THREADS)
+    markov_pruned_step_kernel(const float *__restrict__ base, const void *w1, int w1dt, int64_t w1s, const void *w2,
+                              int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb, float *pv, int *pi,
+                              unsigned *ticket, const float *__restrict__ proj, const float *__restrict__ coef,
+                              const float *__restrict__ radius, int k, unsigned *rows_done) {
+    extern __shared__ float e[];
+    __shared__ prune_shared sh;
+    __shared__ float y0;
+    __shared__ bool last;
+    const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
+    prune_rows pr; /* weights: before the wait */
+    prune_rows_load(pr, coef, radius, k, nb, V);
+    ds_cu_grid_wait();
+    if (threadIdx.x == 0) sh.ncand = 0;
+    float bs[PRUNE_PER_THREAD];
+    prune_base_load(bs, base, nb, V);
+    step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx[0], emb, e, &y0);
+    float bv;
+    int bi;
+    pruned_rows_best<DT>(pr, bs, base, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, &bv, &bi);
+    step_end(bv, bi, y0, pv, pi, ticket, idx, sh.sv, sh.si, &last);
 }
 
 /* The whole pruned walk in one launch (greedy, tokens only): the blocks
@@ -340,108 +398,24 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
                        const float *__restrict__ coef, const float *__restrict__ radius, int k, unsigned *rows_done,
                        int32_t *dtok) {
     extern __shared__ float e[];
-    __shared__ float pe[DS_MARKOV_BOUND_K + 1]; /* proj e, then |e|^2 */
-    __shared__ float sv[STEP_WARPS], wl[STEP_WARPS];
-    __shared__ int si[STEP_WARPS], wbad[STEP_WARPS];
+    __shared__ prune_shared sh;
     __shared__ float y0;
-    __shared__ int ncand, prev_s;
-    __shared__ int cand[PRUNE_ROWS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ int prev_s;
     const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
-    /* The previous token's independent part of each row's bound. */
-    float cf[PRUNE_PER_THREAD][DS_MARKOV_BOUND_K], rd[PRUNE_PER_THREAD];
-#pragma unroll
-    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
-        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-        rd[q] = n < V ? radius[n] : 0.0f;
-#pragma unroll
-        for (int j = 0; j < DS_MARKOV_BOUND_K; j++) cf[q][j] = n < V && j < k ? coef[n * k + j] : 0.0f;
-    }
+    prune_rows pr; /* the previous token's independent part of each row's bound, before the wait */
+    prune_rows_load(pr, coef, radius, k, nb, V);
     ds_cu_grid_wait();
     float bs[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows */
-#pragma unroll
-    for (int q = 0; q < PRUNE_PER_THREAD; q++) {
-        const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-        bs[q] = n < V ? base[n] : 0.0f;
-    }
+    prune_base_load(bs, base, nb, V);
     int prev = idx[0];
     for (int s = 0; s < G; s++) {
         const float *bsrow = base + (int64_t)s * bstride;
-        if (threadIdx.x == 0) ncand = 0;
-        for (int i = threadIdx.x; i < r; i += blockDim.x) {
-            e[i] = ds_cu_load(w1, w1dt, (int64_t)prev * w1s + i);
-            if (blockIdx.x == 0) emb[(int64_t)s * estride + i] = e[i];
-        }
-        __syncthreads();
-        if (warp == 0) { /* column 0's corrected logit, where the argmax scan starts */
-            const int64_t n0[1] = {0};
-            float b[1];
-            step_rows<DT, 1>(w2, w2s, r, e, lane, n0, V, b);
-            if (lane == 0) y0 = step_logit(bsrow, b[0], 0, bf16);
-        }
-        for (int j = warp - 1; warp > 0 && j <= k; j += STEP_WARPS - 1) {
-            const float *pj = j < k ? proj + (int64_t)j * r : e;
-            float acc = 0.0f;
-            for (int i = lane; i < r; i += 32) acc = fmaf(pj[i], e[i], acc);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-            if (lane == 0) pe[j] = acc;
-        }
-        __syncthreads();
-        float p[DS_MARKOV_BOUND_K];
-#pragma unroll
-        for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? pe[j] : 0.0f;
-        const float ne = sqrtf(pe[k]) * (1.0f + 1.0f / 1024.0f);
-        float hi[PRUNE_PER_THREAD];
-        float lmax = y0;
-        int bad = !isfinite(y0) || !isfinite(ne);
-#pragma unroll
-        for (int q = 0; q < PRUNE_PER_THREAD; q++) {
-            const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-            hi[q] = -INFINITY;
-            if (n >= V) continue;
-            float c = 0.0f;
-#pragma unroll
-            for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
-                if (j < k) c = fmaf(cf[q][j], p[j], c);
-            const float rad = fmaf(rd[q], ne, fabsf(c) * 0x1p-22f);
-            const float lo = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c - rad)) : bs[q] + (c - rad);
-            hi[q] = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c + rad)) : bs[q] + (c + rad);
-            bad |= !isfinite(lo) || !isfinite(hi[q]);
-            lmax = fmaxf(lmax, lo);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            lmax = fmaxf(lmax, __shfl_xor_sync(0xffffffffu, lmax, off));
-            bad |= __shfl_xor_sync(0xffffffffu, bad, off);
-        }
-        if (lane == 0) wl[warp] = lmax, wbad[warp] = bad;
-        __syncthreads();
-        for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, wl[w]), bad |= wbad[w];
-#pragma unroll
-        for (int q = 0; q < PRUNE_PER_THREAD; q++) {
-            const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-            if (n < V && (bad || hi[q] >= lmax)) cand[atomicAdd(&ncand, 1)] = (int)(n - nb);
-        }
-        __syncthreads();
-        float bv = y0;
-        int bi = 0;
-        const int cnt = ncand;
-        if (threadIdx.x == 0) atomicAdd(rows_done, (unsigned)cnt);
-        for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
-            int64_t n[PRUNE_BATCH];
-#pragma unroll
-            for (int q = 0; q < PRUNE_BATCH; q++) n[q] = c0 + q < cnt ? nb + cand[c0 + q] : -1;
-            float b[PRUNE_BATCH];
-            step_rows<DT, PRUNE_BATCH>(w2, w2s, r, e, lane, n, V, b);
-#pragma unroll
-            for (int q = 0; q < PRUNE_BATCH; q++) {
-                if (n[q] < 0) break;
-                const float y = step_logit(bsrow, b[q], n[q], bf16);
-                if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
-            }
-        }
-        block_best(&bv, &bi, sv, si);
+        if (threadIdx.x == 0) sh.ncand = 0;
+        step_begin<DT>(bsrow, w1, w1dt, w1s, w2, w2s, r, V, bf16, prev, emb + (int64_t)s * estride, e, &y0);
+        float bv;
+        int bi;
+        pruned_rows_best<DT>(pr, bs, bsrow, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, &bv, &bi);
+        block_best(&bv, &bi, sh.sv, sh.si);
         float *pvs = pv + (size_t)s * gridDim.x;
         int *pis = pi + (size_t)s * gridDim.x;
         if (threadIdx.x == 0) {
@@ -456,12 +430,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
                 for (int off = 0; off < r * esz; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
             }
         }
-        if (s + 1 < G) /* the next step's base logits, while the other blocks finish this one */
-#pragma unroll
-            for (int q = 0; q < PRUNE_PER_THREAD; q++) {
-                const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-                bs[q] = n < V ? bsrow[bstride + n] : 0.0f;
-            }
+        if (s + 1 < G) prune_base_load(bs, bsrow + bstride, nb, V); /* while the other blocks finish this step */
         if (threadIdx.x == 0) {
             const unsigned want = (unsigned)(s + 1) * gridDim.x;
             unsigned got;
@@ -470,15 +439,8 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
             while (got < want);
         }
         __syncthreads();
-        /* Every block merges the bests as the step kernels' last block does (from column 0). */
-        bv = y0;
-        bi = 0;
-        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
-            const float v = __ldcg(pvs + b);
-            const int c = __ldcg(pis + b);
-            if (step_better(v, c, bv, bi)) bv = v, bi = c;
-        }
-        block_best(&bv, &bi, sv, si);
+        /* Every block merges the bests as the step kernels' last block does. */
+        merge_bests(y0, pvs, pis, sh.sv, sh.si, &bv, &bi);
         if (threadIdx.x == 0) {
             prev_s = bi;
             if (blockIdx.x == 0) {

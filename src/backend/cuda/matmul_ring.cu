@@ -441,12 +441,16 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
  * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
  * check every shape); DS_CUDA_RING_FLIGHT=F caps the stages in flight
- * (default RING_FLIGHT; 0: the ring's depth); DS_CUDA_RING_XC_SWIGLU=R and
+ * (default RING_FLIGHT; 0: the ring's depth), DS_CUDA_RING_FLIGHT_WIDE=F
+ * those of calls of several rows only (H200, 8B shape, verify of 8 rows:
+ * F = 1 5.17-5.20 ms, 2 4.738-4.744, 0 4.719-4.720 vs 4.713-4.750 with
+ * RING_FLIGHT; session 15); DS_CUDA_RING_XC_SWIGLU=R and
  * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
  * default RING_XC_RESIDUAL_ROWS). */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
+    int flight_wide; /* the same for calls of several rows */
     int xc_rows;   /* most rows of x split once per block (XC) */
     int xc_swiglu, xc_residual; /* the same for SwiGLU (gate/up) and residual (o_proj, down) calls */
     int budget;    /* ring bytes cap */
@@ -469,6 +473,8 @@ static const ring_settings *ring_env(void) {
         r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
         const char *fl = getenv("DS_CUDA_RING_FLIGHT");
         r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
+        const char *fw = getenv("DS_CUDA_RING_FLIGHT_WIDE");
+        r.flight_wide = fw && *fw ? (atoi(fw) > 0 ? atoi(fw) : 0) : r.flight;
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
         read = true;
@@ -617,7 +623,8 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
      * stage a ring's depth back may already be rearmed for a later one. */
-    p.flight = xc && env->flight < p.slots ? env->flight : 0;
+    const int flight = M == 1 ? env->flight : env->flight_wide;
+    p.flight = xc && flight < p.slots ? flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     const int bytes = p.xc_off + xc_bytes;
