@@ -470,9 +470,11 @@ static bool bound_fits(const ds_markov_bound *b, int64_t V, int64_t r) {
 
 /* The one-launch walk pays where the vocabulary spreads over many blocks:
  * H200, draft round at the Qwen3-8B shape (V = 151936, 149 blocks) 1.006-
- * 1.008 ms vs 1.021-1.024 a launch a step; the pico pair (V = 8192, 8
- * blocks) 7959-7983 tokens/s vs 8116 (a step's launch costs about what the
- * barrier and every block's merge do, and the small steps drain faster).
+ * 1.008 ms vs 1.021-1.024 a launch a step. At the pico pair's 8 blocks
+ * (V = 8192) no gain: whole-run tokens/s 6183-6721 in one launch vs
+ * 6815-6837 a launch a step (session 15, calls 7-8), 6989 vs 6965 once the
+ * step kernel loaded its coef rows before the wait (call 9): a step's
+ * launch costs about what the barrier and every block's merge do there.
  * DS_CUDA_MARKOV_FUSED=0 / 1 forces either (read at each call, so a test
  * can run both). */
 #define WALK_FUSED_MIN_BLOCKS 64
