@@ -115,11 +115,6 @@ __device__ __forceinline__ void step_begin(const float *base, const void *w1, in
     }
 }
 
-/* Ends a step: the block's best goes to (pv, pi)[block]; the last block to
- * finish merges them all into idx[1] (the next step's prev) and re-arms the
- * ticket. The argmax rule is the CPU scan's (ties to the lowest column,
- * starting from column 0, so a NaN never wins), which makes the order of
- * the blocks, and of the rows within them, irrelevant. */
 /* The blocks' bests (pv, pi: one per block) merged, from column 0's value y0, into thread 0's *bv, *bi. */
 __device__ __forceinline__ void merge_bests(float y0, const float *pv, const int *pi, float *sv, int *si, float *bv,
                                             int *bi) {
@@ -133,6 +128,11 @@ __device__ __forceinline__ void merge_bests(float y0, const float *pv, const int
     block_best(bv, bi, sv, si);
 }
 
+/* Ends a step: the block's best goes to (pv, pi)[block]; the last block to
+ * finish merges them all into idx[1] (the next step's prev) and re-arms the
+ * ticket. The argmax rule is the CPU scan's (ties to the lowest column,
+ * starting from column 0, so a NaN never wins), which makes the order of
+ * the blocks, and of the rows within them, irrelevant. */
 __device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, int *pi, unsigned *ticket,
                                          int32_t *idx, float *sv, int *si, bool *last) {
     block_best(&bv, &bi, sv, si);
