@@ -382,10 +382,11 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
  * (s + 1) * blocks), where every block merges all blocks' bests itself, so
  * the next step's previous token needs no second round trip through a
  * last block; per step this saves a launch boundary and that round trip
- * (a separate launch a step took ~10 us, H200, 8B drafter). The weights'
- * parts that do not depend on the previous token (each thread's coef and
- * radius rows, proj) are loaded before the grid wait, the next step's base
- * logits before the barrier. A row's value and the merge order are the
+ * (a separate launch a step took ~10 us, H200, 8B drafter). The parts of
+ * the bounds that do not depend on the previous token (each thread's coef
+ * and radius rows) are loaded before the grid wait, the next step's base
+ * logits before the barrier. The ticket is zero at the launch (the walk's
+ * upload, or the step region's, zeroes it) and left at G * blocks. A row's value and the merge order are the
  * step kernels', so the tokens are theirs bit for bit. Partials go to
  * per-step slots (pv, pi: [G][blocks]): no slot is rewritten while
  * another block may still read it. Launched only when every block fits on
