@@ -550,11 +550,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
-    const unsigned prune_blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
-    if (prune && walk_fused(prune_blocks)) {
-        const unsigned blocks = prune_blocks;
+    const unsigned walk_blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
+    bool fused = false; /* the whole walk in one launch (markov_walk_kernel) */
+    if (prune && walk_fused(walk_blocks)) {
+        const unsigned blocks = walk_blocks;
         const size_t smem = (size_t)r * sizeof(float);
-        bool launched = false;
 #define WALK(DT_)                                                                                                   \
     do {                                                                                                            \
         if (walk_fits(cb, markov_walk_kernel<DT_>, blocks, smem)) {                                                 \
@@ -566,20 +566,18 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                               (int *)(part + (size_t)G * blocks * sizeof(float)), ticket,                          \
                               (const float *)bound->proj.data, (const float *)bound->coef.data,                    \
                               (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok);           \
-            launched = true;                                                                                        \
+            fused = true;                                                                                           \
         }                                                                                                           \
     } while (0)
         if (w2.dtype == DS_BF16) WALK(DS_BF16);
         else if (w2.dtype == DS_F16) WALK(DS_F16);
         else WALK(DS_F32);
 #undef WALK
-        if (launched) {
-            if (!ds_cu_launched(cb, "markov_greedy")) return;
-            dtok = NULL; /* the kernel wrote the step's outputs */
-            goto fetch;
-        }
     }
-    if (one_launch) {
+    if (fused) {
+        if (!ds_cu_launched(cb, "markov_greedy")) return;
+        dtok = NULL; /* the kernel wrote the step's outputs */
+    } else if (one_launch) {
         const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
         const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
         char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)));
@@ -631,7 +629,6 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
     }
-fetch:
     if (region) {
         if (dtok)
             ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t),

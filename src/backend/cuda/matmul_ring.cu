@@ -457,6 +457,12 @@ typedef struct {
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
 
+/* A stage cap from the environment: F > 0 caps, 0 (or less) means none; unset, dflt. */
+static int env_flight(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && *v ? (atoi(v) > 0 ? atoi(v) : 0) : dflt;
+}
+
 static const ring_settings *ring_env(void) {
     static ring_settings r;
     static bool read = false;
@@ -471,10 +477,8 @@ static const ring_settings *ring_env(void) {
         if (r.xc_swiglu > r.xc_rows) r.xc_swiglu = r.xc_rows; /* each kind's cap within xc_rows */
         if (r.xc_residual > r.xc_rows) r.xc_residual = r.xc_rows;
         r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
-        const char *fl = getenv("DS_CUDA_RING_FLIGHT");
-        r.flight = fl && *fl ? (atoi(fl) > 0 ? atoi(fl) : 0) : RING_FLIGHT;
-        const char *fw = getenv("DS_CUDA_RING_FLIGHT_WIDE");
-        r.flight_wide = fw && *fw ? (atoi(fw) > 0 ? atoi(fw) : 0) : r.flight;
+        r.flight = env_flight("DS_CUDA_RING_FLIGHT", RING_FLIGHT);
+        r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
         read = true;
