@@ -33,6 +33,13 @@
  * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
  * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
  *
+ * Where x rides in the stages (o_proj and down of a verify or a drafted
+ * block: 5-8 rows), a tile is a pair of 16-row units sharing x's slice:
+ * x was as many bytes as the weights in every stage, all of it from L2
+ * (33 MB for o_proj, 100 MB for down). H200, Qwen3-8B shape: verify of 8
+ * rows 4.709-4.726 -> 4.595-4.609 ms, round 1.311 -> 1.283 AR steps
+ * (session 16).
+ *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
  * chunks w, w + 16, ... in order; rows stay bit-identical across kernels
@@ -443,7 +450,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
- * one-block-per-tile kernel (for comparison); DS_CUDA_RING_DYN=0 deals
+ * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
+ * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
  * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the ring's
  * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
