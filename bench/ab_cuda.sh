@@ -12,6 +12,7 @@
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #
 # ROUNDS: benches per variant (default 2), alternating.
+# TESTS_ENV (with TESTS): test_cuda_ops and test_cuda_graphs (ring kernels) again with ENV=V[,ENV2=V].
 # VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
 # (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
 # "base". Logs in /tmp/ab (tarred to $OUT/ab.tar.xz when OUT is set).
@@ -46,6 +47,10 @@ if [ -n "${TESTS:-}" ]; then
     echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
     timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
     echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
+    [ -z "${TESTS_ENV:-}" ] || { env $(echo "$TESTS_ENV" | tr , ' ') timeout 120 ./$B/tests/test_cuda_ops >$R/ops_env.log 2>&1
+        echo "test_cuda_ops with $TESTS_ENV rc=$? $(tail -1 $R/ops_env.log)"
+        env $(echo "$TESTS_ENV" | tr , ' ') DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_env.log 2>&1
+        echo "test_cuda_graphs, ring kernels, with $TESTS_ENV rc=$? $(tail -1 $R/graphs_env.log)"; }
     DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_ring.log 2>&1
     echo "test_cuda_graphs, ring kernels at the test shapes rc=$? $(tail -1 $R/graphs_ring.log)"
     DS_BACKEND=cuda timeout 200 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|dspark_gemma4|gemma4_unified|pico|sample_ops)$' \

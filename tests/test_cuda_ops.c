@@ -330,6 +330,8 @@ static void test_fused_row_invariance(void) {
     pair x = act_rand(MAXM, K, 1.0f), att = act_rand(MAXM, N, 1.0f);
     pair h1 = act(MAXM, N, NULL), hm = act(MAXM, N, NULL), r1 = act_rand(MAXM, K, 1.0f), rm = act(MAXM, K, NULL);
     gpu->ops->copy(gpu, rm.g, r1.g);
+    pair r8 = act(MAXM, K, NULL); /* rows 0-7 as one ring call, 8-12 as another (o_proj's 32-row tiles) */
+    gpu->ops->copy(gpu, r8.g, r1.g);
     for (int64_t i = 0; i < MAXM; i++) {
         gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
         gpu->ops->linear_residual(gpu, ds_rows(r1.g, i, 1), ds_rows(att.g, i, 1), wo.g, ds_no_tensor(),
@@ -337,6 +339,8 @@ static void test_fused_row_invariance(void) {
     }
     gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
     gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g);
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 0, 8), ds_rows(att.g, 0, 8), wo.g, ds_no_tensor(), ds_rows(r8.g, 0, 8));
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 8, 5), ds_rows(att.g, 8, 5), wo.g, ds_no_tensor(), ds_rows(r8.g, 8, 5));
     /* The fused-norm variant too: each row's rms must not depend on the others. */
     pair nw = weight(DS_BF16, 1, K), n1 = act(MAXM, N, NULL), nm = act(MAXM, N, NULL);
     for (int64_t i = 0; i < MAXM; i++)
@@ -355,6 +359,10 @@ static void test_fused_row_invariance(void) {
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
     CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
     CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
+    float *e8 = fetch(gpu, r8.g);
+    CHECK(!memcmp(c, e8, (size_t)(13 * K) * 4), "linear_residual: rows of 8- and 5-row calls differ from 1-row calls");
+    free(e8);
+    release(&r8);
     /* rmsnorm_linear_multi (QKV) the same way: two projections of one normed x (into n1 / h1, nm / hm). */
     const ds_tensor w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()}, om[2] = {nm.g, hm.g};
     for (int64_t i = 0; i < MAXM; i++) {
@@ -370,7 +378,7 @@ static void test_fused_row_invariance(void) {
     }
     release(&nw), release(&n1), release(&nm);
     printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu / _geglu, rmsnorm_linear_multi bf16: rows of a "
-           "17-row call == 1-row calls, bitwise\n");
+           "17-row call == 1-row calls, bitwise (linear_residual: of 8- and 5-row calls too)\n");
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};

@@ -108,10 +108,11 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 
 /* Outputs (n0 + r, 8j + mm) of one 16-row tile and one 8-row x tile, from
  * the warps' partial sums red[w][v][reg][lane] (register 2h + e of lane
- * 4g' + t' is output r = 8h + g', mm = 2t' + e) and, with NORM, the warps'
- * sums of squares ss_part[w * ss_stride + m]. Threads tid = 0 .. nthreads-1
- * of the block share the 128 outputs. */
-template <int NW, int MODE, bool NORM>
+ * 4g' + t' is output r = 8h + g', mm = 2t' + e; NWS values v per warp, of
+ * which this tile's are the first NW) and, with NORM, the warps' sums of
+ * squares ss_part[w * ss_stride + m]. Threads tid = 0 .. nthreads-1 of the
+ * block share the 128 outputs. */
+template <int NW, int MODE, bool NORM, int NWS = NW>
 __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
                                                int ss_stride, int n0, int j, int M, int K, float eps, int tid,
                                                int nthreads) {
@@ -125,7 +126,7 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
         for (int v = 0; v < NW; v++) {
             float a = red[(v * 4 + reg) * 32 + l];
 #pragma unroll
-            for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NW + v) * 4 + reg) * 32 + l]);
+            for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NWS + v) * 4 + reg) * 32 + l]);
             sum[v] = a;
         }
         if (NORM) {

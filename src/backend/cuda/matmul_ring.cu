@@ -33,6 +33,13 @@
  * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
  * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
  *
+ * Where x rides in the stages (o_proj and down of a verify or a drafted
+ * block: 5-8 rows), a tile is a pair of 16-row units sharing x's slice:
+ * x was as many bytes as the weights in every stage, all of it from L2
+ * (33 MB for o_proj, 100 MB for down). H200, Qwen3-8B shape: verify of 8
+ * rows 4.709-4.726 -> 4.595-4.609 ms, round 1.311 -> 1.283 AR steps
+ * (session 16).
+ *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
  * chunks w, w + 16, ... in order; rows stay bit-identical across kernels
@@ -85,6 +92,7 @@ typedef struct {
                       * further along the banks than row g - 1's, so the rows' fragment loads do not collide */
     int nws_off;     /* XC with a norm: the norm weight, [K] */
     int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
+    bool pair;       /* tiles of two 16-row units (residual, x in the stages): see ds_cu_ring_launch */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -203,12 +211,13 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC>
+template <int MODE, bool NORM, bool XC, bool PAIR>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
-    constexpr int NW = MODE == DS_MMA_SWIGLU ? 2 : 1;
+    constexpr int NW = MODE == DS_MMA_SWIGLU || PAIR ? 2 : 1; /* weight boxes a stage: gate / up, or a pair */
+    constexpr int UNITS = PAIR ? 2 : 1;                       /* 16-row units a tile */
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + RING_KS - 1) / RING_KS;
@@ -251,7 +260,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                     if (tile < p.tiles) next = ring_claim(ctr, tile); /* asked a tile ahead: its answer has time */
                 }
                 if (tile >= p.tiles) break;
-                seg = (int)(&mma_tile_seg(s, tile, &n0) - s.seg);
+                seg = (int)(&mma_tile_seg(s, UNITS * tile, &n0) - s.seg);
             }
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
@@ -266,8 +275,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             for (int v = 0; v < NW; v++)
 #pragma unroll
                 for (int b = 0; b < RING_BOXES; b++)
-                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v ? &maps.up : &maps.w[seg],
-                                c.k0 + b * RING_BOX, n0, full, stream);
+                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v && !PAIR ? &maps.up : &maps.w[seg],
+                                c.k0 + b * RING_BOX, n0 + (PAIR ? v * MMA_ROWS : 0), full, stream);
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
@@ -368,7 +377,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         if (c.k0 == 0) { /* read before this warp releases the slot (the producer rewrites it) */
             const int tile = slot_tile[c.slot];
             if (tile < 0) break;
-            S = &mma_tile_seg(s, tile, &n0);
+            S = &mma_tile_seg(s, UNITS * tile, &n0);
         }
         if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
         uint4 wa[NW], wb[NW];
@@ -420,7 +429,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 4; i++) red[((warp * NW + v) * 4 + i) * 32 + lane] = acc[v][0][i];
         consumers_sync();
-        mma_store_rows<NW, MODE, NORM>(*S, red, ss_part, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+        if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
+            const int u = threadIdx.x >= MMA_WARPS * 16;
+            mma_store_rows<1, MODE, NORM, 2>(*S, red + u * 4 * 32, ss_part, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
+                                             threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
+        } else {
+            mma_store_rows<NW, MODE, NORM>(*S, red, ss_part, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+        }
         consumers_sync(); /* red and ss_part are read before the next tile writes them */
         ss = 0.0f;
 #pragma unroll
@@ -435,7 +450,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
- * one-block-per-tile kernel (for comparison); DS_CUDA_RING_DYN=0 deals
+ * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
+ * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
  * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the ring's
  * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
@@ -453,6 +469,7 @@ typedef struct {
     int flight_wide; /* the same for calls of several rows */
     int xc_rows;   /* most rows of x split once per block (XC) */
     int xc_swiglu, xc_residual; /* the same for SwiGLU (gate/up) and residual (o_proj, down) calls */
+    bool pair;     /* residual calls with x in the stages take 32-row tiles */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -477,6 +494,7 @@ static const ring_settings *ring_env(void) {
         if (r.xc_swiglu > r.xc_rows) r.xc_swiglu = r.xc_rows; /* each kind's cap within xc_rows */
         if (r.xc_residual > r.xc_rows) r.xc_residual = r.xc_rows;
         r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
+        r.pair = ds_cu_env_on("DS_CUDA_RING_PAIR");
         r.flight = env_flight("DS_CUDA_RING_FLIGHT", RING_FLIGHT);
         r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
@@ -550,11 +568,11 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-template <int MODE, bool NORM, bool XC>
+template <int MODE, bool NORM, bool XC, bool PAIR = false>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
-    auto kernel = linear_ring_kernel<MODE, NORM, XC>;
+    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR>;
     if (bytes > allowed) {
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
@@ -569,7 +587,9 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
 template <int MODE, bool NORM>
 static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                           const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
-    if (xc)
+    if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
+        ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
@@ -590,7 +610,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
         p.nw_size = a->norm_dtype == DS_BF16 ? 2 : a->norm_dtype == DS_F32 ? 4 : 0;
         if (!p.nw_size) return false;
     }
-    const int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
+    int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
     p.tile_off = round_up(RING_NWBAR + 8, 128);
     p.red_off = round_up(p.tile_off + 32 * 4, 128);
@@ -607,11 +627,25 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
     const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
+    /* Pairs: where x rides in every stage (o_proj and down of a verify or a drafted block), a tile of 32 weight
+     * rows carries x's slice once for both halves, so a stage is 2/3 weights instead of 1/2 and half as many
+     * bytes of x come from L2. Each half is summed as a 16-row tile would be (the same bits). Only where the
+     * makespan in units stays (Qwen3-8B's 256 units: 2 a block over 128 blocks, or 2 over 124 and 1 over 8);
+     * 128 units would take 64 blocks twice as long. DS_CUDA_RING_MIN_TILES (tests) takes pairs at any count. */
+    const int waves = (tiles + cb->sms - 1) / cb->sms, pair_waves = (tiles / 2 + cb->sms - 1) / cb->sms;
+    p.pair = env->pair && mode == DS_MMA_RESIDUAL && !a->norm_w && !xc && a->nseg == 1 &&
+             a->seg[0].n % (2 * MMA_ROWS) == 0 && (env->min_tiles >= 0 || 2 * pair_waves <= waves);
+    if (p.pair) {
+        nw = 2;
+        p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
+        p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+        tiles /= 2;
+    }
     p.tiles = tiles;
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
     for (int i = 0; i < a->nseg; i++)
-        for (int v = 0; v < nw; v++)
+        for (int v = 0; v < (p.pair ? 1 : nw); v++)
             if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
                             v ? &maps.up : &maps.w[i]))
                 return true;
