@@ -68,6 +68,11 @@
  * (DS_CUDA_RING_XC_SWIGLU=4: 4.950 / 4.939, no gain). */
 #define RING_XC_RESIDUAL_ROWS 4
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
+/* The same where x is normed: only the 4 lanes of row g load x's row g, so
+ * at K = 4096 a lane's 8 chunks were two round trips at RING_XB, each
+ * queued behind the SM's weight stream (QKV's and gate/up's first product
+ * came 3-5.4 us after their wait at one row, o_proj's and down's 1.5-1.9). */
+#define RING_XB_NORM 8
 #define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 
@@ -332,19 +337,20 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
                 const float *xg = x + (int64_t)g * p.x_stride;
                 uint32_t *xcg = xc + g * p.xc_row;
-                for (int c0 = warp; c0 < (K >> 5); c0 += MMA_WARPS * RING_XB) {
-                    float xf[RING_XB][8], nw8[RING_XB][8];
+                for (int c0 = warp; c0 < (K >> 5); c0 += MMA_WARPS * RING_XB_NORM) {
+                    float xf[RING_XB_NORM][8];
 #pragma unroll
-                    for (int i = 0; i < RING_XB; i++)
+                    for (int i = 0; i < RING_XB_NORM; i++)
+                        if (c0 + i * MMA_WARPS < (K >> 5))
+                            ds_cu_load8<DS_F32>(xg, ((c0 + i * MMA_WARPS) * 4 + t) * 8, xf[i]);
+#pragma unroll
+                    for (int i = 0; i < RING_XB_NORM; i++)
                         if (c0 + i * MMA_WARPS < (K >> 5)) {
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
-                            ds_cu_load8<DS_F32>(xg, k, xf[i]);
-                            unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8[i]);
+                            float nw8[8]; /* from shared memory: no round trip to wait for */
+                            unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
+                            split_group<true>(xf[i], nw8, &ss, xcg + k);
                         }
-#pragma unroll
-                    for (int i = 0; i < RING_XB; i++)
-                        if (c0 + i * MMA_WARPS < (K >> 5))
-                            split_group<true>(xf[i], nw8[i], &ss, xcg + ((c0 + i * MMA_WARPS) * 4 + t) * 8);
                 }
             }
             mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
