@@ -11,7 +11,8 @@ step's first block entry; per launch: blocks' entry (first..last), the
 consumers' wait for the previous kernel returning (first..last), the first
 stage of the slowest block, the blocks' ends (first..last), the median time
 between a block's tiles, and the producer's last request -> block end.
-Fields per block are those of src/backend/cuda/ring_trace.h.
+Fields per block are those of src/backend/cuda/ring_trace.h (older traces
+without the prologue's fields print "-" for them).
 
 The attention and q/k norm + RoPE launches between the matmuls are listed
 too (K column "attn" / "norm"; tiles: their blocks): for attention "first"
@@ -142,9 +143,11 @@ for i, s in enumerate(step[a.first:a.first + a.count], a.first):
             if not grp:
                 continue
             med = lambda f: statistics.median(f(t) for t in grp)
-            print("       entry group %d: entry %7.1f wait %7.1f first %7.1f (wait->first %5.2f) tile0 %5.2f "
-                  "tile1 %5.2f end %7.1f tiles %.1f" % (
+            # the split-once prologue's steps after the wait (RT_NW, RT_XDONE, RT_SYNCED; "-": none)
+            after = lambda f: ("%5.2f" % med(lambda t: (t[f] - t[1]) / 1e3)) if len(grp[0]) > f and grp[0][f] else "    -"
+            print("       entry group %d: entry %7.1f wait %7.1f first %7.1f (wait->first %5.2f: nw %s x %s sync %s) "
+                  "tile0 %5.2f tile1 %5.2f end %7.1f tiles %.1f" % (
                       j, med(lambda t: us(t[0])), med(lambda t: us(t[1])), med(lambda t: us(t[2])),
-                      med(lambda t: (t[2] - t[1]) / 1e3), med(lambda t: (t[6] - t[2]) / 1e3),
+                      med(lambda t: (t[2] - t[1]) / 1e3), after(16), after(17), after(18), med(lambda t: (t[6] - t[2]) / 1e3),
                       med(lambda t: (t[7] - t[6]) / 1e3 if t[5] > 1 else 0), med(lambda t: us(t[3])),
                       med(lambda t: t[5])))

@@ -334,6 +334,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
              * lane does: XB chunks' loads in flight at a time. */
             bar_wait(smem_addr(smem + RING_NWBAR), 0);
+            if (tr && threadIdx.x == 0) tr[RT_NW] = ds_cu_gtimer();
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
                 const float *xg = x + (int64_t)g * p.x_stride;
                 uint32_t *xcg = xc + g * p.xc_row;
@@ -353,6 +354,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         }
                 }
             }
+            if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
             mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
         } else {
             const int groups = K >> 3; /* of 8 k in a row */
@@ -371,8 +373,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + (q - row * groups) * 8);
                 }
             }
+            if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
         }
         consumers_sync();
+        if (tr && threadIdx.x == 0) tr[RT_SYNCED] = ds_cu_gtimer();
     }
     const ds_mma_seg *S = s.seg;
     int n0 = 0;
