@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     if (XC) { /* the prologue: x's groups of 8 (group q: chunk q / 4, lane t = q % 4, k = 8q), split once */
         if (NORM) {
             /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
-             * lane does: XB chunks' loads in flight at a time. */
+             * lane does: RING_XB_NORM chunks' loads in flight at a time. */
             bar_wait(smem_addr(smem + RING_NWBAR), 0);
             if (tr && threadIdx.x == 0) tr[RT_NW] = ds_cu_gtimer();
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
