@@ -34,7 +34,7 @@ if [ -n "${BASE_FILES:-}" ]; then
         cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
      echo $? >$R/build_base.rc) &
 fi
-cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j10 >>$R/build.log 2>&1
+cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j$([ -n "${BASE_FILES:-}" ] && echo 10 || nproc) >>$R/build.log 2>&1
 rc=$?
 wait
 [ $rc -eq 0 ] || { grep -E "error" $R/build.log | head; tail -20 $R/build.log; exit 1; }
