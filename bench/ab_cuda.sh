@@ -10,6 +10,7 @@
 #   # on the device (carry: [".devdata"]), e.g.
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
+#   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
 #
 # ROUNDS: benches per variant (default 2), alternating.
 # TESTS_ENV (with TESTS): test_cuda_ops and test_cuda_graphs (ring kernels) again with ENV=V[,ENV2=V].
@@ -29,7 +30,7 @@ CM="-DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG"
 if [ -n "${BASE_FILES:-}" ]; then
     rm -rf /tmp/base && mkdir -p /tmp/base
     tar --exclude=./build-cuda --exclude=./.git -cf - . | tar -C /tmp/base -xf -
-    for f in $BASE_FILES; do git show HEAD:"$f" >/tmp/base/"$f"; done
+    for f in $BASE_FILES; do [ "$f" = - ] || git show HEAD:"$f" >/tmp/base/"$f"; done
     (cd /tmp/base && cmake -S . -B build-cuda $CM >$R/build_base.log 2>&1 &&
         cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
      echo $? >$R/build_base.rc) &
