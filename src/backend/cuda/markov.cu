@@ -14,10 +14,14 @@ __global__ void gather_row_kernel(float *emb, const void *table, int dtype, int6
     for (int i = threadIdx.x; i < r; i += blockDim.x) emb[i] = ds_cu_load(table, dtype, row + i);
 }
 
-/* The corrected logit of column n: base + bias, or round(base + round(bias))
+/* A corrected logit from its base logit b: b + bias, or round(b + round(bias))
  * in bf16 mode (as the reference computes it). */
+__device__ __forceinline__ float corrected_logit(float b, float bias, int bf16) {
+    return bf16 ? ds_cu_rbf16(b + ds_cu_rbf16(bias)) : b + bias;
+}
+/* The same for column n of base. */
 __device__ __forceinline__ float step_logit(const float *base, float bias, int64_t n, int bf16) {
-    return bf16 ? ds_cu_rbf16(base[n] + ds_cu_rbf16(bias)) : base[n] + bias;
+    return corrected_logit(base[n], bias, bf16);
 }
 
 /* out = the corrected logits of base and a computed bias row. */
@@ -312,8 +316,8 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
         for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
             if (j < k) c = fmaf(pr.cf[q][j], p[j], c);
         const float rad = fmaf(pr.rd[q], ne, fabsf(c) * 0x1p-22f);
-        const float lo = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c - rad)) : bs[q] + (c - rad);
-        hi[q] = bf16 ? ds_cu_rbf16(bs[q] + ds_cu_rbf16(c + rad)) : bs[q] + (c + rad);
+        const float lo = corrected_logit(bs[q], c - rad, bf16);
+        hi[q] = corrected_logit(bs[q], c + rad, bf16);
         bad |= !isfinite(lo) || !isfinite(hi[q]);
         lmax = fmaxf(lmax, lo);
     }
