@@ -459,6 +459,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 
 static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
+/* The partial sums' places for nw weight boxes a stage, and the ring after them. */
+static void plan_sums(ring_plan *p, int nw) {
+    p->red_off = round_up(p->tile_off + 32 * 4, 128);
+    p->ss_off = p->red_off + MMA_WARPS * nw * 4 * 32 * 4;
+    p->ring_off = round_up(p->ss_off + MMA_WARPS * 8 * 4, 128);
+}
+
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
  * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
  * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
@@ -623,9 +630,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
     p.tile_off = round_up(RING_NWBAR + 8, 128);
-    p.red_off = round_up(p.tile_off + 32 * 4, 128);
-    p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
-    p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+    plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
      * Otherwise x's slice rides in every stage. The same sums either way. Several rows may use the most shared
@@ -646,9 +651,8 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.pair = env->pair && mode == DS_MMA_RESIDUAL && !a->norm_w && !xc && a->nseg == 1 &&
              a->seg[0].n % (2 * MMA_ROWS) == 0 && (env->min_tiles >= 0 || 2 * pair_waves <= waves);
     if (p.pair) {
-        nw = 2;
-        p.ss_off = p.red_off + MMA_WARPS * nw * 4 * 32 * 4;
-        p.ring_off = round_up(p.ss_off + MMA_WARPS * 8 * 4, 128);
+        nw = 2; /* the two halves' boxes: the partial sums of two 16-row tiles */
+        plan_sums(&p, nw);
         tiles /= 2;
     }
     p.tiles = tiles;
