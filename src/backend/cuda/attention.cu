@@ -78,14 +78,19 @@ __device__ __forceinline__ int row_pos(const att_geo &g, const pos_arg &pa, int 
     return g.dpos ? g.dpos[m] : pa.v[m];
 }
 
-__device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, int *hi) {
-    int a = 0, b = g.dnk ? *g.dnk : g.n_keys;
+/* The step's n_keys: a step region's from the device. */
+__device__ __forceinline__ int step_keys(const att_geo &g) { return g.dnk ? *g.dnk : g.n_keys; }
+__device__ __forceinline__ void key_range_of(const att_geo &g, int pos, int n_keys, int *lo, int *hi) {
+    int a = 0, b = n_keys;
     if (g.causal) {
         if (pos + 1 < b) b = pos + 1;
         if (g.window > 0 && pos - g.window + 1 > a) a = pos - g.window + 1;
     }
     *lo = a;
     *hi = b;
+}
+__device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, int *hi) {
+    key_range_of(g, pos, step_keys(g), lo, hi);
 }
 
 /* A lane's element i of a head: the lane's i / 4-th group of four
@@ -146,11 +151,23 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
  * before the wait (fresh_consts_prefetch) and loaded with the rows after
  * it, in the same round trip; loaded after the wait without the prefetch,
  * verify of 8 rows took 4.90 ms, not 4.83 (session 12). */
+/* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
+ * held across the kernel for it). */
+__device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
+    if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
+}
+
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
-typedef struct {
-    float qi[ATT_FRESH_P], qh[ATT_FRESH_P], ki[ATT_FRESH_P], kh[ATT_FRESH_P], f[ATT_FRESH_P];
+typedef struct { /* the norm weights' raw bits: widened where used, so their loads are not waited for early */
+    uint32_t qi[ATT_FRESH_P], qh[ATT_FRESH_P], ki[ATT_FRESH_P], kh[ATT_FRESH_P];
+    float f[ATT_FRESH_P];
 } fresh_consts;
+
+/* A norm weight's element from its raw bits (1 without a weight). */
+__device__ __forceinline__ float fresh_w(uint32_t bits, const void *w, int dtype) {
+    return w ? ds_cu_widen(bits, dtype) : 1.0f;
+}
 
 __device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fresh_arg &fa) {
     /* Threads 0..n: q's weight, a line each (the last one its last byte's: the weight need not start a
@@ -164,24 +181,15 @@ __device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fr
 
 __device__ __forceinline__ void fresh_consts_load(const att_geo &g, const fresh_arg &fa, fresh_consts *c) {
     const int lane = threadIdx.x & 31, half = g.D / 2;
-    uint32_t raw[4][ATT_FRESH_P]; /* all requested before any is widened (ds_cu_load_bits) */
 #pragma unroll
     for (int k = 0; k < ATT_FRESH_P; k++) {
         const int i = lane + 32 * k;
         const bool in = i < half;
-        raw[0][k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i) : 0u;
-        raw[1][k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i + half) : 0u;
-        raw[2][k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i) : 0u;
-        raw[3][k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i + half) : 0u;
+        c->qi[k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i) : 0u;
+        c->qh[k] = fa.qw && in ? ds_cu_load_bits(fa.qw, fa.qwdt, i + half) : 0u;
+        c->ki[k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i) : 0u;
+        c->kh[k] = fa.kw && in ? ds_cu_load_bits(fa.kw, fa.kwdt, i + half) : 0u;
         c->f[k] = in ? fa.inv_freq[i] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < ATT_FRESH_P; k++) {
-        const bool in = lane + 32 * k < half;
-        c->qi[k] = fa.qw && in ? ds_cu_widen(raw[0][k], fa.qwdt) : 1.0f;
-        c->qh[k] = fa.qw && in ? ds_cu_widen(raw[1][k], fa.qwdt) : 1.0f;
-        c->ki[k] = fa.kw && in ? ds_cu_widen(raw[2][k], fa.kwdt) : 1.0f;
-        c->kh[k] = fa.kw && in ? ds_cu_widen(raw[3][k], fa.kwdt) : 1.0f;
     }
 }
 
@@ -223,10 +231,10 @@ __device__ __forceinline__ void fresh_rows_load(const att_geo &g, const fresh_ar
  * and took ~1.5 us longer than the rest, which waited on them — traced,
  * verify of 8 rows, session 13.) */
 template <int R>
-__device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &pa, const fresh_arg &fa, int m,
+__device__ __forceinline__ void fresh_prologue(const att_geo &g, int f0, int pos_m, const fresh_arg &fa, int m,
                                                int h0, int kvh, const fresh_consts &cs, const fresh_rows<R> &rw,
                                                float (*sq)[ATT_FRESH_DIM], float (*fk)[ATT_FRESH_DIM]) {
-    const int f0 = row_pos(g, pa, 0), c = g.c0 + (int)blockIdx.y, half = g.D / 2;
+    const int c = g.c0 + (int)blockIdx.y, half = g.D / 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nk = fresh_seen(g, fa, m); /* m < nk: a storing block norms its key m */
     const bool store = blockIdx.y == 0 && h0 % g.group == 0;
@@ -248,22 +256,26 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, const pos_arg &
             if (lane + 32 * k < g.D) dst[lane + 32 * k] = e;
         }
         __syncwarp();
+        if (u == 0) att_stamp(g, RT_NW); /* the rows are in */
         const float rs = nr_warp_inv_rms(dst, g.D, fa.eps);
-        const int pos = key ? f0 + (t - R) : row_pos(g, pa, m); /* the fused step's positions are consecutive */
+        const int pos = key ? f0 + (t - R) : pos_m; /* the fused step's positions are consecutive */
         const bool has_w = key ? fa.kw != NULL : fa.qw != NULL;
 #pragma unroll
         for (int k = 0; k < ATT_FRESH_P; k++) { /* a lane rewrites only its own pairs, read by it alone */
             const int i = lane + 32 * k;
             if (i >= half) break;
             float oi, oh;
-            nr_rotate_wv(dst[i], dst[i + half], rs, has_w, key ? cs.ki[k] : cs.qi[k], key ? cs.kh[k] : cs.qh[k], pos,
-                         cs.f[k], &oi, &oh);
+            const float wi = key ? fresh_w(cs.ki[k], fa.kw, fa.kwdt) : fresh_w(cs.qi[k], fa.qw, fa.qwdt);
+            const float wh = key ? fresh_w(cs.kh[k], fa.kw, fa.kwdt) : fresh_w(cs.qh[k], fa.qw, fa.qwdt);
+            nr_rotate_wv(dst[i], dst[i + half], rs, has_w, wi, wh, pos, cs.f[k], &oi, &oh);
             dst[i] = oi;
             dst[i + half] = oh;
         }
         __syncwarp();
     }
+    att_stamp(g, RT_XDONE); /* warp 0's heads normed and rotated */
     __syncthreads();
+    att_stamp(g, RT_SYNCED);
     if (!store) return;
     float *kc = fa.kc + (int64_t)(f0 + m) * fa.kcs + (int64_t)kvh * g.D;
     float *vc = fa.vc + (int64_t)(f0 + m) * fa.vcs + (int64_t)kvh * g.Dv;
@@ -292,11 +304,6 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
     *mx = mn;
 }
 
-/* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
- * held across the kernel for it). */
-__device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
-    if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
-}
 
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
  * takes R query heads of one kv head (R divides the GQA group): each key
@@ -323,15 +330,21 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     __shared__ __align__(16) float s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
-    fresh_rows<R> rw; /* requested before the positions: the two round trips overlap */
+    /* Every load the prologue needs is requested before any is used: the positions and n_keys, then (FRESH)
+     * the rows and the norm weights' bits, one round trip in all. Traced (H200, 8B shape, one row, fused):
+     * with the weights widened and the positions loaded after the rows, the keys' loop began 3.9 us after
+     * the wait, the positions known at 1.9. */
+    const int pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
+    fresh_rows<R> rw;
     if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
     if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
-    const int f0 = FRESH ? row_pos(g, pa, 0) : 0;
+    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h0 / g.group;
+    float qv[NPL]; /* !QS: the query, requested with the positions (the row's there whatever its keys) */
+    if (!QS) load_lane_row<L, NPL>(g.q + m * g.qs + (int64_t)h0 * g.D, true, g.D, li, g.vec, qv);
     int lo, hi;
-    key_range(g, row_pos(g, pa, m), &lo, &hi);
+    key_range_of(g, pos_m, n_keys, &lo, &hi);
     const int cfirst = lo / ATT_CHUNK, clast = hi > lo ? (hi - 1) / ATT_CHUNK : -1;
     const int j0 = max(lo, c * ATT_CHUNK), j1 = min(hi, (c + 1) * ATT_CHUNK);
-    const int grp = threadIdx.x / L, li = threadIdx.x % L, kvh = h0 / g.group;
     /* The key's and the value's elements are loaded together, one group of
      * keys ahead: the next group's round trip to memory overlaps this
      * group's scores (decode is a chain of such round trips). FRESH: the
@@ -341,7 +354,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     float kv[NPL], vv[NPL];
     const bool early = FRESH && c >= cfirst && c <= clast && j0 + grp < min(j1, f0);
     if (early) load_kv<L, NPL, false>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
-    if constexpr (FRESH) fresh_prologue<R>(g, pa, fa, m, h0, kvh, cs, rw, s_q, s_fk);
+    if constexpr (FRESH) att_stamp(g, RT_TILE0); /* the positions are in (the early keys are requested) */
+    if constexpr (FRESH) fresh_prologue<R>(g, f0, pos_m, fa, m, h0, kvh, cs, rw, s_q, s_fk);
     if (hi <= lo) { /* no keys: zeros, as the CPU */
         if (blockIdx.y == 0)
             for (int e = threadIdx.x; e < R * g.Dv; e += ATT_THREADS)
@@ -354,16 +368,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             s_q[e / g.D][e % g.D] = g.q[m * g.qs + (int64_t)h0 * g.D + e];
         __syncthreads();
     }
-    float qv[NPL], o[R][NPL], mx[R], l[R];
+    float o[R][NPL], mx[R], l[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         mx[r] = -INFINITY;
         l[r] = 0.0f;
 #pragma unroll
         for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
-    }
-    if (!QS) {
-        load_lane_row<L, NPL>(g.q + m * g.qs + (int64_t)h0 * g.D, true, g.D, li, g.vec, qv);
     }
     if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
     /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
