@@ -79,7 +79,7 @@ if a.attention_blocks:  # two attention launches per row count 1 / 7 / 8, per bl
                 print("rows %d, attention %d blocks: entry %s | wait %s | prologue %s | keys %s | drain %s | end %s" % (
                     m, len(B), rel(lambda t: t[0]), rel(lambda t: t[1]), q([(t[2] - t[1]) / 1e3 for t in B]),
                     q([(t[4] - t[2]) / 1e3 for t in B]), q([(t[3] - t[4]) / 1e3 for t in B]), rel(lambda t: t[3])))
-                if all(t[16] for t in B):  # the fused prologue's steps (attention.cu), from the wait
+                if all(t[16] for t in B):  # the fused prologue's steps (ring_trace.h: RT_TILE0 6, RT_NW 16 ..)
                     print("    fused prologue from the wait: positions %s | rows %s | normed %s | synced %s" % (
                         q([(t[6] - t[1]) / 1e3 for t in B]), q([(t[16] - t[1]) / 1e3 for t in B]),
                         q([(t[17] - t[1]) / 1e3 for t in B]), q([(t[18] - t[1]) / 1e3 for t in B])))

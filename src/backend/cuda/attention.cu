@@ -139,6 +139,12 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
     load_lane_row<L, NPL>(g.v + row * g.vs + (int64_t)kvh * g.Dv, valid, g.Dv, li, g.vec, vv);
 }
 
+/* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
+ * held across the kernel for it). */
+__device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
+    if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
+}
+
 /* FRESH, in three parts so that one round trip to memory follows the grid
  * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
  * took 8.7 us, each trip ~0.8 us).
@@ -151,12 +157,6 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
  * before the wait (fresh_consts_prefetch) and loaded with the rows after
  * it, in the same round trip; loaded after the wait without the prefetch,
  * verify of 8 rows took 4.90 ms, not 4.83 (session 12). */
-/* DS_CUDA_RING_TRACE: thread 0's timestamp (the slot is re-read from the parameters each time: no register
- * held across the kernel for it). */
-__device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
-    if (g.trace && threadIdx.x == 0) ds_cu_trace_block(g.trace)[field] = ds_cu_gtimer();
-}
-
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
 typedef struct { /* the norm weights' raw bits: widened where used, so their loads are not waited for early */
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     /* Every load the prologue needs is requested before any is used: the positions and n_keys, then (FRESH)
      * the rows and the norm weights' bits, one round trip in all. Traced (H200, 8B shape, one row, fused):
      * with the weights widened and the positions loaded after the rows, the keys' loop began 3.9 us after
-     * the wait, the positions known at 1.9. */
+     * the wait, the positions known at 1.9; this way 2.9 and 1.5 (session 17; the AR step within noise). */
     const int pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
     fresh_rows<R> rw;
     if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
@@ -665,7 +665,9 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
  * row (decode) keeps the two ops: measured on the H200 (8B shape, AR step
  * 4.517 ms with them vs 4.603-4.622 fused; verify of 8 rows 4.885-4.891
  * fused vs 4.935-4.943), the norm kernel's small blocks are resident beside
- * QKV's and ready when it ends, the fused launch's are not.
+ * QKV's and ready when it ends, the fused launch's are not. With the
+ * fused prologue's loads in one round trip (session 17) the two are even:
+ * AR 4.328 / 4.330 fused vs 4.323 / 4.324.
  * DS_CUDA_FUSED_ATTN=R fuses from R rows on (0: never). */
 #define ATT_FUSED_MIN_ROWS 2
 void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,

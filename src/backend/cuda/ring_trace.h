@@ -17,7 +17,10 @@ enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0,
 /* Kernels between the ring launches are traced too, in the same slots, with
  * K set to their kind (the ring's K is the matmul's, > 0). Attention: entry,
  * wait returned, prologue done (RT_FIRST: its keys' loop starts), end, keys
- * done (RT_PRODUCED: it lets the next kernel in), 0 tiles. The q/k norm +
+ * done (RT_PRODUCED: it lets the next kernel in), 0 tiles; a fused launch
+ * (q/k norm + RoPE inside) also its prologue's steps: positions known
+ * (RT_TILE0), rows in (RT_NW), warp 0's heads normed (RT_XDONE), all
+ * synced (RT_SYNCED). The q/k norm +
  * RoPE (+ K/V store) kernel: entry, wait returned, end. */
 enum { RT_KIND_ATTENTION = -1, RT_KIND_NORM_ROPE = -2 };
 
