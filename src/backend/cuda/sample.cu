@@ -97,37 +97,29 @@ __device__ __forceinline__ float key_p(u64 k) { return __uint_as_float((unsigned
 __device__ __forceinline__ u64 fixed(float p) { return __double2ull_rz((double)p * 0x1p62); }
 
 /* Block-wide reductions: every thread gets the result; fixed orders, so
- * the same inputs give the same bits. */
-template <int WARPS> __device__ float warps_max(float v, float *rf) {
+ * the same inputs give the same bits. op(a, b): the running value first. */
+template <int WARPS, typename T, typename Op> __device__ T warps_reduce(T v, T *r, Op op) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) rf[threadIdx.x >> 5] = v;
+    for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = v;
     __syncthreads();
-    v = rf[0];
-    for (int w = 1; w < WARPS; w++) v = fmaxf(v, rf[w]);
+    v = r[0];
+    for (int w = 1; w < WARPS; w++) v = op(v, r[w]);
     __syncthreads();
     return v;
 }
-template <int WARPS> __device__ double warps_sum(double v, double *rd) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0) rd[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = rd[0];
-    for (int w = 1; w < WARPS; w++) v += rd[w];
-    __syncthreads();
-    return v;
-}
-template <int WARPS> __device__ int warps_max_int(int v, int *ri) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
-    if ((threadIdx.x & 31) == 0) ri[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = ri[0];
-    for (int w = 1; w < WARPS; w++) v = max(v, ri[w]);
-    __syncthreads();
-    return v;
-}
+struct max_f32 {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct sum_f64 {
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct max_i32 {
+    __device__ int operator()(int a, int b) const { return max(a, b); }
+};
+template <int WARPS> __device__ float warps_max(float v, float *rf) { return warps_reduce<WARPS>(v, rf, max_f32{}); }
+template <int WARPS> __device__ double warps_sum(double v, double *rd) { return warps_reduce<WARPS>(v, rd, sum_f64{}); }
+template <int WARPS> __device__ int warps_max_int(int v, int *ri) { return warps_reduce<WARPS>(v, ri, max_i32{}); }
 __device__ float block_max(float v, sample_shared &sh) { return warps_max<SAMPLE_WARPS>(v, sh.rf); }
 __device__ double block_sum(double v, sample_shared &sh) { return warps_sum<SAMPLE_WARPS>(v, sh.rd); }
 __device__ int block_max_int(int v, sample_shared &sh) { return warps_max_int<SAMPLE_WARPS>(v, sh.ri); }
