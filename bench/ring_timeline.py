@@ -149,9 +149,12 @@ for i, s in enumerate(step[a.first:a.first + a.count], a.first):
             med = lambda f: statistics.median(f(t) for t in grp)
             # the split-once prologue's steps after the wait (RT_NW, RT_XDONE, RT_SYNCED; "-": none)
             after = lambda f: ("%5.2f" % med(lambda t: (t[f] - t[1]) / 1e3)) if len(grp[0]) > f and grp[0][f] else "    -"
+            # the producer's ring requested once through and landed (RT_ISSUED, RT_LANDED), us after entry
+            since_entry = lambda f: (("%5.2f" % med(lambda t: (t[f] - t[0]) / 1e3)) if len(grp[0]) > f and
+                                     all(t[f] for t in grp) else "    -")
             print("       entry group %d: entry %7.1f wait %7.1f first %7.1f (wait->first %5.2f: nw %s x %s sync %s) "
-                  "tile0 %5.2f tile1 %5.2f end %7.1f tiles %.1f" % (
+                  "tile0 %5.2f tile1 %5.2f end %7.1f tiles %.1f ring issued %s landed %s" % (
                       j, med(lambda t: us(t[0])), med(lambda t: us(t[1])), med(lambda t: us(t[2])),
                       med(lambda t: (t[2] - t[1]) / 1e3), after(16), after(17), after(18), med(lambda t: (t[6] - t[2]) / 1e3),
                       med(lambda t: (t[7] - t[6]) / 1e3 if t[5] > 1 else 0), med(lambda t: us(t[3])),
-                      med(lambda t: t[5])))
+                      med(lambda t: t[5]), since_entry(19), since_entry(20)))

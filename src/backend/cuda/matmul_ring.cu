@@ -285,6 +285,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
+            if (tr && it == p.slots - 1) { /* the ring requested once through: when did it land? */
+                tr[RT_ISSUED] = ds_cu_gtimer();
+                if (waited) {
+                    bar_wait(full, c.phase);
+                    tr[RT_LANDED] = ds_cu_gtimer();
+                }
+            }
             if (waited) {
                 if (!XC) issue_x(p, maps, c.k0, full, st, keep);
             } else if (it == p.slots - 1) {

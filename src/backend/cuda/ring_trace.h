@@ -8,11 +8,13 @@
  * producer's last request, tiles done, each of the first RING_TRACE_TILES
  * tiles' last stage, then the split-once prologue's steps as thread 0 saw
  * them: the norm weight landed (RT_NW), its x loaded and split (RT_XDONE),
- * every consumer's too (RT_SYNCED); 0 where a kernel has no such step. */
+ * every consumer's too (RT_SYNCED); then the producer's: the ring's last slot
+ * requested the first time (RT_ISSUED) and landed (RT_LANDED: the producer
+ * waits for it when tracing); 0 where a kernel has no such step. */
 #define RING_TRACE_TILES 10
-#define RING_TRACE_FIELDS (9 + RING_TRACE_TILES)
+#define RING_TRACE_FIELDS (11 + RING_TRACE_TILES)
 enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0,
-       RT_NW = RT_TILE0 + RING_TRACE_TILES, RT_XDONE, RT_SYNCED };
+       RT_NW = RT_TILE0 + RING_TRACE_TILES, RT_XDONE, RT_SYNCED, RT_ISSUED, RT_LANDED };
 
 /* Kernels between the ring launches are traced too, in the same slots, with
  * K set to their kind (the ring's K is the matmul's, > 0). Attention: entry,
