@@ -25,7 +25,8 @@ entry, wait, first stage, wait -> first stage, first and second tile's
 durations, end, tiles): a block that entered early and still reaches its
 first stage late, or whose prefetched first tile takes as long as a later
 one, points at what gates the stream (session 9's in-flight cap was found
-this way).
+this way); and when the producer had requested its ring once through and
+when that landed (us after entry).
 --attention-blocks prints, instead, two attention launches per row count (1,
 7, 8) and a q/k norm launch before one, per block: quantiles of entry,
 wait, prologue, key loop, drain and end, us from the matmul before them.
