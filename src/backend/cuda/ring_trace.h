@@ -9,8 +9,9 @@
  * tiles' last stage, then the split-once prologue's steps as thread 0 saw
  * them: the norm weight landed (RT_NW), its x loaded and split (RT_XDONE),
  * every consumer's too (RT_SYNCED); then the producer's: the ring's last slot
- * requested the first time (RT_ISSUED) and landed (RT_LANDED: the producer
- * waits for it when tracing); 0 where a kernel has no such step. */
+ * requested the first time (RT_ISSUED) and, where x is split once per
+ * block, landed (RT_LANDED: the producer waits for it when tracing, before
+ * requesting more); 0 where a kernel has no such step. */
 #define RING_TRACE_TILES 10
 #define RING_TRACE_FIELDS (11 + RING_TRACE_TILES)
 enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0,
