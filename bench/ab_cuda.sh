@@ -2,7 +2,8 @@
 # One device call's worth of same-call A/B on the Qwen3-8B-shaped synthetic
 # checkpoint: builds the working tree (and, with BASE_FILES, a second tree
 # in /tmp/base that has HEAD's versions of those files), runs the GPU tests
-# (TESTS=1), then `dspark bench` twice per variant, alternating, and with
+# (TESTS=1), then `dspark bench` twice per variant, alternating (each line
+# also kept in bench.txt: a long run's output tail may lose them), and with
 # TRACE_ENV a traced bench whose attention launches it summarizes per block
 # (quantiles of wait, prologue, key loop, drain; us from the launch before).
 #
@@ -66,7 +67,7 @@ import json, sys
 j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
 print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s' % ('$1', ar, v[1], v[8],
       j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar,
-      '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR'))"
+      '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR'))" | tee -a $R/bench.txt
 }
 # The base runs first in odd rounds and last in even ones: session 16's calls 5-6 (in 5 the base was the new
 # tree's code, an A/A by accident) had it first every round and slower by 0.03 ms (AR) and 0.1 (verify-8).
