@@ -164,11 +164,6 @@ typedef struct { /* the norm weights' raw bits: widened where used, so their loa
     float f[ATT_FRESH_P];
 } fresh_consts;
 
-/* A norm weight's element from its raw bits (1 without a weight). */
-__device__ __forceinline__ float fresh_w(uint32_t bits, const void *w, int dtype) {
-    return w ? ds_cu_widen(bits, dtype) : 1.0f;
-}
-
 __device__ __forceinline__ void fresh_consts_prefetch(const att_geo &g, const fresh_arg &fa) {
     /* Threads 0..n: q's weight, a line each (the last one its last byte's: the weight need not start a
      * line); threads 32..32+n: k's. */
@@ -265,8 +260,9 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, int f0, int pos
             const int i = lane + 32 * k;
             if (i >= half) break;
             float oi, oh;
-            const float wi = key ? fresh_w(cs.ki[k], fa.kw, fa.kwdt) : fresh_w(cs.qi[k], fa.qw, fa.qwdt);
-            const float wh = key ? fresh_w(cs.kh[k], fa.kw, fa.kwdt) : fresh_w(cs.qh[k], fa.qw, fa.qwdt);
+            /* the weights' bits widened here (used only where has_w) */
+            const float wi = ds_cu_widen(key ? cs.ki[k] : cs.qi[k], key ? fa.kwdt : fa.qwdt);
+            const float wh = ds_cu_widen(key ? cs.kh[k] : cs.qh[k], key ? fa.kwdt : fa.qwdt);
             nr_rotate_wv(dst[i], dst[i + half], rs, has_w, wi, wh, pos, cs.f[k], &oi, &oh);
             dst[i] = oi;
             dst[i + half] = oh;
@@ -303,7 +299,6 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
     }
     *mx = mn;
 }
-
 
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
  * takes R query heads of one kv head (R divides the GQA group): each key
