@@ -980,13 +980,19 @@ static void test_model_shapes_bandwidth(void) {
     free(host);
     pair nw = weight(DS_BF16, 1, H), xs = act_rand(8, F, 1.0f), hs = act_rand(8, F, 1.0f);
     pair oq = act(8, H, NULL), ok = act(8, KV, NULL), ov = act(8, KV, NULL), res = act_rand(8, H, 1.0f);
-    const char *what[4] = {"qkv: rmsnorm_linear_multi (4096+1024+1024) x 4096", "o_proj: linear_residual 4096 x 4096",
-                           "gate/up: rmsnorm_linear_swiglu 2 x 12288 x 4096", "down: linear_residual 4096 x 12288"};
-    const double bytes[4] = {2.0 * (H + 2 * KV) * H, 2.0 * H * H, 4.0 * F * H, 2.0 * H * F};
+    /* The last: o_proj on one copy of its weights (32 MB, held by L2 after the warm-up): how fast an SM takes
+     * weights that do not come from HBM (session 18: a ring landed before the first product was not consumed
+     * faster than a streamed one). Session 19, H200: 16.0 us vs 16.2 from HBM at one row, 10.2 vs 12.4 at 8:
+     * the one-row kernel is not bound by HBM alone (ncu: its consumer warps' chain per stage, and its tiles'
+     * epilogues). */
+    const char *what[5] = {"qkv: rmsnorm_linear_multi (4096+1024+1024) x 4096", "o_proj: linear_residual 4096 x 4096",
+                           "gate/up: rmsnorm_linear_swiglu 2 x 12288 x 4096", "down: linear_residual 4096 x 12288",
+                           "o_proj, one copy of the weights (from L2)"};
+    const double bytes[5] = {2.0 * (H + 2 * KV) * H, 2.0 * H * H, 4.0 * F * H, 2.0 * H * F, 2.0 * H * H};
     for (int mi = 0; mi < 2; mi++) {
         const int64_t M = mi ? 8 : 1;
         ds_tensor xh = ds_cols(ds_rows(xs.g, 0, M), 0, H), xf = ds_rows(xs.g, 0, M), hh = ds_rows(hs.g, 0, M);
-        for (int op = 0; op < 4; op++) {
+        for (int op = 0; op < 5; op++) {
             const int reps = 40;
             double t0 = 0;
             for (int r = -2; r < reps; r++) { /* two warm-up calls */
@@ -994,13 +1000,13 @@ static void test_model_shapes_bandwidth(void) {
                     check_gpu_ok("bandwidth warm-up");
                     t0 = now_s();
                 }
-                const int c = r & 1;
+                const int c = op == 4 ? 0 : r & 1;
                 if (op == 0) {
                     const ds_tensor outs[3] = {ds_rows(oq.g, 0, M), ds_rows(ok.g, 0, M), ds_rows(ov.g, 0, M)};
                     const ds_tensor ws[3] = {q[c], k[c], v[c]};
                     const ds_tensor bs[3] = {ds_no_tensor(), ds_no_tensor(), ds_no_tensor()};
                     gpu->ops->rmsnorm_linear_multi(gpu, 3, outs, xh, nw.g, 1e-6f, ws, bs);
-                } else if (op == 1) {
+                } else if (op == 1 || op == 4) {
                     gpu->ops->linear_residual(gpu, ds_rows(res.g, 0, M), xh, o[c], ds_no_tensor(),
                                               ds_rows(res.g, 0, M));
                 } else if (op == 2) {
