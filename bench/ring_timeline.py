@@ -26,7 +26,8 @@ durations, end, tiles): a block that entered early and still reaches its
 first stage late, or whose prefetched first tile takes as long as a later
 one, points at what gates the stream (session 9's in-flight cap was found
 this way); and when the producer had requested its ring once through and
-when that landed (us after entry).
+when that landed (us after entry), and, where traced, when thread 0 had each
+of its first stages and how long it waited for them in all.
 --attention-blocks prints, instead, two attention launches per row count (1,
 7, 8) and a q/k norm launch before one, per block: quantiles of entry,
 wait, prologue, key loop, drain and end, us from the matmul before them.
@@ -159,3 +160,8 @@ for i, s in enumerate(step[a.first:a.first + a.count], a.first):
                       med(lambda t: (t[2] - t[1]) / 1e3), after(16), after(17), after(18), med(lambda t: (t[6] - t[2]) / 1e3),
                       med(lambda t: (t[7] - t[6]) / 1e3 if t[5] > 1 else 0), med(lambda t: us(t[3])),
                       med(lambda t: t[5]), since_entry(19), since_entry(20)))
+            # thread 0's first stages: when it had each (us after RT_FIRST's stage 0) and its time waiting for them
+            if len(grp[0]) > 31 and all(t[22] and t[31] for t in grp):
+                print("           stages seen (us after stage 0): %s; waited %5.2f us in all" % (
+                    " ".join("%5.2f" % med(lambda t: (t[22 + i] - t[22]) / 1e3) for i in range(1, 10)),
+                    med(lambda t: t[21] / 1e3)))

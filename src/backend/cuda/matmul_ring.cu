@@ -47,6 +47,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/matmul_mma_frag.cuh"
 #include "backend/cuda/ring_trace.h"
@@ -98,6 +99,9 @@ typedef struct {
     int nws_off;     /* XC with a norm: the norm weight, [K] */
     int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
     bool pair;       /* tiles of two 16-row units (residual, x in the stages): see ds_cu_ring_launch */
+    bool pipe;       /* DS_CUDA_RING_PIPE=1: a consumer warp takes the next stage before the products of this one */
+    bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (one row; DS_CUDA_RING_RED2=0: off) */
+    int red_floats;  /* one place's partial sums */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -323,6 +327,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
+    unsigned long long waited = 0; /* trace: kept here, written once (a global add a stage stalled warp 0) */
     const int g = lane >> 2, t = lane & 3;
     float *red = (float *)(smem + p.red_off), *ss_part = (float *)(smem + p.ss_off);
     float acc[NW][1][4], ss = 0.0f;
@@ -332,7 +337,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
     /* Chunk `warp` of a stage: box warp / 8, bytes (warp % 8) * 64 of each weight row, * 128 of each x row. */
     const int box = warp / (RING_BOX / 32), in_box = warp % (RING_BOX / 32);
-    const int wofs = box * RING_WBOX + g * RING_BOX * 2 + in_box * 64 + t * 16;
+    const int wofs = box * RING_WBOX + g * RING_BOX * 2 + in_box * 64 + t * 16, wofs8 = wofs + 8 * RING_BOX * 2;
     const int xofs = p.x_off + box * RING_XBOX + g * RING_BOX * 4 + in_box * 128 + t * 32;
     const int nofs = p.nw_off + (warp * 32 + 8 * t) * p.nw_size;
     uint32_t *xc = (uint32_t *)(smem + p.xc_off);
@@ -387,80 +392,122 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
     const ds_mma_seg *S = s.seg;
     int n0 = 0;
-    for (int it = 0;; it++, cursor_next(c, K, p.slots)) {
-        const unsigned char *st = smem + p.ring_off + c.slot * p.stage_bytes;
-        const bool mine = warp * 32 < c.kn; /* a last, partial stage may not reach this warp's chunk */
-        bar_wait(full0 + 8 * c.slot, c.phase);
-        if (c.k0 == 0) { /* read before this warp releases the slot (the producer rewrites it) */
-            const int tile = slot_tile[c.slot];
-            if (tile < 0) break;
-            S = &mma_tile_seg(s, UNITS * tile, &n0);
-        }
-        if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
+    /* A stage as one warp holds it: its weights (and, unless XC, x's slice and the norm weight's), read from
+     * the slot before the slot is released, and where XC the split x's fragments for its k. */
+    struct held {
         uint4 wa[NW], wb[NW];
         float f[8], nf[8];
-        if (mine) {
+        uint32_t xh[1][4], xl[1][4];
+        bool mine; /* a last, partial stage may not reach this warp's chunk */
+    };
+    /* Waits for stage cc, reads the tile it begins (k0 = 0: false where that is the end), takes the stage
+     * into h and releases the slot. */
+    int it = 0;
+    auto fetch = [&](const ring_cursor &cc, held &h, int &tile) -> bool {
+        if (tr && threadIdx.x == 0 && it < RING_TRACE_STAGES) {
+            const unsigned long long t0 = ds_cu_gtimer();
+            bar_wait(full0 + 8 * cc.slot, cc.phase);
+            const unsigned long long t1 = ds_cu_gtimer();
+            waited += t1 - t0;
+            tr[RT_SEEN0 + it] = t1;
+        } else {
+            bar_wait(full0 + 8 * cc.slot, cc.phase);
+        }
+        if (cc.k0 == 0) { /* read before this warp releases the slot (the producer rewrites it) */
+            tile = slot_tile[cc.slot];
+            if (tile < 0) return false;
+        }
+        if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
+        it++;
+        const unsigned char *st = smem + p.ring_off + cc.slot * p.stage_bytes;
+        h.mine = warp * 32 < cc.kn;
+        if (h.mine) {
 #pragma unroll
             for (int v = 0; v < NW; v++) {
-                wa[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs);
-                wb[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + 8 * RING_BOX * 2 + wofs);
+                h.wa[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs);
+                h.wb[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs8);
             }
             if (!XC && g < M) {
                 const float4 *xp = (const float4 *)(st + xofs);
-                ds_cu_unpack_f32x8(xp[0], xp[1], f);
+                ds_cu_unpack_f32x8(xp[0], xp[1], h.f);
             } else if (!XC) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) f[i] = 0.0f;
+                for (int i = 0; i < 8; i++) h.f[i] = 0.0f;
             }
-            if (NORM && !XC) unpack_norm8(st + nofs, p.nw_size, nf);
+            if (NORM && !XC) unpack_norm8(st + nofs, p.nw_size, h.nf);
         }
         __syncwarp();
-        if (lane == 0) bar_arrive(empty0 + 8 * c.slot); /* the slot's data is in registers */
-        if (mine) {
-            uint32_t xh[1][4], xl[1][4];
-            if (XC) {
-                uint4 h = make_uint4(0, 0, 0, 0), l = h;
-                if (g < M) {
-                    const uint32_t *q = xc + g * p.xc_row + (((c.k0 >> 5) + warp) * 4 + t) * 8;
-                    h = *(const uint4 *)q;
-                    l = *(const uint4 *)(q + 4);
-                }
-                xh[0][0] = h.x, xh[0][1] = h.y, xh[0][2] = h.z, xh[0][3] = h.w;
-                xl[0][0] = l.x, xl[0][1] = l.y, xl[0][2] = l.z, xl[0][3] = l.w;
-            } else {
-                split_x8<NORM>(f, g, M, nf, &ss, xh[0], xl[0]);
+        if (lane == 0) bar_arrive(empty0 + 8 * cc.slot); /* the slot's data is in registers */
+        if (XC && h.mine) {
+            uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
+            if (g < M) {
+                const uint32_t *q = xc + g * p.xc_row + (((cc.k0 >> 5) + warp) * 4 + t) * 8;
+                hi = *(const uint4 *)q;
+                lo = *(const uint4 *)(q + 4);
             }
-#pragma unroll
-            for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], wa[v], wb[v], xh, xl);
+            h.xh[0][0] = hi.x, h.xh[0][1] = hi.y, h.xh[0][2] = hi.z, h.xh[0][3] = hi.w;
+            h.xl[0][0] = lo.x, h.xl[0][1] = lo.y, h.xl[0][2] = lo.z, h.xl[0][3] = lo.w;
         }
-        if (c.k0 + c.kn < K) continue;
-        /* The tile's last stage: the warps' sums, added in warp order. */
-        if (tr && threadIdx.x == 0) {
-            if (tiles_done < RING_TRACE_TILES) tr[RT_TILE0 + tiles_done] = ds_cu_gtimer();
-            tr[RT_TILES] = (unsigned long long)(tiles_done + 1);
+        return true;
+    };
+    /* DS_CUDA_RING_PIPE=1: a warp takes stage i + 1 into registers before its products of stage i, so that
+     * the shared-memory loads' latency overlaps the tensor cores' chain instead of adding to it (ncu: the
+     * loop body, one latency-bound chain, was 35-44 % of a consumer warp's time). Same products, same order. */
+    held cur, nxt;
+    int tile = -1, tile_n = -1;
+    bool have = fetch(c, cur, tile);
+    if (have) S = &mma_tile_seg(s, UNITS * tile, &n0);
+    while (have) {
+        ring_cursor n = c;
+        cursor_next(n, K, p.slots);
+        tile_n = tile;
+        bool have_n = true;
+        if (p.pipe) have_n = fetch(n, nxt, tile_n);
+        if (cur.mine) {
+            if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0], cur.xl[0]);
+#pragma unroll
+            for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], cur.wa[v], cur.wb[v], cur.xh, cur.xl);
         }
-        tiles_done++;
-        if (NORM && !XC) mma_store_ss(ss, ss_part + 8 * warp, g);
+        if (c.k0 + c.kn >= K) { /* the tile's last stage: the warps' sums, added in warp order */
+            if (tr && threadIdx.x == 0) {
+                if (tiles_done < RING_TRACE_TILES) tr[RT_TILE0 + tiles_done] = ds_cu_gtimer();
+                tr[RT_TILES] = (unsigned long long)(tiles_done + 1);
+            }
+            /* RED2: the partial sums of alternate tiles in two places, so that one sync orders them. */
+            const int half = p.red2 ? tiles_done & 1 : 0;
+            float *rd = red + half * p.red_floats, *ssp = ss_part + (NORM && !XC ? half * MMA_WARPS * 8 : 0);
+            tiles_done++;
+            if (NORM && !XC) mma_store_ss(ss, ssp + 8 * warp, g);
 #pragma unroll
-        for (int v = 0; v < NW; v++)
+            for (int v = 0; v < NW; v++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[((warp * NW + v) * 4 + i) * 32 + lane] = acc[v][0][i];
-        consumers_sync();
-        if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
-            const int u = threadIdx.x >= MMA_WARPS * 16;
-            mma_store_rows<1, MODE, NORM, 2>(*S, red + u * 4 * 32, ss_part, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                             threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
-        } else {
-            mma_store_rows<NW, MODE, NORM>(*S, red, ss_part, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+                for (int i = 0; i < 4; i++) rd[((warp * NW + v) * 4 + i) * 32 + lane] = acc[v][0][i];
+            consumers_sync();
+            if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
+                const int u = threadIdx.x >= MMA_WARPS * 16;
+                mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
+            } else {
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+            }
+            if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
+            ss = 0.0f;
+#pragma unroll
+            for (int v = 0; v < NW; v++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
         }
-        consumers_sync(); /* red and ss_part are read before the next tile writes them */
-        ss = 0.0f;
-#pragma unroll
-        for (int v = 0; v < NW; v++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
+        if (!p.pipe) have_n = fetch(n, nxt, tile_n);
+        c = n;
+        cur = nxt;
+        tile = tile_n;
+        if (have_n && n.k0 == 0) S = &mma_tile_seg(s, UNITS * tile, &n0);
+        have = have_n;
     }
-    if (tr && threadIdx.x == 0) tr[RT_END] = ds_cu_gtimer();
+    if (tr && threadIdx.x == 0) {
+        tr[RT_WAITED] = waited;
+        tr[RT_END] = ds_cu_gtimer();
+    }
 #endif
 }
 
@@ -468,9 +515,11 @@ static int round_up(int v, int to) { return (v + to - 1) / to * to; }
 
 /* The partial sums' places for nw weight boxes a stage, and the ring after them. */
 static void plan_sums(ring_plan *p, int nw) {
+    const int two = p->red2 ? 2 : 1;
+    p->red_floats = MMA_WARPS * nw * 4 * 32;
     p->red_off = round_up(p->tile_off + 32 * 4, 128);
-    p->ss_off = p->red_off + MMA_WARPS * nw * 4 * 32 * 4;
-    p->ring_off = round_up(p->ss_off + MMA_WARPS * 8 * 4, 128);
+    p->ss_off = p->red_off + two * p->red_floats * 4;
+    p->ring_off = round_up(p->ss_off + two * MMA_WARPS * 8 * 4, 128);
 }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
@@ -486,7 +535,10 @@ static void plan_sums(ring_plan *p, int nw) {
  * F = 1 5.17-5.20 ms, 2 4.738-4.744, 0 4.719-4.720 vs 4.713-4.750 with
  * RING_FLIGHT; session 15); DS_CUDA_RING_XC_SWIGLU=R and
  * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
- * default RING_XC_RESIDUAL_ROWS). */
+ * default RING_XC_RESIDUAL_ROWS); DS_CUDA_RING_RED2=0 keeps one place for
+ * a tile's partial sums at one row too (two syncs a tile); DS_CUDA_RING_PIPE=1
+ * has each consumer warp take the next stage before this one's products
+ * (within noise on the H200 at the 8B shape, session 19). */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -494,6 +546,8 @@ typedef struct {
     int xc_rows;   /* most rows of x split once per block (XC) */
     int xc_swiglu, xc_residual; /* the same for SwiGLU (gate/up) and residual (o_proj, down) calls */
     bool pair;     /* residual calls with x in the stages take 32-row tiles */
+    bool pipe;     /* consumers take the next stage before the products of this one */
+    bool red2;     /* partial sums of alternate tiles in two places */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -523,6 +577,9 @@ static const ring_settings *ring_env(void) {
         r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
+        const char *pp = getenv("DS_CUDA_RING_PIPE"), *r2 = getenv("DS_CUDA_RING_RED2");
+        r.pipe = pp && !strcmp(pp, "1");
+        r.red2 = !(r2 && !strcmp(r2, "0")); /* ds_cu_env_on's rule, with pp read beside it */
         read = true;
     }
     return &r;
@@ -637,6 +694,9 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
     p.tile_off = round_up(RING_NWBAR + 8, 128);
+    p.pipe = env->pipe;
+    /* One row only: at several rows the second place cost x's split its room (verify of 8: 5.03 -> 5.37 ms). */
+    p.red2 = env->red2 && M == 1;
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).

@@ -11,11 +11,15 @@
  * every consumer's too (RT_SYNCED); then the producer's: the ring's last slot
  * requested the first time (RT_ISSUED) and, where x is split once per
  * block, landed (RT_LANDED: the producer waits for it when tracing, before
- * requesting more); 0 where a kernel has no such step. */
+ * requesting more); then thread 0's: ns spent waiting for its first
+ * RING_TRACE_STAGES stages to land (RT_WAITED) and when it had each
+ * (RT_SEEN0 ..: whether consuming a landed ring is fast); 0 where a kernel
+ * has no such step. */
 #define RING_TRACE_TILES 10
-#define RING_TRACE_FIELDS (11 + RING_TRACE_TILES)
+#define RING_TRACE_STAGES 10
+#define RING_TRACE_FIELDS (12 + RING_TRACE_TILES + RING_TRACE_STAGES)
 enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0,
-       RT_NW = RT_TILE0 + RING_TRACE_TILES, RT_XDONE, RT_SYNCED, RT_ISSUED, RT_LANDED };
+       RT_NW = RT_TILE0 + RING_TRACE_TILES, RT_XDONE, RT_SYNCED, RT_ISSUED, RT_LANDED, RT_WAITED, RT_SEEN0 };
 
 /* Kernels between the ring launches are traced too, in the same slots, with
  * K set to their kind (the ring's K is the matmul's, > 0). Attention: entry,
