@@ -77,6 +77,21 @@ for i in $(seq ${ROUNDS:-2}); do
     [ -z "${BASE_FILES:-}" ] || [ $((i % 2)) = 1 ] || bench base /tmp/base/build-cuda/dspark DS_X=1
 done
 t bench
+# Each variant's medians over its rounds, and its AR against the first variant's (base first where there is one).
+python3 - $R/bench.txt <<'PY'
+import collections, statistics, sys
+runs = collections.OrderedDict()
+for l in open(sys.argv[1]):
+    f = l.split()
+    if len(f) > 12 and f[1] == "AR":
+        runs.setdefault(f[0], []).append((float(f[2]), float(f[6]), float(f[8]), float(f[12])))
+if len(runs) > 1:
+    first = statistics.median(r[0] for r in next(iter(runs.values())))
+    print("medians    AR     vs first  verify-8  draft  draft+verify-8 (AR steps)")
+    for name, rs in runs.items():
+        m = [statistics.median(r[i] for r in rs) for i in range(4)]
+        print("%-10s %.3f  %+6.2f %%   %.3f    %.3f  %.3f" % (name, m[0], 100 * (m[0] / first - 1), m[1], m[2], m[3]))
+PY
 if [ -n "${TRACE_ENV:-}" ]; then
     env $(echo "$TRACE_ENV" | tr , ' ') DS_CUDA_RING_TRACE=$R/trace.txt timeout 120 ./$B/dspark bench --backend cuda \
         -m $M -d $M-dspark --prompt-len 64 --decode 8 --reps 1 >/dev/null 2>&1
