@@ -454,13 +454,13 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
      * the shared-memory loads' latency overlaps the tensor cores' chain instead of adding to it (ncu: the
      * loop body, one latency-bound chain, was 35-44 % of a consumer warp's time). Same products, same order. */
     held cur, nxt;
-    int tile = -1, tile_n = -1;
+    int tile = -1;
     bool have = fetch(c, cur, tile);
     if (have) S = &mma_tile_seg(s, UNITS * tile, &n0);
     while (have) {
         ring_cursor n = c;
         cursor_next(n, K, p.slots);
-        tile_n = tile;
+        int tile_n = tile;
         bool have_n = true;
         if (p.pipe) have_n = fetch(n, nxt, tile_n);
         if (cur.mine) {
@@ -577,9 +577,9 @@ static const ring_settings *ring_env(void) {
         r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
-        const char *pp = getenv("DS_CUDA_RING_PIPE"), *r2 = getenv("DS_CUDA_RING_RED2");
+        const char *pp = getenv("DS_CUDA_RING_PIPE");
         r.pipe = pp && !strcmp(pp, "1");
-        r.red2 = !(r2 && !strcmp(r2, "0")); /* ds_cu_env_on's rule, with pp read beside it */
+        r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
         read = true;
     }
     return &r;
