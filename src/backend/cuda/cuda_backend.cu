@@ -164,6 +164,12 @@ static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
 static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
     ds_cuda_backend *cb = ds_cu(be);
     if (dst.rows <= 0 || dst.cols <= 0 || dst.data == src.data) return;
+    static int kernel = -1; /* DS_CUDA_COPY_KERNEL=0: the copy engine (a memcpy node in captured steps) */
+    if (kernel < 0) kernel = ds_cu_env_on("DS_CUDA_COPY_KERNEL");
+    if (kernel) {
+        ds_cu_copy_kernel(be, dst, src);
+        return;
+    }
     ds_cu_ok(cb, "copy",
              cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src.data, (size_t)src.stride * 4,
                                (size_t)dst.cols * 4, (size_t)dst.rows, cudaMemcpyDeviceToDevice, cb->stream));

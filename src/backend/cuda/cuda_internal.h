@@ -292,6 +292,7 @@ void ds_cu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
 void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
 void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap);
 void ds_cu_round_bf16(ds_backend *be, ds_tensor x);
+void ds_cu_copy_kernel(ds_backend *be, ds_tensor dst, ds_tensor src);
 void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out);
 void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);

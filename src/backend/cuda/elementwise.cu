@@ -3,7 +3,7 @@
  * libm-accurate expf/tanhf, no fast-math), so rows never interact. */
 #include "backend/cuda/cuda_internal.h"
 
-enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16 };
+enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16, EW_COPY };
 
 /* out = f(a, b) over a rows x cols view; b may be absent. blockIdx.y walks
  * rows (strided by gridDim.y), x blocks walk columns. */
@@ -20,6 +20,7 @@ __global__ void ew_kernel(int op, float *__restrict__ o, int64_t os, const float
         case EW_SWIGLU: y = x / (1.0f + expf(-x)) * b[r * bs + c]; break;
         case EW_GEGLU_TANH: y = ds_cu_gelu_tanh_mul(x, b[r * bs + c]); break;
         case EW_SOFTCAP: y = tanhf(x / s) * s; break;
+        case EW_COPY: y = x; break;
         default: y = ds_cu_rbf16(x); break;
         }
         o[r * os + c] = y;
@@ -47,6 +48,13 @@ void ds_cu_geglu_tanh(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor u
 void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap) { ew(be, "softcap", EW_SOFTCAP, x, x, ds_no_tensor(), cap); }
 void ds_cu_round_bf16(ds_backend *be, ds_tensor x) {
     ew(be, "round_bf16", EW_ROUND_BF16, x, x, ds_no_tensor(), 0);
+}
+/* A copy as a kernel, not a copy-engine node: a memcpy node in a captured
+ * step cannot take part in programmatic dependent launch, so the kernel
+ * after it waited for the whole chain to drain (the target's tap layers and
+ * the drafter's Markov steps copy a row each). */
+void ds_cu_copy_kernel(ds_backend *be, ds_tensor dst, ds_tensor src) {
+    ew(be, "copy", EW_COPY, dst, src, ds_no_tensor(), 0);
 }
 
 /* Token ids of one launch, by value. */
