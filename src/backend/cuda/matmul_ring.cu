@@ -106,6 +106,7 @@ typedef struct {
     bool rot;        /* DS_CUDA_RING_ROT=1: the warp that stores a tile's outputs rotates from tile to tile */
     bool cols;       /* DS_CUDA_RING_COLS=1 (probe, XC at one row): x's hi and lo in mma columns 0 and 1 */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
+    bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -168,20 +169,20 @@ __device__ __forceinline__ void tensor_load(uint32_t dst, const CUtensorMap *map
 struct ring_cursor {
     int k0, kn, slot, phase;
 };
-__device__ __forceinline__ void cursor_start(ring_cursor &c, int K) {
+template <int KS> __device__ __forceinline__ void cursor_start(ring_cursor &c, int K) {
     c.k0 = 0;
-    c.kn = min(RING_KS, K);
+    c.kn = min(KS, K);
     c.slot = 0;
     c.phase = 0;
 }
-__device__ __forceinline__ void cursor_next(ring_cursor &c, int K, int slots) {
+template <int KS> __device__ __forceinline__ void cursor_next(ring_cursor &c, int K, int slots) {
     if (++c.slot == slots) {
         c.slot = 0;
         c.phase ^= 1;
     }
-    c.k0 += RING_KS;
+    c.k0 += KS;
     if (c.k0 >= K) c.k0 = 0;
-    c.kn = min(RING_KS, K - c.k0);
+    c.kn = min(KS, K - c.k0);
 }
 
 /* The block's next tile after the one it starts now. Static: b, b + grid,
@@ -224,16 +225,20 @@ __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], flo
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC, bool PAIR>
+template <int MODE, bool NORM, bool XC, bool PAIR, int CH>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
     constexpr int NW = MODE == DS_MMA_SWIGLU || PAIR ? 2 : 1; /* weight boxes a stage: gate / up, or a pair */
     constexpr int UNITS = PAIR ? 2 : 1;                       /* 16-row units a tile */
+    /* CH chunks a consumer warp a stage (WIDE: 2, XC with one weight only): chunks w and w + 16 of a
+     * 1024-k stage, in that order, as they follow each other in the warp's order. */
+    constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
+    static_assert(CH == 1 || (XC && NW == 1), "wide stages carry one weight and no x");
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int stages = (K + RING_KS - 1) / RING_KS;
+    const int stages = (K + KS - 1) / KS;
     int *slot_tile = (int *)(smem + p.tile_off);
     const uint32_t full0 = smem_addr(smem), empty0 = full0 + 8 * p.slots;
     const uint32_t ring0 = smem_addr(smem + p.ring_off);
@@ -249,14 +254,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
     __syncthreads();
     ring_cursor c;
-    cursor_start(c, K);
+    cursor_start<KS>(c, K);
 
     if (warp == MMA_WARPS) { /* the producer: one thread */
         if (lane) return;
         uint64_t stream, keep;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
-        const uint32_t stage_tx = NW * RING_BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
+        const uint32_t stage_tx = NW * BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
         if (XC && NORM) { /* the whole norm weight, first in line: the prologue needs it as soon as x is there */
             const uint32_t nb = smem_addr(smem + RING_NWBAR);
             bar_expect(nb, K * p.nw_size);
@@ -266,7 +271,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
          * uploads) are requested before waiting for it, then x for those stages, then x with each stage. */
         bool waited = XC; /* XC: the consumers read x themselves, after their wait */
         int tile = (int)blockIdx.x, next = ring_claim(ctr, tile), it = 0, n0 = 0, seg = 0;
-        for (;; it++, cursor_next(c, K, p.slots)) {
+        for (;; it++, cursor_next<KS>(c, K, p.slots)) {
             if (c.k0 == 0) {
                 if (it) {
                     tile = next;
@@ -287,8 +292,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
             for (int v = 0; v < NW; v++)
 #pragma unroll
-                for (int b = 0; b < RING_BOXES; b++)
-                    tensor_load(st + (v * RING_BOXES + b) * RING_WBOX, v && !PAIR ? &maps.up : &maps.w[seg],
+                for (int b = 0; b < BOXES; b++)
+                    tensor_load(st + (v * BOXES + b) * RING_WBOX, v && !PAIR ? &maps.up : &maps.w[seg],
                                 c.k0 + b * RING_BOX, n0 + (PAIR ? v * MMA_ROWS : 0), full, stream);
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
@@ -305,14 +310,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             } else if (it == p.slots - 1) {
                 ds_cu_grid_wait();
                 for (int j = 0; j <= it; j++)
-                    issue_x(p, maps, (j % stages) * RING_KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+                    issue_x(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
                 waited = true;
             }
         }
         if (!waited) { /* fewer stages than slots */
             ds_cu_grid_wait();
             for (int j = 0; j < it; j++)
-                issue_x(p, maps, (j % stages) * RING_KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+                issue_x(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
         }
         /* The end, as a stage of its own: the consumers find tile -1 where the next tile would begin. */
         if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1);
@@ -399,10 +404,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     /* A stage as one warp holds it: its weights (and, unless XC, x's slice and the norm weight's), read from
      * the slot before the slot is released, and where XC the split x's fragments for its k. */
     struct held {
-        uint4 wa[NW], wb[NW];
+        uint4 wa[CH][NW], wb[CH][NW];
         float f[8], nf[8];
-        uint32_t xh[1][4], xl[1][4];
-        bool mine; /* a last, partial stage may not reach this warp's chunk */
+        uint32_t xh[CH][1][4], xl[CH][1][4];
+        bool mine[CH]; /* a last, partial stage may not reach this warp's chunk */
     };
     /* Waits for stage cc, reads the tile it begins (k0 = 0: false where that is the end), takes the stage
      * into h and releases the slot. */
@@ -424,36 +429,44 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         if (tr && it == 0 && threadIdx.x == 0) tr[RT_FIRST] = ds_cu_gtimer();
         it++;
         const unsigned char *st = smem + p.ring_off + cc.slot * p.stage_bytes;
-        h.mine = warp * 32 < cc.kn;
-        if (h.mine && p.skip < 2) {
 #pragma unroll
-            for (int v = 0; v < NW; v++) {
-                h.wa[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs);
-                h.wb[v] = *(const uint4 *)(st + v * RING_BOXES * RING_WBOX + wofs8);
-            }
-            if (!XC && g < M) {
+        for (int j = 0; j < CH; j++) h.mine[j] = (warp + MMA_WARPS * j) * 32 < cc.kn;
+        if (p.skip < 2) {
+#pragma unroll
+            for (int j = 0; j < CH; j++)
+                if (h.mine[j])
+#pragma unroll
+                    for (int v = 0; v < NW; v++) { /* chunk warp + 16 j: two boxes further on */
+                        h.wa[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs);
+                        h.wb[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs8);
+                    }
+            if (!XC && h.mine[0] && g < M) {
                 const float4 *xp = (const float4 *)(st + xofs);
                 ds_cu_unpack_f32x8(xp[0], xp[1], h.f);
             } else if (!XC) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) h.f[i] = 0.0f;
             }
-            if (NORM && !XC) unpack_norm8(st + nofs, p.nw_size, h.nf);
+            if (NORM && !XC && h.mine[0]) unpack_norm8(st + nofs, p.nw_size, h.nf);
         }
         __syncwarp();
         if (lane == 0) bar_arrive(empty0 + 8 * cc.slot); /* the slot's data is in registers */
-        if (XC && h.mine && p.skip < 2) {
-            uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
-            if (p.cols) { /* lanes of column 0 take x's hi parts, those of column 1 its lo parts, into xh */
-                if (g < 2) hi = *(const uint4 *)(xc + (((cc.k0 >> 5) + warp) * 4 + t) * 8 + 4 * g);
-            } else if (g < M) {
-                const uint32_t *q = xc + g * p.xc_row + (((cc.k0 >> 5) + warp) * 4 + t) * 8;
-                hi = *(const uint4 *)q;
-                lo = *(const uint4 *)(q + 4);
+        if (XC && p.skip < 2)
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                if (!h.mine[j]) continue;
+                uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
+                const int chunk = (cc.k0 >> 5) + warp + MMA_WARPS * j;
+                if (p.cols) { /* lanes of column 0 take x's hi parts, those of column 1 its lo parts, into xh */
+                    if (g < 2) hi = *(const uint4 *)(xc + (chunk * 4 + t) * 8 + 4 * g);
+                } else if (g < M) {
+                    const uint32_t *q = xc + g * p.xc_row + (chunk * 4 + t) * 8;
+                    hi = *(const uint4 *)q;
+                    lo = *(const uint4 *)(q + 4);
+                }
+                h.xh[j][0][0] = hi.x, h.xh[j][0][1] = hi.y, h.xh[j][0][2] = hi.z, h.xh[j][0][3] = hi.w;
+                h.xl[j][0][0] = lo.x, h.xl[j][0][1] = lo.y, h.xl[j][0][2] = lo.z, h.xl[j][0][3] = lo.w;
             }
-            h.xh[0][0] = hi.x, h.xh[0][1] = hi.y, h.xh[0][2] = hi.z, h.xh[0][3] = hi.w;
-            h.xl[0][0] = lo.x, h.xl[0][1] = lo.y, h.xl[0][2] = lo.z, h.xl[0][3] = lo.w;
-        }
         return true;
     };
     /* DS_CUDA_RING_PIPE=1: a warp takes stage i + 1 into registers before its products of stage i, so that
@@ -478,19 +491,21 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
     while (have) {
         ring_cursor n = c;
-        cursor_next(n, K, p.slots);
+        cursor_next<KS>(n, K, p.slots);
         int tile_n = tile;
         bool have_n = true;
-        if (p.pipe) have_n = fetch(n, nxt, tile_n);
-        if (cur.mine && !p.skip) {
-            if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0], cur.xl[0]);
+        if (CH == 1 && p.pipe) have_n = fetch(n, nxt, tile_n);
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            if (!cur.mine[j] || p.skip) continue;
+            if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0][0], cur.xl[0][0]);
 #pragma unroll
             for (int v = 0; v < NW; v++) { /* mma_chunk<1>; COLS: the hi steps only (they carry lo too) */
-                const uint4 wa = cur.wa[v], wb = cur.wb[v];
-                mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xh[0][0], cur.xh[0][1]);
-                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xl[0][0], cur.xl[0][1]);
-                mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xh[0][2], cur.xh[0][3]);
-                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xl[0][2], cur.xl[0][3]);
+                const uint4 wa = cur.wa[j][v], wb = cur.wb[j][v];
+                mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xh[j][0][0], cur.xh[j][0][1]);
+                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xl[j][0][0], cur.xl[j][0][1]);
+                mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xh[j][0][2], cur.xh[j][0][3]);
+                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xl[j][0][2], cur.xl[j][0][3]);
             }
         }
         if (c.k0 + c.kn >= K) { /* the tile's last stage: the warps' sums, added in warp order */
@@ -532,7 +547,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
         }
-        if (!p.pipe) have_n = fetch(n, nxt, tile_n);
+        if (!(CH == 1 && p.pipe)) have_n = fetch(n, nxt, tile_n);
         c = n;
         cur = nxt;
         tile = tile_n;
@@ -586,7 +601,7 @@ typedef struct {
     bool pair;     /* residual calls with x in the stages take 32-row tiles */
     bool pipe;     /* consumers take the next stage before the products of this one */
     bool red2;     /* partial sums of alternate tiles in two places */
-    bool respre, rot, cols; /* see ring_plan */
+    bool respre, rot, cols, wide; /* see ring_plan */
     int skip;
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -624,6 +639,7 @@ static const ring_settings *ring_env(void) {
         r.respre = (v = getenv("DS_CUDA_RING_RESPRE")) && !strcmp(v, "1");
         r.rot = (v = getenv("DS_CUDA_RING_ROT")) && !strcmp(v, "1");
         r.cols = (v = getenv("DS_CUDA_RING_COLS")) && !strcmp(v, "1");
+        r.wide = (v = getenv("DS_CUDA_RING_WIDE")) && !strcmp(v, "1");
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         read = true;
     }
@@ -694,11 +710,11 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-template <int MODE, bool NORM, bool XC, bool PAIR = false>
+template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
-    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR>;
+    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH>;
     if (bytes > allowed) {
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
@@ -715,6 +731,8 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
                           const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
     if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (MODE != DS_MMA_SWIGLU && xc && p.wide)
+        ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else
@@ -780,7 +798,13 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
                             v ? &maps.up : &maps.w[i]))
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
-    p.x_off = nw * RING_BOXES * RING_WBOX;
+    /* WIDE: a stage of one weight (XC: no x in it) takes 1024 k, so that a consumer warp's fixed work a stage
+     * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
+     * still holds three such stages. */
+    const int room0 = smem_cap - p.ring_off - (xc ? M * p.xc_row * 4 + nw_bytes : 0);
+    p.wide = env->wide && xc && nw == 1 && !p.pair && room0 >= 3 * 2 * RING_BOXES * RING_WBOX;
+    const int boxes = RING_BOXES * (p.wide ? 2 : 1);
+    p.x_off = nw * boxes * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
