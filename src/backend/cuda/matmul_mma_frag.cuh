@@ -115,7 +115,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 template <int NW, int MODE, bool NORM, int NWS = NW>
 __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
                                                int ss_stride, int n0, int j, int M, int K, float eps, int tid,
-                                               int nthreads, bool pre = false, float res_pre = 0.0f) {
+                                               int nthreads) {
     const int rows_here = min(MMA_ROWS, S.n - n0);
     for (int o = tid; o < MMA_ROWS * 8; o += nthreads) {
         const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm;
@@ -140,8 +140,7 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
         const int n = n0 + r;
         float y = sum[0];
         if (MODE != DS_MMA_SWIGLU && S.bias) y = __fadd_rn(y, ds_cu_load(S.bias, S.bias_dtype, n));
-        /* res_pre: this output's residual, loaded earlier (one output a thread) */
-        if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(pre ? res_pre : S.res[(int64_t)m * S.rs + n], y);
+        if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(S.res[(int64_t)m * S.rs + n], y);
         if (MODE == DS_MMA_SWIGLU)
             y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1]) : silu_mul(sum[0], sum[NW - 1]);
         S.out[(int64_t)m * S.os + n] = y;

@@ -74,6 +74,7 @@
  * queued behind the SM's weight stream (QKV's and gate/up's first product
  * came 3-5.4 us after their wait at one row, o_proj's and down's 1.5-1.9). */
 #define RING_XB_NORM 8
+#define RING_WIDE_SLOTS 3                   /* the fewest wide stages a ring must hold to take them */
 #define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 
@@ -102,9 +103,6 @@ typedef struct {
     bool pipe;       /* DS_CUDA_RING_PIPE=1: a consumer warp takes the next stage before the products of this one */
     bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (one row; DS_CUDA_RING_RED2=0: off) */
     int red_floats;  /* one place's partial sums */
-    bool respre;     /* DS_CUDA_RING_RESPRE=1: a residual call's storing thread loads its residual as its tile begins */
-    bool rot;        /* DS_CUDA_RING_ROT=1: the warp that stores a tile's outputs rotates from tile to tile */
-    bool cols;       /* DS_CUDA_RING_COLS=1 (probe, XC at one row): x's hi and lo in mma columns 0 and 1 */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
@@ -457,9 +455,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 if (!h.mine[j]) continue;
                 uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
                 const int chunk = (cc.k0 >> 5) + warp + MMA_WARPS * j;
-                if (p.cols) { /* lanes of column 0 take x's hi parts, those of column 1 its lo parts, into xh */
-                    if (g < 2) hi = *(const uint4 *)(xc + (chunk * 4 + t) * 8 + 4 * g);
-                } else if (g < M) {
+                if (g < M) {
                     const uint32_t *q = xc + g * p.xc_row + (chunk * 4 + t) * 8;
                     hi = *(const uint4 *)q;
                     lo = *(const uint4 *)(q + 4);
@@ -474,21 +470,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
      * loop body, one latency-bound chain, was 35-44 % of a consumer warp's time). Same products, same order. */
     held cur, nxt;
     int tile = -1;
-    /* RESPRE: the residual of this thread's output of the tile (one output a thread: 128 of them, 512 threads),
-     * requested as the tile begins so that it has landed when the tile's sums are stored. */
-    float res_pre = 0.0f;
-    auto preload = [&]() {
-        if (MODE != DS_MMA_RESIDUAL || PAIR || !p.respre) return;
-        const int tid = p.rot ? (threadIdx.x + MMA_WARPS * 32 - 32 * (tiles_done % MMA_WARPS)) % (MMA_WARPS * 32)
-                              : (int)threadIdx.x;
-        const int r = tid % MMA_ROWS, m = tid / MMA_ROWS;
-        if (tid < MMA_ROWS * 8 && m < M && n0 + r < S->n) res_pre = S->res[(int64_t)m * S->rs + n0 + r];
-    };
     bool have = fetch(c, cur, tile);
-    if (have) {
-        S = &mma_tile_seg(s, UNITS * tile, &n0);
-        preload();
-    }
+    if (have) S = &mma_tile_seg(s, UNITS * tile, &n0);
     while (have) {
         ring_cursor n = c;
         cursor_next<KS>(n, K, p.slots);
@@ -500,13 +483,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if (!cur.mine[j] || p.skip) continue;
             if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0][0], cur.xl[0][0]);
 #pragma unroll
-            for (int v = 0; v < NW; v++) { /* mma_chunk<1>; COLS: the hi steps only (they carry lo too) */
-                const uint4 wa = cur.wa[j][v], wb = cur.wb[j][v];
-                mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xh[j][0][0], cur.xh[j][0][1]);
-                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.x, wb.x, wa.y, wb.y, cur.xl[j][0][0], cur.xl[j][0][1]);
-                mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xh[j][0][2], cur.xh[j][0][3]);
-                if (!(XC && p.cols)) mma_bf16(acc[v][0], wa.z, wb.z, wa.w, wb.w, cur.xl[j][0][2], cur.xl[j][0][3]);
-            }
+            for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], cur.wa[j][v], cur.wb[j][v], cur.xh[j], cur.xl[j]);
         }
         if (c.k0 + c.kn >= K) { /* the tile's last stage: the warps' sums, added in warp order */
             if (tr && threadIdx.x == 0) {
@@ -516,17 +493,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             /* RED2: the partial sums of alternate tiles in two places, so that one sync orders them. */
             const int half = p.red2 ? tiles_done & 1 : 0;
             float *rd = red + half * p.red_floats, *ssp = ss_part + (NORM && !XC ? half * MMA_WARPS * 8 : 0);
-            /* ROT: the storing threads (the first 16 M of tid) are warp `tiles_done` mod 16's */
-            const int tid = p.rot ? (threadIdx.x + MMA_WARPS * 32 - 32 * (tiles_done % MMA_WARPS)) % (MMA_WARPS * 32)
-                                  : (int)threadIdx.x;
             tiles_done++;
             if (NORM && !XC) mma_store_ss(ss, ssp + 8 * warp, g);
-            if (XC && p.cols) /* column 0's hi sums plus column 1's lo sums, where the stores read column 0 */
-#pragma unroll
-                for (int v = 0; v < NW; v++) {
-                    acc[v][0][0] = __fadd_rn(acc[v][0][0], acc[v][0][1]);
-                    acc[v][0][2] = __fadd_rn(acc[v][0][2], acc[v][0][3]);
-                }
 #pragma unroll
             for (int v = 0; v < NW; v++)
 #pragma unroll
@@ -537,8 +505,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
                                                  threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
             } else {
-                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, tid, MMA_WARPS * 32,
-                                               p.respre, res_pre);
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -551,10 +518,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         c = n;
         cur = nxt;
         tile = tile_n;
-        if (have_n && n.k0 == 0) {
-            S = &mma_tile_seg(s, UNITS * tile, &n0);
-            preload();
-        }
+        if (have_n && n.k0 == 0) S = &mma_tile_seg(s, UNITS * tile, &n0);
         have = have_n;
     }
     if (tr && threadIdx.x == 0) {
@@ -601,7 +565,8 @@ typedef struct {
     bool pair;     /* residual calls with x in the stages take 32-row tiles */
     bool pipe;     /* consumers take the next stage before the products of this one */
     bool red2;     /* partial sums of alternate tiles in two places */
-    bool respre, rot, cols, wide; /* see ring_plan */
+    bool wide;     /* see ring_plan */
+    int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -636,10 +601,8 @@ static const ring_settings *ring_env(void) {
         r.pipe = pp && !strcmp(pp, "1");
         r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
         const char *v;
-        r.respre = (v = getenv("DS_CUDA_RING_RESPRE")) && !strcmp(v, "1");
-        r.rot = (v = getenv("DS_CUDA_RING_ROT")) && !strcmp(v, "1");
-        r.cols = (v = getenv("DS_CUDA_RING_COLS")) && !strcmp(v, "1");
-        r.wide = (v = getenv("DS_CUDA_RING_WIDE")) && !strcmp(v, "1");
+        r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
+        r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         read = true;
     }
@@ -760,8 +723,6 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.pipe = env->pipe;
     /* One row only: at several rows the second place cost x's split its room (verify of 8: 5.03 -> 5.37 ms). */
     p.red2 = env->red2 && M == 1;
-    p.respre = env->respre;
-    p.rot = env->rot;
     p.skip = env->skip;
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
@@ -781,7 +742,6 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
      * makespan in units stays (Qwen3-8B's 256 units: 2 a block over 128 blocks, or 2 over 124 and 1 over 8);
      * 128 units would take 64 blocks twice as long. DS_CUDA_RING_MIN_TILES (tests) takes pairs at any count. */
     const int waves = (tiles + cb->sms - 1) / cb->sms, pair_waves = (tiles / 2 + cb->sms - 1) / cb->sms;
-    p.cols = env->cols && xc && M == 1;
     p.pair = env->pair && mode == DS_MMA_RESIDUAL && !a->norm_w && !xc && a->nseg == 1 &&
              a->seg[0].n % (2 * MMA_ROWS) == 0 && (env->min_tiles >= 0 || 2 * pair_waves <= waves);
     if (p.pair) {
@@ -802,7 +762,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds three such stages. */
     const int room0 = smem_cap - p.ring_off - (xc ? M * p.xc_row * 4 + nw_bytes : 0);
-    p.wide = env->wide && xc && nw == 1 && !p.pair && room0 >= 3 * 2 * RING_BOXES * RING_WBOX;
+    p.wide = env->wide && xc && nw == 1 && !p.pair && room0 >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
     p.x_off = nw * boxes * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
