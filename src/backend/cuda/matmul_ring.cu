@@ -28,7 +28,7 @@
  * has in flight (~170 KB at an SM's ~32 GB/s share of HBM is ~5 us; traced:
  * such blocks reached their first product 3.9-4.2 us after the wait, blocks
  * whose ring had landed 1.4-1.7), and the split x gates every product.
- * Three stages (48 KB at M = 1) still cover an SM's share of HBM's latency,
+ * Three stages (48 KB at M = 1; two wide ones since session 20) still cover an SM's share of HBM's latency,
  * and a block that enters early still fills the whole ring.
  * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
  * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
@@ -39,6 +39,15 @@
  * (33 MB for o_proj, 100 MB for down). H200, Qwen3-8B shape: verify of 8
  * rows 4.709-4.726 -> 4.595-4.609 ms, round 1.311 -> 1.283 AR steps
  * (session 16).
+ *
+ * Wide stages (XC with one weight: QKV, o_proj, down, lm_head): a stage is
+ * 1024 k, two chunks a consumer warp (w, then w + 16, as in the warp's
+ * order: the same sums). A consumer warp pays a fixed cost a stage (the
+ * full wait, the release, the loop around 4 products), and with 16 KB
+ * stages at one row that set the pace: the consumers-skip probe ran AR
+ * 12 % faster, lm_head streamed 4.25 TB/s without products and 3.55 with.
+ * H200, 8B shape: AR 4.691 -> 4.400 ms (4.291 with two stages in flight),
+ * verify of 8 4.822 -> 4.707 where two wide stages fit (session 20).
  *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
@@ -74,8 +83,12 @@
  * queued behind the SM's weight stream (QKV's and gate/up's first product
  * came 3-5.4 us after their wait at one row, o_proj's and down's 1.5-1.9). */
 #define RING_XB_NORM 8
-#define RING_WIDE_SLOTS 3                   /* the fewest wide stages a ring must hold to take them */
-#define RING_FLIGHT 3                       /* XC: stages requested and not yet landed, at most (see above) */
+#define RING_WIDE_SLOTS 2                   /* the fewest wide stages a ring must hold to take them */
+/* XC: stages requested and not yet landed, at most (see above); 2 since
+ * stages are wide (32 KB at M = 1: 64 KB in flight against 48 before):
+ * H200, 8B shape, AR 4.400 -> 4.291 ms, verify of 8 4.707 -> 4.697
+ * (session 20). */
+#define RING_FLIGHT 2
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
@@ -555,7 +568,12 @@ static void plan_sums(ring_plan *p, int nw) {
  * default RING_XC_RESIDUAL_ROWS); DS_CUDA_RING_RED2=0 keeps one place for
  * a tile's partial sums at one row too (two syncs a tile); DS_CUDA_RING_PIPE=1
  * has each consumer warp take the next stage before this one's products
- * (within noise on the H200 at the 8B shape, session 19). */
+ * (within noise on the H200 at the 8B shape, session 19); DS_CUDA_RING_WIDE=0
+ * keeps 512-k stages where wide ones fit, DS_CUDA_RING_WIDE_SLOTS=S takes
+ * wide stages only where the ring holds S of them (default RING_WIDE_SLOTS);
+ * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
+ * skip the products (2: and the stage loads), to tell how much of a
+ * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %). */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
