@@ -28,8 +28,9 @@
  * has in flight (~170 KB at an SM's ~32 GB/s share of HBM is ~5 us; traced:
  * such blocks reached their first product 3.9-4.2 us after the wait, blocks
  * whose ring had landed 1.4-1.7), and the split x gates every product.
- * Three stages (48 KB at M = 1; two wide ones since session 20) still cover an SM's share of HBM's latency,
- * and a block that enters early still fills the whole ring.
+ * Three stages (48 KB at M = 1; two wide ones since session 20) still
+ * cover an SM's share of HBM's latency, and a block that enters early still
+ * fills the whole ring.
  * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
  * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
  *
@@ -568,7 +569,8 @@ static void plan_sums(ring_plan *p, int nw) {
  * default RING_XC_RESIDUAL_ROWS); DS_CUDA_RING_RED2=0 keeps one place for
  * a tile's partial sums at one row too (two syncs a tile); DS_CUDA_RING_PIPE=1
  * has each consumer warp take the next stage before this one's products
- * (within noise on the H200 at the 8B shape, session 19); DS_CUDA_RING_WIDE=0
+ * (within noise on the H200 at the 8B shape, session 19; not with wide
+ * stages: two held stages would not fit the registers); DS_CUDA_RING_WIDE=0
  * keeps 512-k stages where wide ones fit, DS_CUDA_RING_WIDE_SLOTS=S takes
  * wide stages only where the ring holds S of them (default RING_WIDE_SLOTS);
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
@@ -778,7 +780,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     /* WIDE: a stage of one weight (XC: no x in it) takes 1024 k, so that a consumer warp's fixed work a stage
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
-     * still holds three such stages. */
+     * still holds RING_WIDE_SLOTS such stages. */
     const int room0 = smem_cap - p.ring_off - (xc ? M * p.xc_row * 4 + nw_bytes : 0);
     p.wide = env->wide && xc && nw == 1 && !p.pair && room0 >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
