@@ -483,6 +483,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
      * the shared-memory loads' latency overlaps the tensor cores' chain instead of adding to it (ncu: the
      * loop body, one latency-bound chain, was 35-44 % of a consumer warp's time). Same products, same order. */
     held cur, nxt;
+    const bool pipe = CH == 1 && p.pipe; /* two wide stages held at once would not fit the registers */
     int tile = -1;
     bool have = fetch(c, cur, tile);
     if (have) S = &mma_tile_seg(s, UNITS * tile, &n0);
@@ -491,7 +492,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         cursor_next<KS>(n, K, p.slots);
         int tile_n = tile;
         bool have_n = true;
-        if (CH == 1 && p.pipe) have_n = fetch(n, nxt, tile_n);
+        if (pipe) have_n = fetch(n, nxt, tile_n);
 #pragma unroll
         for (int j = 0; j < CH; j++) {
             if (!cur.mine[j] || p.skip) continue;
@@ -528,7 +529,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
         }
-        if (!(CH == 1 && p.pipe)) have_n = fetch(n, nxt, tile_n);
+        if (!pipe) have_n = fetch(n, nxt, tile_n);
         c = n;
         cur = nxt;
         tile = tile_n;
@@ -714,7 +715,7 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
                           const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
     if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (MODE != DS_MMA_SWIGLU && xc && p.wide)
+    else if (MODE != DS_MMA_SWIGLU && xc && p.wide) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
@@ -781,15 +782,14 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     /* WIDE: a stage of one weight (XC: no x in it) takes 1024 k, so that a consumer warp's fixed work a stage
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds RING_WIDE_SLOTS such stages. */
-    const int room0 = smem_cap - p.ring_off - (xc ? M * p.xc_row * 4 + nw_bytes : 0);
-    p.wide = env->wide && xc && nw == 1 && !p.pair && room0 >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
+    const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
+    const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
+    p.wide = env->wide && xc && nw == 1 && !p.pair && room >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
     p.x_off = nw * boxes * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
-    const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
-    const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
     p.x_stride = (int)x.stride;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
