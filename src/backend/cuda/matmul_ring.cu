@@ -78,6 +78,12 @@
  * split prologue took 3.6 us against 1.3 at one row); gate/up kept it
  * (DS_CUDA_RING_XC_SWIGLU=4: 4.950 / 4.939, no gain). */
 #define RING_XC_RESIDUAL_ROWS 4
+/* ... and at several rows only where the ring beside x's split holds three
+ * wide stages: otherwise the pairs with x in the stages (three 48 KB stages)
+ * stream faster. Down (K = 12288) of 3 rows split 147 KB and kept a 70 KB
+ * ring (two wide stages): H200, 8B shape, verify of 3 rows 4.582-4.590 ->
+ * 4.455-4.467 ms, the other row counts unchanged (session 21). */
+#define RING_XC_RESIDUAL_MIN_RING (96 * 1024)
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 /* The same where x is normed: only the 4 lanes of row g load x's row g, so
  * at K = 4096 a lane's 8 chunks were two round trips at RING_XB, each
@@ -115,7 +121,7 @@ typedef struct {
     int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
     bool pair;       /* tiles of two 16-row units (residual, x in the stages): see ds_cu_ring_launch */
     bool pipe;       /* DS_CUDA_RING_PIPE=1: a consumer warp takes the next stage before the products of this one */
-    bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (one row; DS_CUDA_RING_RED2=0: off) */
+    bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (see ds_cu_ring_launch) */
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
@@ -567,8 +573,11 @@ static void plan_sums(ring_plan *p, int nw) {
  * F = 1 5.17-5.20 ms, 2 4.738-4.744, 0 4.719-4.720 vs 4.713-4.750 with
  * RING_FLIGHT; session 15); DS_CUDA_RING_XC_SWIGLU=R and
  * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
- * default RING_XC_RESIDUAL_ROWS); DS_CUDA_RING_RED2=0 keeps one place for
- * a tile's partial sums at one row too (two syncs a tile); DS_CUDA_RING_PIPE=1
+ * default RING_XC_RESIDUAL_ROWS), DS_CUDA_RING_XC_RESIDUAL_MIN_KB=B the ring
+ * a residual call of several rows needs for XC (default
+ * RING_XC_RESIDUAL_MIN_RING); DS_CUDA_RING_RED2=0 keeps one place for
+ * a tile's partial sums at one row too (two syncs a tile), DS_CUDA_RING_RED2_ROWS=R
+ * takes two at 2..R rows too where they cost no stage; DS_CUDA_RING_PIPE=1
  * has each consumer warp take the next stage before this one's products
  * (within noise on the H200 at the 8B shape, session 19; not with wide
  * stages: two held stages would not fit the registers); DS_CUDA_RING_WIDE=0
@@ -586,6 +595,8 @@ typedef struct {
     bool pair;     /* residual calls with x in the stages take 32-row tiles */
     bool pipe;     /* consumers take the next stage before the products of this one */
     bool red2;     /* partial sums of alternate tiles in two places */
+    int red2_rows; /* DS_CUDA_RING_RED2_ROWS=R: also at 2..R rows, where that costs no stage */
+    int xc_residual_min; /* DS_CUDA_RING_XC_RESIDUAL_MIN_KB: ring bytes a residual call of several rows needs for XC */
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
@@ -622,6 +633,9 @@ static const ring_settings *ring_env(void) {
         r.pipe = pp && !strcmp(pp, "1");
         r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
         const char *v;
+        r.red2_rows = (v = getenv("DS_CUDA_RING_RED2_ROWS")) && *v ? atoi(v) : 1;
+        r.xc_residual_min = (v = getenv("DS_CUDA_RING_XC_RESIDUAL_MIN_KB")) && *v ? atoi(v) * 1024
+                                                                                 : RING_XC_RESIDUAL_MIN_RING;
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
@@ -723,27 +737,23 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
 
-bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
-    const ring_settings *env = ring_env();
-    const int M = (int)x.rows, K = (int)x.cols;
-    /* Fewer tiles than SMs (small models' projections): the per-tile kernel starts faster, and the ring has
-     * nothing to keep streaming. */
-    if (!env->on || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
-        tiles < (env->min_tiles >= 0 ? env->min_tiles : cb->sms) || tiles < 1)
-        return false;
-    if (mode == DS_MMA_SWIGLU && a->nseg != 1) return false; /* one map for the up weight */
+/* The launch's layout for x of M rows: x split once per block (XC) or in the stages, pairs, the stages'
+ * width, the slots; red2: two places for the partial sums. False where the ring does not take the call. */
+static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
+                        ds_tensor x, int tiles, bool red2, ring_plan *out, bool *xc_out, int *nw_out) {
     ring_plan p = {};
+    const int M = (int)x.rows, K = (int)x.cols;
     if (a->norm_w) {
         if ((uintptr_t)a->norm_w % 16) return false;
         p.nw_size = a->norm_dtype == DS_BF16 ? 2 : a->norm_dtype == DS_F32 ? 4 : 0;
         if (!p.nw_size) return false;
     }
-    int nw = mode == DS_MMA_SWIGLU ? 2 : 1;
+    int &nw = *nw_out;
+    nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
     p.tile_off = round_up(RING_NWBAR + 8, 128);
     p.pipe = env->pipe;
-    /* One row only: at several rows the second place cost x's split its room (verify of 8: 5.03 -> 5.37 ms). */
-    p.red2 = env->red2 && M == 1;
+    p.red2 = red2;
     p.skip = env->skip;
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
@@ -756,7 +766,9 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
     const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
-                    xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX;
+                    xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
+                    (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
+    *xc_out = xc;
     /* Pairs: where x rides in every stage (o_proj and down of a verify or a drafted block), a tile of 32 weight
      * rows carries x's slice once for both halves, so a stage is 2/3 weights instead of 1/2 and half as many
      * bytes of x come from L2. Each half is summed as a 16-row tile would be (the same bits). Only where the
@@ -771,14 +783,6 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
         tiles /= 2;
     }
     p.tiles = tiles;
-    ring_maps maps;
-    memset(&maps, 0, sizeof maps);
-    for (int i = 0; i < a->nseg; i++)
-        for (int v = 0; v < (p.pair ? 1 : nw); v++)
-            if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
-                            v ? &maps.up : &maps.w[i]))
-                return true;
-    if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     /* WIDE: a stage of one weight (XC: no x in it) takes 1024 k, so that a consumer warp's fixed work a stage
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds RING_WIDE_SLOTS such stages. */
@@ -799,8 +803,45 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     p.flight = xc && flight < p.slots ? flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
-    const int bytes = p.xc_off + xc_bytes;
-    const int grid = tiles < cb->sms ? tiles : cb->sms;
+    *out = p;
+    return true;
+}
+
+bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
+    const ring_settings *env = ring_env();
+    const int M = (int)x.rows, K = (int)x.cols;
+    /* Fewer tiles than SMs (small models' projections): the per-tile kernel starts faster, and the ring has
+     * nothing to keep streaming. */
+    if (!env->on || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
+        tiles < (env->min_tiles >= 0 ? env->min_tiles : cb->sms) || tiles < 1)
+        return false;
+    if (mode == DS_MMA_SWIGLU && a->nseg != 1) return false; /* one map for the up weight */
+    /* Two places for the partial sums (one sync a tile) at one row. At several rows they took x's split its room
+     * from gate/up (verify of 8: 5.03 -> 5.37 ms, session 19); DS_CUDA_RING_RED2_ROWS=8 takes them wherever they
+     * cost no stage and no XC (QKV, o_proj, down, the LM head): verify of 8 4.705 against 4.704 ms (session 21),
+     * so not by default. */
+    ring_plan p;
+    bool xc;
+    int nw;
+    if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, &p, &xc, &nw)) return false;
+    if (env->red2 && M > 1 && M <= env->red2_rows) {
+        ring_plan q;
+        bool xq;
+        int nq;
+        if (ring_layout(env, cb, mode, a, x, tiles, true, &q, &xq, &nq) && xq == xc && q.pair == p.pair &&
+            q.wide == p.wide && q.slots == p.slots)
+            p = q;
+    }
+    ring_maps maps;
+    memset(&maps, 0, sizeof maps);
+    for (int i = 0; i < a->nseg; i++)
+        for (int v = 0; v < (p.pair ? 1 : nw); v++)
+            if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
+                            v ? &maps.up : &maps.w[i]))
+                return true;
+    if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
+    const int bytes = xc ? p.nws_off + (a->norm_w ? round_up(K * p.nw_size, 128) : 0) : p.xc_off;
+    const int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
     /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
      * pair is back at zero long before its turn comes again. */
