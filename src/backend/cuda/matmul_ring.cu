@@ -575,7 +575,10 @@ static void plan_sums(ring_plan *p, int nw) {
  * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
  * default RING_XC_RESIDUAL_ROWS), DS_CUDA_RING_XC_RESIDUAL_MIN_KB=B the ring
  * a residual call of several rows needs for XC (default
- * RING_XC_RESIDUAL_MIN_RING); DS_CUDA_RING_RED2=0 keeps one place for
+ * RING_XC_RESIDUAL_MIN_RING); DS_CUDA_RING_SMEM_ROWS=R has XC blocks of up to R rows keep
+ * RING_SMEM, so that a small kernel (attention, q/k norm) still fits beside
+ * them, as at one row (not measured yet: the question of session 21's 0.18 ms
+ * from a verify of 1 row to 2); DS_CUDA_RING_RED2=0 keeps one place for
  * a tile's partial sums at one row too (two syncs a tile), DS_CUDA_RING_RED2_ROWS=R
  * takes two at 2..R rows too where they cost no stage; DS_CUDA_RING_PIPE=1
  * has each consumer warp take the next stage before this one's products
@@ -597,6 +600,7 @@ typedef struct {
     bool red2;     /* partial sums of alternate tiles in two places */
     int red2_rows; /* DS_CUDA_RING_RED2_ROWS=R: also at 2..R rows, where that costs no stage */
     int xc_residual_min; /* DS_CUDA_RING_XC_RESIDUAL_MIN_KB: ring bytes a residual call of several rows needs for XC */
+    int small_rows; /* DS_CUDA_RING_SMEM_ROWS=R: XC blocks keep RING_SMEM up to R rows (default 1) */
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
@@ -634,6 +638,7 @@ static const ring_settings *ring_env(void) {
         r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
         const char *v;
         r.red2_rows = (v = getenv("DS_CUDA_RING_RED2_ROWS")) && *v ? atoi(v) : 1;
+        r.small_rows = (v = getenv("DS_CUDA_RING_SMEM_ROWS")) && *v ? atoi(v) : 1;
         r.xc_residual_min = (v = getenv("DS_CUDA_RING_XC_RESIDUAL_MIN_KB")) && *v ? atoi(v) * 1024
                                                                                  : RING_XC_RESIDUAL_MIN_RING;
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
@@ -761,7 +766,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * Otherwise x's slice rides in every stage. The same sums either way. Several rows may use the most shared
      * memory a block can have; one row keeps RING_SMEM (a small kernel's block still fits beside it). */
     const int nw_bytes = a->norm_w ? round_up(K * p.nw_size, 128) : 0;
-    const int smem_cap = M == 1 ? RING_SMEM : RING_SMEM_XC;
+    const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = K + 4;
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
