@@ -14,6 +14,8 @@
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
 #
 # ROUNDS: benches per variant (default 2), alternating.
+# VERIFY_ALL=1: each bench line also lists the verify of n = 1..gamma+1 rows (a verify's cost by row count).
+# Without TESTS only dspark_cli is built (a fresh machine's build: ~75 s with the tests, less without).
 # TESTS_ENV (with TESTS): test_cuda_ops and test_cuda_graphs (ring kernels) again with ENV=V[,ENV2=V].
 # VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
 # (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
@@ -36,7 +38,8 @@ if [ -n "${BASE_FILES:-}" ]; then
         cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
      echo $? >$R/build_base.rc) &
 fi
-cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j$([ -n "${BASE_FILES:-}" ] && echo 10 || nproc) >>$R/build.log 2>&1
+cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j$([ -n "${BASE_FILES:-}" ] && echo 10 || nproc) \
+    $([ -n "${TESTS:-}" ] || echo --target dspark_cli) >>$R/build.log 2>&1
 rc=$?
 wait
 [ $rc -eq 0 ] || { grep -E "error" $R/build.log | head; tail -20 $R/build.log; exit 1; }
@@ -65,9 +68,11 @@ bench() { # name binary env
         python3 -c "
 import json, sys
 j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
-print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s' % ('$1', ar, v[1], v[8],
+print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s%s' % ('$1', ar, v[1], v[8],
       j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar,
-      '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR'))" | tee -a $R/bench.txt
+      '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR',
+      ('  verify 1..%d: ' % max(v) + ' '.join('%.3f' % v[n] for n in sorted(v))) if '${VERIFY_ALL:-}' else ''))" |
+        tee -a $R/bench.txt
 }
 # The base runs first in odd rounds and last in even ones: session 16's calls 5-6 (in 5 the base was the new
 # tree's code, an A/A by accident) had it first every round and slower by 0.03 ms (AR) and 0.1 (verify-8).
