@@ -117,7 +117,9 @@ static void test_row_invariance_and_caching(void) {
                     double ref = ((float *)bias.data)[n], mag = fabs(ref);
                     for (int k = 0; k < K; k++) {
                         ds_to_f32(dts[d], (const char *)w.host + ((size_t)n * K + k) * ds_dtype_size(dts[d]), wf, 1);
-                        double p = (double)((float *)x.data)[r * x.stride + k] * wf[0];
+                        float xv = ((float *)x.data)[r * x.stride + k];
+                        if (DS_X_BF16_ON && dts[d] == DS_BF16) ds_round_bf16_n(&xv, 1); /* the DS_X_BF16 build */
+                        double p = (double)xv * wf[0];
                         ref += p;
                         mag += fabs(p);
                     }

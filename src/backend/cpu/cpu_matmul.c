@@ -245,9 +245,22 @@ static float *bias_f32(ds_tensor bias, int64_t n) {
     return b;
 }
 
+float *ds_cpu_x_bf16(ds_tensor *x, ds_tensor w) {
+    if (!DS_X_BF16_ON || w.dtype != DS_BF16) return NULL;
+    float *c = malloc((size_t)(x->rows * x->cols) * sizeof(float));
+    if (!c) return NULL; /* (the experiment then multiplies x as it is) */
+    for (int64_t r = 0; r < x->rows; r++)
+        memcpy(c + r * x->cols, (const float *)x->data + r * x->stride, (size_t)x->cols * sizeof(float));
+    ds_round_bf16_n(c, (size_t)(x->rows * x->cols));
+    x->data = c;
+    x->stride = x->cols;
+    return c;
+}
+
 void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                           const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res) {
     if (x.rows <= 0) return;
+    float *xr = ds_cpu_x_bf16(&x, ws[0]); /* (the weights of one call share a dtype) */
     ds_pool *pool = ds_cpu_pool(be);
     narrow_job j = {.x = x, .be = be, .n = n, .epi = epi, .res = res};
     int64_t groups = 0, macs = 0;
@@ -266,6 +279,7 @@ void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tenso
     if (grain * item_macs < MIN_CHUNK_MACS) grain = (MIN_CHUNK_MACS + item_macs - 1) / item_macs;
     ds_pool_run(pool, groups, grain, narrow_chunk, &j);
     for (int i = 0; i < n; i++) free(j.part[i].bias);
+    free(xr);
 }
 
 /* The wide (prefill) path's job. */
@@ -306,6 +320,7 @@ void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_t
         ds_cpu_linear_narrow(be, 1, &out, x, &w, &bias, DS_EPI_STORE, ds_no_tensor());
         return;
     }
+    float *xr = ds_cpu_x_bf16(&x, w);
     float *b = bias_f32(bias, w.rows);
     linear_job j = {.out = out, .x = x, .w = w, .bias = b};
     ds_pool *pool = ds_cpu_pool(be);
@@ -317,4 +332,5 @@ void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_t
     ds_pool_run(pool, (w.rows + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS, 1, wide_chunk, &j);
     for (int t = 0; t < nt && t < 64; t++) free(tiles[t]);
     free(b);
+    free(xr);
 }

@@ -200,7 +200,7 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
                  (const float *)x.data, x.stride, M, K);
     if (!ds_cu_launched(cb, "linear")) return false;
     const float one = 1.0f, zero = 0.0f;
-    for (int part = 0; part < 2; part++) {
+    for (int part = 0; part < (DS_X_BF16_ON ? 1 : 2); part++) { /* DS_X_BF16: x's hi half only */
         cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w.data,
                                          CUDA_R_16BF, (int)w.stride, part ? lo : hi, CUDA_R_16BF, (int)K,
                                          part ? &one : &zero, out.data, CUDA_R_32F, (int)out.stride,

@@ -93,6 +93,23 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     const int chunks = K >> 5;
     /* Warp w takes chunks w, w + MMA_WARPS, ... in order (matmul_mma_frag.cuh). */
     constexpr int cstep = MMA_WARPS;
+    float rs[MT]; /* DS_X_BF16 with a norm: each row's 1 / rms, before the products */
+#pragma unroll
+    for (int j = 0; j < MT; j++) rs[j] = 1.0f;
+    if (NORM && DS_X_BF16_ON) { /* a pass over x's rows: the squares in split_x8's order, then as the epilogue adds */
+        for (int c = warp; c < chunks; c += cstep)
+#pragma unroll
+            for (int j = 0; j < MT; j++) {
+                float f[8];
+                load_x8_raw(x, xs, g + 8 * j, M, c * 32 + 8 * t, xvec, f);
+                if (g + 8 * j < M) x_sum_squares(f, &ss[j]);
+            }
+#pragma unroll
+        for (int j = 0; j < MT; j++) mma_store_ss(ss[j], ss_part[warp], g + 8 * j);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < MT; j++) rs[j] = rows_rs(&ss_part[0][0], 8 * MT, g + 8 * j, K, s.eps);
+    }
     for (int c = warp; c < chunks; c += cstep * UNR) {
         uint4 wa[NW][UNR], wb[NW][UNR];
 #pragma unroll
@@ -126,18 +143,18 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 if (EARLY) {
-                    split_x8<NORM>(xf[u][j], g + 8 * j, M, nf, &ss[j], xh[j], xl[j]);
+                    split_x8<NORM>(xf[u][j], g + 8 * j, M, nf, &ss[j], xh[j], xl[j], rs[j]);
                 } else {
                     float f[8];
                     load_x8_raw(x, xs, g + 8 * j, M, k, xvec, f);
-                    split_x8<NORM>(f, g + 8 * j, M, nf, &ss[j], xh[j], xl[j]);
+                    split_x8<NORM>(f, g + 8 * j, M, nf, &ss[j], xh[j], xl[j], rs[j]);
                 }
             }
 #pragma unroll
             for (int v = 0; v < NW; v++) mma_chunk<MT>(acc[v], wa[v][u], wb[v][u], xh, xl);
         }
     }
-    if (NORM) /* each row's sum of squares: lanes t in a fixed butterfly, then warps in order */
+    if (NORM && !DS_X_BF16_ON) /* each row's sum of squares: lanes t in a fixed butterfly, then warps in order */
 #pragma unroll
         for (int j = 0; j < MT; j++) mma_store_ss(ss[j], ss_part[warp], g + 8 * j);
     /* One 8-row tile of x at a time through shared memory. */

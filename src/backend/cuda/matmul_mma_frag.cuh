@@ -42,27 +42,41 @@ __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, u
 }
 
 /* (a, b) -> bf16 pairs hi = bf16(a, b), lo = bf16(a - hi.a, b - hi.b); the
- * lower k sits in the low half, as in memory. */
+ * lower k sits in the low half, as in memory. DS_X_BF16: lo = 0. */
 __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint32_t *lo) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    *hi = *(const uint32_t *)&h;
+#if DS_X_BF16_ON
+    *lo = 0u;
+#else
     const float2 hf = __bfloat1622float2(h);
     const __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(a, hf.x), __fsub_rn(b, hf.y));
-    *hi = *(const uint32_t *)&h;
     *lo = *(const uint32_t *)&l;
+#endif
 }
 
 /* 8 values of x row `row` as 4 hi and 4 lo pairs. NORM (rows < M only):
  * also adds their squares to *ss and scales them by the RMSNorm weight's
- * 8 values nf (the 1/rms factor is applied to the sums at the end). */
+ * 8 values nf (the 1/rms factor is applied to the sums at the end).
+ * DS_X_BF16: the row's 1/rms is known before (rs, see x_sum_squares) and
+ * applied first, (x * rs) * nf, as the CPU's norm does; *ss is left alone. */
 template <bool NORM>
 __device__ __forceinline__ void split_x8(float f[8], int row, int M, const float nf[8], float *ss, uint32_t hi[4],
-                                         uint32_t lo[4]) {
+                                         uint32_t lo[4], float rs = 1.0f) {
+#if DS_X_BF16_ON
+    if (NORM && row < M) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = __fmul_rn(__fmul_rn(f[i], rs), nf[i]);
+    }
+#else
+    (void)rs;
     if (NORM && row < M) {
 #pragma unroll
         for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = __fmul_rn(f[i], nf[i]);
     }
+#endif
 #pragma unroll
     for (int i = 0; i < 4; i++) split_pair(f[2 * i], f[2 * i + 1], &hi[i], &lo[i]);
 }
@@ -88,9 +102,9 @@ __device__ __forceinline__ void mma_chunk(float acc[MT][4], uint4 wa, uint4 wb, 
 #pragma unroll
     for (int j = 0; j < MT; j++) {
         mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, xh[j][0], xh[j][1]);
-        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, xl[j][0], xl[j][1]);
+        if (!DS_X_BF16_ON) mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, xl[j][0], xl[j][1]); /* DS_X_BF16: lo = 0 */
         mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, xh[j][2], xh[j][3]);
-        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, xl[j][2], xl[j][3]);
+        if (!DS_X_BF16_ON) mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, xl[j][2], xl[j][3]);
     }
 }
 
@@ -100,6 +114,20 @@ __device__ __forceinline__ void mma_store_ss(float v, float *ss_part_warp, int r
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     v += __shfl_xor_sync(0xffffffffu, v, 2);
     if ((threadIdx.x & 3) == 0) ss_part_warp[row] = v;
+}
+
+/* The squares of 8 values of x added to *ss in order, as split_x8 adds them. */
+__device__ __forceinline__ void x_sum_squares(const float f[8], float *ss) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
+}
+
+/* Row m's 1 / rms from the warps' stored sums of squares, added in warp order. */
+__device__ __forceinline__ float rows_rs(const float *ss_part, int ss_stride, int m, int K, float eps) {
+    float tot = ss_part[m];
+#pragma unroll
+    for (int w = 1; w < MMA_WARPS; w++) tot += ss_part[w * ss_stride + m];
+    return 1.0f / sqrtf(tot / (float)K + eps);
 }
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
@@ -129,11 +157,8 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
             for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NWS + v) * 4 + reg) * 32 + l]);
             sum[v] = a;
         }
-        if (NORM) {
-            float tot = ss_part[m];
-#pragma unroll
-            for (int w = 1; w < MMA_WARPS; w++) tot += ss_part[w * ss_stride + m];
-            const float rs = 1.0f / sqrtf(tot / (float)K + eps);
+        if (NORM && !DS_X_BF16_ON) { /* (DS_X_BF16: applied to x before the products) */
+            const float rs = rows_rs(ss_part, ss_stride, m, K, eps);
 #pragma unroll
             for (int v = 0; v < NW; v++) sum[v] *= rs;
         }

@@ -230,13 +230,18 @@ __device__ __forceinline__ void unpack_norm8(const unsigned char *q, int nw_size
 }
 
 /* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
+/* DS_X_BF16: the hi half only (dst: a split row of K / 2 words), x normed by rs first. */
 template <bool NORM>
-__device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst) {
+__device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst,
+                                            float rs = 1.0f) {
     uint32_t h[4], l[4];
-    split_x8<NORM>(xf, 0, 1, nw8, ss, h, l);
+    split_x8<NORM>(xf, 0, 1, nw8, ss, h, l, rs);
     *(uint4 *)dst = make_uint4(h[0], h[1], h[2], h[3]);
-    *(uint4 *)(dst + 4) = make_uint4(l[0], l[1], l[2], l[3]);
+    if (!DS_X_BF16_ON) *(uint4 *)(dst + 4) = make_uint4(l[0], l[1], l[2], l[3]);
 }
+
+/* DS_X_BF16: a word offset in a split row (k: the group's first k; hi and lo, or hi only). */
+__device__ __forceinline__ int xc_word(int k) { return DS_X_BF16_ON ? k / 2 : k; }
 
 /* XC (x's rows fit beside the ring): the consumers split x (normed) into bf16 hi / lo
  * fragments once per block, in a prologue that overlaps the first weight
@@ -374,6 +379,44 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
              * lane does: RING_XB_NORM chunks' loads in flight at a time. */
             bar_wait(smem_addr(smem + RING_NWBAR), 0);
             if (tr && threadIdx.x == 0) tr[RT_NW] = ds_cu_gtimer();
+#if DS_X_BF16_ON
+            /* DS_X_BF16: the row's 1 / rms before the split (the squares in the same order and sums as the
+             * epilogue's), then (x * rs) * w rounded; one pass over x where its chunks fit the registers. */
+            const int chunks = K >> 5;
+            const bool one_pass = chunks <= MMA_WARPS * RING_XB_NORM;
+            const float *xg = x + (int64_t)g * p.x_stride;
+            float xf[RING_XB_NORM][8];
+            auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
+#pragma unroll
+                for (int i = 0; i < RING_XB_NORM; i++)
+                    if (c0 + i * MMA_WARPS < chunks) ds_cu_load8<DS_F32>(xg, ((c0 + i * MMA_WARPS) * 4 + t) * 8, xf[i]);
+            };
+            if (g < M)
+                for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
+                    load_xf(c0);
+#pragma unroll
+                    for (int i = 0; i < RING_XB_NORM; i++)
+                        if (c0 + i * MMA_WARPS < chunks) x_sum_squares(xf[i], &ss);
+                }
+            mma_store_ss(ss, ss_part + 8 * warp, g);
+            consumers_sync();
+            if (g < M) {
+                const float rs = rows_rs(ss_part, 8, g, K, s.eps);
+                uint32_t *xcg = xc + g * p.xc_row;
+                for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
+                    if (!one_pass) load_xf(c0);
+#pragma unroll
+                    for (int i = 0; i < RING_XB_NORM; i++)
+                        if (c0 + i * MMA_WARPS < chunks) {
+                            const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
+                            float nw8[8];
+                            unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
+                            split_group<true>(xf[i], nw8, &ss, xcg + xc_word(k), rs);
+                        }
+                }
+            }
+            if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
+#else
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
                 const float *xg = x + (int64_t)g * p.x_stride;
                 uint32_t *xcg = xc + g * p.xc_row;
@@ -395,6 +438,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
             mma_store_ss(ss, ss_part + 8 * warp, g); /* kept for every tile */
+#endif
         } else {
             const int groups = K >> 3; /* of 8 k in a row */
             for (int q0 = threadIdx.x; q0 < M * groups; q0 += MMA_WARPS * 32 * RING_XB) {
@@ -409,7 +453,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 for (int i = 0; i < RING_XB; i++) {
                     const int q = q0 + i * MMA_WARPS * 32, row = q / groups;
                     if (q < M * groups)
-                        split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + (q - row * groups) * 8);
+                        split_group<false>(xf[i], nw8[i], &ss, xc + row * p.xc_row + xc_word((q - row * groups) * 8));
                 }
             }
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
@@ -476,9 +520,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
                 const int chunk = (cc.k0 >> 5) + warp + MMA_WARPS * j;
                 if (g < M) {
-                    const uint32_t *q = xc + g * p.xc_row + (chunk * 4 + t) * 8;
+                    const uint32_t *q = xc + g * p.xc_row + xc_word((chunk * 4 + t) * 8);
                     hi = *(const uint4 *)q;
-                    lo = *(const uint4 *)(q + 4);
+                    if (!DS_X_BF16_ON) lo = *(const uint4 *)(q + 4);
                 }
                 h.xh[j][0][0] = hi.x, h.xh[j][0][1] = hi.y, h.xh[j][0][2] = hi.z, h.xh[j][0][3] = hi.w;
                 h.xl[j][0][0] = lo.x, h.xl[j][0][1] = lo.y, h.xl[j][0][2] = lo.z, h.xl[j][0][3] = lo.w;
@@ -767,7 +811,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * memory a block can have; one row keeps RING_SMEM (a small kernel's block still fits beside it). */
     const int nw_bytes = a->norm_w ? round_up(K * p.nw_size, 128) : 0;
     const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
-    p.xc_row = K + 4;
+    p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
     const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
@@ -829,6 +873,9 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     bool xc;
     int nw;
     if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, &p, &xc, &nw)) return false;
+    /* DS_X_BF16: a norm needs its 1 / rms before the split, which only XC's prologue (a whole row) has here;
+     * otherwise the per-tile kernel, which makes a pass over x first. */
+    if (DS_X_BF16_ON && a->norm_w && !xc) return false;
     if (env->red2 && M > 1 && M <= env->red2_rows) {
         ring_plan q;
         bool xq;
