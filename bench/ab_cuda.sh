@@ -13,6 +13,8 @@
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
 #
+# CMAKE_EXTRA: more cmake flags for the working tree's build only, e.g. BASE_FILES=- CMAKE_EXTRA=-DDS_X_BF16=ON
+# benches the default build ("base") against the DS_X_BF16 one.
 # ROUNDS: benches per variant (default 2), alternating.
 # VERIFY_ALL=1: each bench line also lists the verify of n = 1..gamma+1 rows (a verify's cost by row count).
 # Without TESTS only dspark_cli is built (a fresh machine's build: ~75 s with the tests, less without).
@@ -38,7 +40,7 @@ if [ -n "${BASE_FILES:-}" ]; then
         cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
      echo $? >$R/build_base.rc) &
 fi
-cmake -S . -B $B $CM >$R/build.log 2>&1 && cmake --build $B -j$([ -n "${BASE_FILES:-}" ] && echo 10 || nproc) \
+cmake -S . -B $B $CM ${CMAKE_EXTRA:-} >$R/build.log 2>&1 && cmake --build $B -j$([ -n "${BASE_FILES:-}" ] && echo 10 || nproc) \
     $([ -n "${TESTS:-}" ] || echo --target dspark_cli) >>$R/build.log 2>&1
 rc=$?
 wait
