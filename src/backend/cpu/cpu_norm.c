@@ -4,6 +4,26 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/vmath.h"
 
+/* 1 / rms of a row in the GPU's order (matmul_mma_frag.cuh, dim a multiple
+ * of 32): warp w of 16, lane t of 4 chains fmaf over its chunks w, w + 16,
+ * ... (8 values at 8t each), the lanes are added (t0 + t1) + (t2 + t3), the
+ * warps in order. The DS_X_BF16 build rounds (x * r) * w to bf16, so an r
+ * one ulp off the GPU's moves some values by a whole bf16 step. */
+static float rms_inv_gpu_order(const float *x, int dim, float eps) {
+    float tot = 0.0f;
+    for (int w = 0; w < 16; w++) {
+        float v[4];
+        for (int t = 0; t < 4; t++) {
+            v[t] = 0.0f;
+            for (int c = w; c < dim / 32; c += 16)
+                for (int i = 0; i < 8; i++) v[t] = fmaf(x[c * 32 + 8 * t + i], x[c * 32 + 8 * t + i], v[t]);
+        }
+        const float lanes = (v[0] + v[1]) + (v[2] + v[3]);
+        tot = w ? tot + lanes : lanes;
+    }
+    return 1.0f / sqrtf(tot / (float)dim + eps);
+}
+
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
     /* Sum of squares in 8 lanes, a fixed reduction tree, then the tail: a
      * fixed order for every row (a scalar chain was most of the op). */
@@ -16,6 +36,7 @@ void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, flo
     float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < dim; i++) ss += x[i] * x[i];
     float r = 1.0f / sqrtf(ss / (float)dim + eps);
+    if (DS_X_BF16_ON && dim % 32 == 0) r = rms_inv_gpu_order(x, dim, eps);
     if (w)
         for (i = 0; i < dim; i++) out[i] = x[i] * r * w[i];
     else

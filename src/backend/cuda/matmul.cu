@@ -31,6 +31,13 @@ __device__ __forceinline__ float fma8(const float x[8], const float w[8], float 
     return acc;
 }
 
+/* DS_X_BF16 (src/base/dtype.h): x rounded to bf16 where the weights are bf16, as every other path rounds it. */
+template <int DT> __device__ __forceinline__ void x_bf16_8(float f[8]) {
+    if (DS_X_BF16_ON && DT == DS_BF16)
+#pragma unroll
+        for (int j = 0; j < 8; j++) f[j] = __bfloat162float(__float2bfloat16_rn(f[j]));
+}
+
 /* Block (bx, by): outputs n0..n0+3 of rows m0..m0+MT-1. VEC: x and w rows
  * allow 16-byte loads; full chunks use them, everything else (and every
  * chunk when !VEC) loads element by element with zeros past K. Both give
@@ -67,6 +74,8 @@ __global__ void __launch_bounds__(MV_THREADS)
                 if (m0 + a >= M) break;
                 ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k0, x0);
                 ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k1, x1);
+                x_bf16_8<DT>(x0);
+                x_bf16_8<DT>(x1);
 #pragma unroll
                 for (int b = 0; b < MV_NB; b++) acc[a][b] = fma8(x1, w1[b], fma8(x0, w0[b], acc[a][b]));
             }
@@ -87,6 +96,7 @@ __global__ void __launch_bounds__(MV_THREADS)
             for (int a = 0; a < MT; a++) {
                 if (m0 + a >= M) break;
                 ds_cu_load8<DS_F32>(x, (int64_t)(m0 + a) * xs + k, xf);
+                x_bf16_8<DT>(xf);
 #pragma unroll
                 for (int b = 0; b < MV_NB; b++) acc[a][b] = fma8(xf, wf[b], acc[a][b]);
             }
@@ -101,6 +111,7 @@ __global__ void __launch_bounds__(MV_THREADS)
                 if (m0 + a >= M) break;
 #pragma unroll
                 for (int j = 0; j < 8; j++) xf[j] = k + j < K ? x[(int64_t)(m0 + a) * xs + k + j] : 0.0f;
+                x_bf16_8<DT>(xf);
 #pragma unroll
                 for (int b = 0; b < MV_NB; b++) acc[a][b] = fma8(xf, wf[b], acc[a][b]);
             }
