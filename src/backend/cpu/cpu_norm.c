@@ -24,7 +24,7 @@ static float rms_inv_gpu_order(const float *x, int dim, float eps) {
     return 1.0f / sqrtf(tot / (float)dim + eps);
 }
 
-void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
+static float rms_inv(const float *x, int dim, float eps) {
     /* Sum of squares in 8 lanes, a fixed reduction tree, then the tail: a
      * fixed order for every row (a scalar chain was most of the op). */
     ds_v8f acc = {0};
@@ -35,10 +35,13 @@ void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, flo
     }
     float ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (; i < dim; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)dim + eps);
-    if (DS_X_BF16_ON && dim % 32 == 0) r = rms_inv_gpu_order(x, dim, eps);
+    return 1.0f / sqrtf(ss / (float)dim + eps);
+}
+
+void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
+    const float r = DS_X_BF16_ON && dim % 32 == 0 ? rms_inv_gpu_order(x, dim, eps) : rms_inv(x, dim, eps);
     if (w)
-        for (i = 0; i < dim; i++) out[i] = x[i] * r * w[i];
+        for (int i = 0; i < dim; i++) out[i] = x[i] * r * w[i];
     else
-        for (i = 0; i < dim; i++) out[i] = x[i] * r;
+        for (int i = 0; i < dim; i++) out[i] = x[i] * r;
 }

@@ -55,6 +55,12 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
 #endif
 }
 
+/* The squares of 8 values of x added to *ss in order (the sums of squares' order for every kernel). */
+__device__ __forceinline__ void x_sum_squares(const float f[8], float *ss) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
+}
+
 /* 8 values of x row `row` as 4 hi and 4 lo pairs. NORM (rows < M only):
  * also adds their squares to *ss and scales them by the RMSNorm weight's
  * 8 values nf (the 1/rms factor is applied to the sums at the end).
@@ -71,8 +77,7 @@ __device__ __forceinline__ void split_x8(float f[8], int row, int M, const float
 #else
     (void)rs;
     if (NORM && row < M) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
+        x_sum_squares(f, ss);
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = __fmul_rn(f[i], nf[i]);
     }
@@ -114,12 +119,6 @@ __device__ __forceinline__ void mma_store_ss(float v, float *ss_part_warp, int r
     v += __shfl_xor_sync(0xffffffffu, v, 1);
     v += __shfl_xor_sync(0xffffffffu, v, 2);
     if ((threadIdx.x & 3) == 0) ss_part_warp[row] = v;
-}
-
-/* The squares of 8 values of x added to *ss in order, as split_x8 adds them. */
-__device__ __forceinline__ void x_sum_squares(const float f[8], float *ss) {
-#pragma unroll
-    for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
 }
 
 /* Row m's 1 / rms from the warps' stored sums of squares, added in warp order. */

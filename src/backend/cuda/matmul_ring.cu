@@ -229,8 +229,8 @@ __device__ __forceinline__ void unpack_norm8(const unsigned char *q, int nw_size
         ds_cu_unpack_f32x8(((const float4 *)q)[0], ((const float4 *)q)[1], f);
 }
 
-/* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8). */
-/* DS_X_BF16: the hi half only (dst: a split row of K / 2 words), x normed by rs first. */
+/* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8).
+ * DS_X_BF16: the hi half only into dst[0..3] (a split row of K / 2 words), x normed by rs first. */
 template <bool NORM>
 __device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst,
                                             float rs = 1.0f) {
@@ -786,6 +786,11 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
 
+/* XC with a norm: the norm weight's bytes beside the split x. */
+static int xc_norm_bytes(const ds_mma_args *a, int K, const ring_plan &p) {
+    return a->norm_w ? round_up(K * p.nw_size, 128) : 0;
+}
+
 /* The launch's layout for x of M rows: x split once per block (XC) or in the stages, pairs, the stages'
  * width, the slots; red2: two places for the partial sums. False where the ring does not take the call. */
 static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
@@ -809,7 +814,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
      * Otherwise x's slice rides in every stage. The same sums either way. Several rows may use the most shared
      * memory a block can have; one row keeps RING_SMEM (a small kernel's block still fits beside it). */
-    const int nw_bytes = a->norm_w ? round_up(K * p.nw_size, 128) : 0;
+    const int nw_bytes = xc_norm_bytes(a, K, p);
     const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
@@ -892,7 +897,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
                             v ? &maps.up : &maps.w[i]))
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
-    const int bytes = xc ? p.nws_off + (a->norm_w ? round_up(K * p.nw_size, 128) : 0) : p.xc_off;
+    const int bytes = xc ? p.nws_off + xc_norm_bytes(a, K, p) : p.xc_off;
     const int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
     /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
