@@ -1,7 +1,9 @@
-/* The bundled pico pair (bf16 weights, fp32 compute):
+/* The bundled pico pair (bf16 weights, fp32 compute, x rounded to bf16 at the
+ * matmuls in the default build):
  * - greedy AR vs the reference's bf16 ar_greedy_output_ids: every prompt
- *   either agrees fully or first differs where our own top-2 logit gap is a
- *   near-tie (< 0.1), i.e. a rounding difference and not a bug;
+ *   either agrees fully or first differs where the reference's token lies
+ *   within a near tie of our top logit (< 0.1 or two bf16 ulps of it below),
+ *   i.e. a rounding difference and not a bug;
  * - lossless at T=0: drafted greedy output == AR greedy output, token for
  *   token, on every prompt (row-invariant verification makes this exact);
  * - acceptance length tau close to the reference's, for the DSpark drafter
@@ -35,14 +37,15 @@ static void setup(void) {
 }
 
 /* Our fp32 logits (before the bf16 rounding the reference applies) after
- * prompt + out[0..k): the top-2 gap, the top logit and the rank of `ref`. */
+ * prompt + out[0..k): the top-2 gap, the top logit, the rank of `ref` and
+ * how far below our top logit the reference's token lies. */
 typedef struct {
-    float gap, top;
+    float gap, top, ref_gap;
     int ref_rank;
 } tie_info;
 
 static tie_info near_tie(const pico_prompt *p, const int32_t *out, int k, int32_t ref) {
-    tie_info ti = {1e9f, 0, -1};
+    tie_info ti = {1e9f, 0, 1e9f, -1};
     bool rounded = target->logits_bf16;
     target->logits_bf16 = false;
     int32_t seq[256];
@@ -69,8 +72,9 @@ static tie_info near_tie(const pico_prompt *p, const int32_t *out, int k, int32_
         else if (l[i] > b) b = l[i];
         if (ref >= 0 && l[i] > l[ref]) rank++;
     }
-    free(l);
     ti.gap = a - b;
+    if (ref >= 0) ti.ref_gap = a - l[ref];
+    free(l);
     ti.top = a;
     ti.ref_rank = rank;
     return ti;
@@ -102,12 +106,17 @@ static void test_ar_matches_reference_up_to_near_ties(void) {
             int32_t ref = k < prompts[i].n_ar ? prompts[i].ar[k] : -1;
             tie_info ti = near_tie(&prompts[i], r.tokens, k, ref);
             float bound = fmaxf(0.1f, 2 * bf16_ulp(ti.top));
-            printf("  prompt %2d: first differs at token %3d (ours %d, reference %d = our rank %d), top-2 gap %.4f, "
-                   "top logit %.2f (bf16 ulp %.4f)\n",
-                   i, k, k < r.n_tokens ? r.tokens[k] : -1, ref, ti.ref_rank, ti.gap, ti.top, bf16_ulp(ti.top));
-            CHECK(ti.gap < bound && ti.ref_rank <= 1,
-                  "prompt %d diverges at %d with a top-2 gap of %.4f (bound %.4f) and the reference token at rank %d",
-                  i, k, ti.gap, bound, ti.ref_rank);
+            printf("  prompt %2d: first differs at token %3d (ours %d, reference %d = our rank %d, %.4f below our top), "
+                   "top-2 gap %.4f, top logit %.2f (bf16 ulp %.4f)\n",
+                   i, k, k < r.n_tokens ? r.tokens[k] : -1, ref, ti.ref_rank, ti.ref_gap, ti.gap, ti.top,
+                   bf16_ulp(ti.top));
+            /* The reference's token must lie within the bound of our top logit: a near tie (of two tokens or
+             * more: with bf16 x a three-way tie within 0.04 occurs), not a different preference. The end of
+             * the reference's output (ref < 0) must be a near tie of our top two. */
+            CHECK(ref >= 0 ? ti.ref_gap < bound : ti.gap < bound,
+                  "prompt %d diverges at %d: the reference token %.4f below our top (top-2 gap %.4f, bound %.4f, "
+                  "its rank %d)",
+                  i, k, ti.ref_gap, ti.gap, bound, ti.ref_rank);
         }
         ds_gen_result_free(&r);
     }
