@@ -68,13 +68,13 @@ int run_tests(const char *suite, const test_fn *fns, const char *const *names, i
         const char *names_[] = {DS_STRINGS_(__VA_ARGS__)};                 \
         return run_tests(suite, fns_, names_, (int)(sizeof fns_ / sizeof fns_[0])); \
     }
-/* Stringify each of up to 24 arguments. */
-#define DS_STRINGS_(...)                                                                                       \
-    DS_STR_N_(__VA_ARGS__, DS_S24, DS_S23, DS_S22, DS_S21, DS_S20, DS_S19, DS_S18, DS_S17, DS_S16, DS_S15,      \
-              DS_S14, DS_S13, DS_S12, DS_S11, DS_S10, DS_S9, DS_S8, DS_S7, DS_S6, DS_S5, DS_S4, DS_S3, DS_S2, \
-              DS_S1)(__VA_ARGS__)
+/* Stringify each of up to 32 arguments. */
+#define DS_STRINGS_(...)                                                                                        \
+    DS_STR_N_(__VA_ARGS__, DS_S32, DS_S31, DS_S30, DS_S29, DS_S28, DS_S27, DS_S26, DS_S25, DS_S24, DS_S23,       \
+              DS_S22, DS_S21, DS_S20, DS_S19, DS_S18, DS_S17, DS_S16, DS_S15, DS_S14, DS_S13, DS_S12, DS_S11,    \
+              DS_S10, DS_S9, DS_S8, DS_S7, DS_S6, DS_S5, DS_S4, DS_S3, DS_S2, DS_S1)(__VA_ARGS__)
 #define DS_STR_N_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, _21, \
-                  _22, _23, _24, N, ...)                                                                         \
+                  _22, _23, _24, _25, _26, _27, _28, _29, _30, _31, _32, N, ...)                                 \
     N
 #define DS_S1(a) #a
 #define DS_S2(a, ...) #a, DS_S1(__VA_ARGS__)
@@ -100,6 +100,14 @@ int run_tests(const char *suite, const test_fn *fns, const char *const *names, i
 #define DS_S22(a, ...) #a, DS_S21(__VA_ARGS__)
 #define DS_S23(a, ...) #a, DS_S22(__VA_ARGS__)
 #define DS_S24(a, ...) #a, DS_S23(__VA_ARGS__)
+#define DS_S25(a, ...) #a, DS_S24(__VA_ARGS__)
+#define DS_S26(a, ...) #a, DS_S25(__VA_ARGS__)
+#define DS_S27(a, ...) #a, DS_S26(__VA_ARGS__)
+#define DS_S28(a, ...) #a, DS_S27(__VA_ARGS__)
+#define DS_S29(a, ...) #a, DS_S28(__VA_ARGS__)
+#define DS_S30(a, ...) #a, DS_S29(__VA_ARGS__)
+#define DS_S31(a, ...) #a, DS_S30(__VA_ARGS__)
+#define DS_S32(a, ...) #a, DS_S31(__VA_ARGS__)
 
 /* The backend a test runs its models on: the CPU (2 threads) unless
  * DS_BACKEND=cuda asks for the GPU (device DS_CUDA_DEVICE, default 0). A
