@@ -385,6 +385,48 @@ static void test_fused_row_invariance(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
+/* DS_X_BF16: a normed x rounds to the same bf16 values on every path that multiplies it (the ring at 1 and 8
+ * rows, the per-tile kernel at 20, the wide path's normed copy at 64, the CPU): each row's 1 / rms is taken in
+ * one order everywhere. Through an identity weight the output is x's rounded value itself (one exact product a
+ * sum), so the rows must agree bit for bit; an rms one ulp apart moves some of a row's 2048 values a bf16 step. */
+static void test_normed_x_paths(void) {
+    if (!DS_X_BF16_ON) {
+        printf("  (the fp32-x build: x is not rounded, nothing to check)\n");
+        return;
+    }
+    const int64_t K = 2048, MAXM = 64;
+    pair eye = {0};
+    eye.host = calloc((size_t)(K * K), 2);
+    for (int64_t i = 0; i < K; i++) ((uint16_t *)eye.host)[i * K + i] = ds_f32_to_bf16(1.0f);
+    weight_load(&eye, DS_BF16, K, K);
+    pair nw = weight(DS_BF16, 1, K), x = act_rand(MAXM, K, 3.0f), out = act(MAXM, K, NULL), xn = act(MAXM, K, NULL);
+    const ds_tensor b1[1] = {ds_no_tensor()};
+    ds_rmsnorm_linear_multi(cpu, 1, &out.c, x.c, nw.c, 1e-6f, &eye.c, b1, xn.c); /* (the CPU: norm, then linear) */
+    float *want = fetch(cpu, out.c);
+    const int64_t Ms[] = {1, 8, 20, MAXM};
+    for (size_t c = 0; c < sizeof Ms / sizeof Ms[0]; c++) {
+        for (int64_t r0 = 0; r0 + Ms[c] <= MAXM; r0 += Ms[c] == 1 ? 21 : Ms[c]) {
+            const ds_tensor o = ds_rows(out.g, r0, Ms[c]);
+            gpu->ops->rmsnorm_linear_multi(gpu, 1, &o, ds_rows(x.g, r0, Ms[c]), nw.g, 1e-6f, &eye.g, b1);
+        }
+        check_gpu_ok("rmsnorm_linear_multi through the identity");
+        float *got = fetch(gpu, out.g);
+        int64_t bad = -1, nbad = 0;
+        for (int64_t r = 0; r < MAXM; r++) {
+            if (Ms[c] == 1 && r % 21) continue;
+            for (int64_t k = 0; k < K; k++)
+                if (memcmp(&got[r * K + k], &want[r * K + k], 4)) bad = bad < 0 ? r * K + k : bad, nbad++;
+        }
+        printf("  rmsnorm_linear_multi bf16 through the identity, %2lld-row calls: %lld values differ from the CPU's\n",
+               (long long)Ms[c], (long long)nbad);
+        CHECK(nbad == 0, "%lld-row calls: %lld rounded values differ from the CPU's (first: row %lld, k %lld: %.9g vs %.9g)",
+              (long long)Ms[c], (long long)nbad, (long long)(bad / K), (long long)(bad % K), got[bad], want[bad]);
+        free(got);
+    }
+    free(want);
+    release(&eye), release(&nw), release(&x), release(&out), release(&xn);
+}
+
 /* ---- attention ---------------------------------------------------------- */
 
 typedef struct {
@@ -1482,12 +1524,12 @@ static void teardown(void) {
     cpu->ops->destroy(cpu);
 }
 
-#define CUDA_TESTS                                                                                           \
-    setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,          \
-        test_fused_row_invariance, test_attention, test_norm_rope_attention, test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise,  \
-        test_argmax, test_markov_greedy, test_sample_probs, test_sample_draw, test_sample_verify,                   \
-        test_sample_markov, test_errors, test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed,      \
-        teardown
+#define CUDA_TESTS                                                                                             \
+    setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,         \
+        test_fused_row_invariance, test_normed_x_paths, test_attention, test_norm_rope_attention,              \
+        test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise, test_argmax, test_markov_greedy,         \
+        test_sample_probs, test_sample_draw, test_sample_verify, test_sample_markov, test_errors,              \
+        test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed, teardown
 
 int main(void) {
     /* Every shape of these tests through the ring matmul where it applies (M <= 8), however few its tiles:

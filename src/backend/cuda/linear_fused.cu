@@ -6,6 +6,7 @@
  * sequence, so every weight type and size still works. */
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/matmul_mma.h"
+#include "backend/cuda/matmul_mma_frag.cuh"
 
 static ds_mma_seg seg_of(ds_tensor out, ds_tensor w, ds_tensor bias) {
     ds_mma_seg s = {};
@@ -124,12 +125,56 @@ static bool norm_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor 
 /* The kernel reads the norm weight 8 values at a time with 16-byte loads. */
 static bool norm_aligned(ds_tensor nw) { return (uintptr_t)nw.data % 16 == 0; }
 
+/* DS_X_BF16: the normed x of a matmul too wide for the narrow kernels, with each row's 1 / rms in their order
+ * (warp w's lane t sums the squares of 8 values of its chunks w, w + MMA_WARPS, ... in order; a warp's lanes
+ * (t0 + t1) + (t2 + t3), mma_store_ss; the warps in order, rows_rs), so that a row rounds to the same bf16 values
+ * whichever path multiplies it: the prompt's rows here, a verify's in the ring. The CPU's norm takes the same order
+ * (rms_inv_gpu_order). One block a row: its first MMA_WARPS * 4 threads each sum one (w, t) chain. */
+#define NORM_ORDER_THREADS 256
+__global__ void __launch_bounds__(NORM_ORDER_THREADS)
+    rmsnorm_mma_order_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int K,
+                             float eps) {
+    ds_cu_grid_wait();
+    __shared__ float chain[MMA_WARPS * 4];
+    const float *xr = x + (int64_t)blockIdx.x * xs;
+    if (threadIdx.x < MMA_WARPS * 4) {
+        const int cw = threadIdx.x >> 2, t = threadIdx.x & 3;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int c = cw; c < (K >> 5); c += MMA_WARPS) {
+            float f[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = xr[c * 32 + 8 * t + i];
+            x_sum_squares(f, &ss);
+        }
+        chain[threadIdx.x] = ss;
+    }
+    __syncthreads();
+    float tot = 0.0f;
+    for (int cw = 0; cw < MMA_WARPS; cw++) {
+        const float *v = chain + 4 * cw, lanes = (v[0] + v[1]) + (v[2] + v[3]);
+        tot = cw ? tot + lanes : lanes;
+    }
+    const float rs = 1.0f / sqrtf(tot / (float)K + eps);
+    float *orow = out + (int64_t)blockIdx.x * os;
+    for (int k = threadIdx.x; k < K; k += NORM_ORDER_THREADS) { /* (x * rs) * w, as split_x8 and the CPU round it */
+        const float v = __fmul_rn(xr[k], rs);
+        orow[k] = w ? __fmul_rn(v, ds_cu_load(w, wdtype, k)) : v;
+    }
+}
+
 static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps) {
     ds_tensor xn = ds_no_tensor();
     float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols) * sizeof(float));
     if (!p) return xn;
     xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
-    ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
+    if (DS_X_BF16_ON && x.cols % 32 == 0) {
+        ds_cu_launch(rmsnorm_mma_order_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
+                     xn.stride, (const float *)x.data, x.stride, nw.data, (int)nw.dtype, (int)x.cols, eps);
+        ds_cu_launched(cb, op);
+    } else {
+        ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
+    }
     return xn;
 }
 
