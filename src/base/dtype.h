@@ -35,15 +35,16 @@ float ds_f16_to_f32(uint16_t h);
  * widened back to fp32, for n values: branch-free, so it vectorises. */
 void ds_round_bf16_n(float *x, size_t n);
 
-/* The build option DS_X_BF16 (an experiment, off by default: cmake
- * -DDS_X_BF16=ON): every matmul with bf16 weights multiplies x rounded to
- * bf16, as the reference computes for bf16 checkpoints, instead of x's ~16
- * mantissa bits (bf16 hi + lo on the GPU, fp32 on the CPU): half of x's
- * shared memory and half the products on the GPU. Where a norm comes first
- * the rounded value is bf16((x / rms) * w) on both backends (rounding
- * bf16(x * w) and scaling the sums by 1 / rms after drifted from the
- * reference: bench/RESULTS.md, session 21). A build option, not a setting,
- * so that the default build's kernels stay exactly as they are. */
+/* The build option DS_X_BF16 (on by default; cmake -DDS_X_BF16=OFF for
+ * the earlier numerics): every matmul with bf16 weights multiplies x
+ * rounded to bf16, as the reference computes for bf16 checkpoints, instead
+ * of x's ~16 mantissa bits (bf16 hi + lo on the GPU, fp32 on the CPU):
+ * half of x's shared memory and half the products on the GPU, one prefill
+ * GEMM instead of two. Where a norm comes first the rounded value is
+ * bf16((x / rms) * w) on both backends, with 1 / rms taken in one order on
+ * every path (rounding bf16(x * w) and scaling the sums by 1 / rms after
+ * drifted from the reference: bench/RESULTS.md, session 21). A build
+ * option, not a setting, so that each build's kernels carry one form. */
 #ifdef DS_X_BF16
 #define DS_X_BF16_ON 1
 #else
