@@ -126,16 +126,16 @@ static bool norm_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor 
 static bool norm_aligned(ds_tensor nw) { return (uintptr_t)nw.data % 16 == 0; }
 
 /* DS_X_BF16: the normed x of a matmul too wide for the narrow kernels, with each row's 1 / rms in their order
- * (warp w's lane t sums the squares of 8 values of its chunks w, w + MMA_WARPS, ... in order; a warp's lanes
- * (t0 + t1) + (t2 + t3), mma_store_ss; the warps in order, rows_rs), so that a row rounds to the same bf16 values
+ * (warp w's lane t sums the squares of 8 values of its chunks w, w + MMA_WARPS, ... in order, x_sum_squares; the
+ * lanes as mma_store_ss adds them, the warps as rows_rs does), so that a row rounds to the same bf16 values
  * whichever path multiplies it: the prompt's rows here, a verify's in the ring. The CPU's norm takes the same order
- * (rms_inv_gpu_order). One block a row: its first MMA_WARPS * 4 threads each sum one (w, t) chain. */
+ * (rms_inv_gpu_order). One block a row: its first MMA_WARPS * 4 threads (whole warps) each sum one (w, t) chain. */
 #define NORM_ORDER_THREADS 256
 __global__ void __launch_bounds__(NORM_ORDER_THREADS)
     rmsnorm_mma_order_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int K,
                              float eps) {
     ds_cu_grid_wait();
-    __shared__ float chain[MMA_WARPS * 4];
+    __shared__ float part[MMA_WARPS]; /* chain w's four lanes, added */
     const float *xr = x + (int64_t)blockIdx.x * xs;
     if (threadIdx.x < MMA_WARPS * 4) {
         const int cw = threadIdx.x >> 2, t = threadIdx.x & 3;
@@ -147,15 +147,10 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
             for (int i = 0; i < 8; i++) f[i] = xr[c * 32 + 8 * t + i];
             x_sum_squares(f, &ss);
         }
-        chain[threadIdx.x] = ss;
+        mma_store_ss(ss, part + cw, 0);
     }
     __syncthreads();
-    float tot = 0.0f;
-    for (int cw = 0; cw < MMA_WARPS; cw++) {
-        const float *v = chain + 4 * cw, lanes = (v[0] + v[1]) + (v[2] + v[3]);
-        tot = cw ? tot + lanes : lanes;
-    }
-    const float rs = 1.0f / sqrtf(tot / (float)K + eps);
+    const float rs = rows_rs(part, 1, 0, K, eps);
     float *orow = out + (int64_t)blockIdx.x * os;
     for (int k = threadIdx.x; k < K; k += NORM_ORDER_THREADS) { /* (x * rs) * w, as split_x8 and the CPU round it */
         const float v = __fmul_rn(xr[k], rs);
