@@ -16,13 +16,26 @@
  *            the next launch's blocks spin on that count with acquire
  *            loads; the last block through resets it for a later launch;
  *   stream   one launch streaming all K x B bytes (the chain's floor).
- * Each launch's blocks read every block output of the launch before and
- * write their max + 1, so a handover that let a block read too early ends
- * the chain below K: the program checks it and says so.
+ * Then the question a persistent kernel asks (K phases in one launch, a
+ * grid barrier between them): can a ring keep HBM busy across the barrier?
+ *   ring     one launch, one block an SM as dspark's ring matmul: a producer
+ *            thread streams every phase's slice through a shared-memory
+ *            ring (1-D bulk copies of 8 KB, at most F stages of 32 KB in
+ *            flight) without waiting for any barrier; 16 consumer warps
+ *            read each stage, and at a phase's end the block arrives on a
+ *            grid counter (red.release) and polls it (ld.acquire) before it
+ *            consumes the next phase: what the phases' consumers wait is
+ *            covered only while the producer still has ring to fill;
+ *   ring-free the same stream with no barrier (the ring's own floor).
+ * Each launch's (phase's) blocks read every block output of the launch
+ * (phase) before and write their max + 1, so a handover that let a block
+ * read too early ends the chain below K: the program checks it and says so.
  *
  *   ./build/bench/bench_boundary [--kernels K] [--mb B] [--reps R] [--smem-kb S]
+ *                                [--ring-kb R] [--flight F] [--poll-ns N]
  * Without a GPU it says so and exits 0. */
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +113,109 @@ __global__ void __launch_bounds__(THREADS) chain_kernel(const uint4 *buf, long l
     }
 }
 
+/* ---- ring: K phases in one persistent launch ----------------------------- */
+
+#define RING_CONSUMERS 16
+#define RING_STAGE (32 * 1024) /* bytes a stage: 4 copies of 8 KB */
+#define RING_COPY (8 * 1024)
+#define RING_MAX_SLOTS 32
+#define RING_BARS 1024 /* bytes of the ring's barriers, before its slots */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+struct ring_args {
+    const uint4 *buf;
+    long long wpb, per_launch; /* 16-byte words a block and a phase; a phase's words */
+    int n_parts, phases, slots, flight, barrier, poll_ns;
+    int *outs, *ctr;
+};
+
+__global__ void __launch_bounds__((RING_CONSUMERS + 1) * 32) ring_kernel(ring_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's bulk copies; main checks the device */
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int s_max;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t full0 = smem_u32(smem), empty0 = full0 + 8 * RING_MAX_SLOTS;
+    unsigned char *ring = smem + RING_BARS;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < a.slots; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(full0 + 8 * i) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(empty0 + 8 * i), "r"(RING_CONSUMERS) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const long long bytes = a.wpb * 16;
+    const int per_phase = (int)((bytes + RING_STAGE - 1) / RING_STAGE), total = per_phase * a.phases;
+    if (warp == RING_CONSUMERS) { /* the producer: one thread, never waits for a phase */
+        if (lane) return;
+        for (int it = 0; it < total; it++) {
+            const int slot = it % a.slots, p = it / per_phase, j = it % per_phase;
+            if (it >= a.slots) mbar_wait(empty0 + 8 * slot, ((it / a.slots) - 1) & 1);
+            if (a.flight && it >= a.flight) {
+                const int q = it - a.flight;
+                mbar_wait(full0 + 8 * (q % a.slots), (q / a.slots) & 1);
+            }
+            const long long off = (long long)j * RING_STAGE;
+            const int n = (int)(bytes - off < RING_STAGE ? bytes - off : RING_STAGE);
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full0 + 8 * slot), "r"(n)
+                         : "memory");
+            const char *src = (const char *)(a.buf + (p % a.n_parts) * a.per_launch + blockIdx.x * a.wpb) + off;
+            for (int c = 0; c < n; c += RING_COPY)
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                                 smem_u32(ring + (size_t)slot * RING_STAGE + c)),
+                             "l"(src + c), "r"(n - c < RING_COPY ? n - c : RING_COPY), "r"(full0 + 8 * slot)
+                             : "memory");
+        }
+        return;
+    }
+    unsigned acc = 0;
+    int prev_max = 0;
+    for (int it = 0; it < total; it++) {
+        const int slot = it % a.slots, p = it / per_phase, j = it % per_phase;
+        mbar_wait(full0 + 8 * slot, (it / a.slots) & 1);
+        const long long off = (long long)j * RING_STAGE;
+        const int words = (int)((bytes - off < RING_STAGE ? bytes - off : RING_STAGE) / 16);
+        const uint4 *st = (const uint4 *)(ring + (size_t)slot * RING_STAGE);
+        for (int i = threadIdx.x; i < words; i += RING_CONSUMERS * 32) {
+            const uint4 v = st[i];
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+        __syncwarp();
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(empty0 + 8 * slot) : "memory");
+        if (j < per_phase - 1) continue;
+        /* The phase's end: this block's output, the grid barrier, then every block's output of this phase. */
+        asm volatile("bar.sync 1, %0;" ::"r"(RING_CONSUMERS * 32) : "memory");
+        if (threadIdx.x == 0) {
+            int *out = a.outs + (size_t)p * gridDim.x;
+            out[blockIdx.x] = prev_max + 1 + (acc == 0x9e3779b9u);
+            if (a.barrier) {
+                asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.ctr) : "memory");
+                const int want = (int)gridDim.x * (p + 1);
+                while (load_acquire(a.ctr) < want)
+                    if (a.poll_ns) __nanosleep(a.poll_ns);
+                int m = 0;
+                for (int b = 0; b < (int)gridDim.x; b++) m = max(m, __ldcg(out + b));
+                s_max = m;
+            } else {
+                s_max = prev_max + 1;
+            }
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"(RING_CONSUMERS * 32) : "memory");
+        prev_max = s_max;
+    }
+#endif
+}
+
 /* pdl: a programmatic launch (never the chain's first: the memset before it must not be overlapped). */
 static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link l, int mode, bool pdl,
                    cudaStream_t s) {
@@ -117,20 +233,27 @@ static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link 
 }
 
 int main(int argc, char **argv) {
-    int kernels = 200, reps = 5, smem_kb = 160;
+    int kernels = 200, reps = 5, smem_kb = 160, ring_kb = 192, flight = 2, poll_ns = 0;
     double mb = 32.0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--kernels") && i + 1 < argc) kernels = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ring-kb") && i + 1 < argc) ring_kb = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--flight") && i + 1 < argc) flight = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--poll-ns") && i + 1 < argc) poll_ns = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--smem-kb") && i + 1 < argc) smem_kb = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_boundary [--kernels K] [--mb B] [--reps R] [--smem-kb S]\n");
+            fprintf(stderr, "usage: bench_boundary [--kernels K] [--mb B] [--reps R] [--smem-kb S] [--ring-kb R] "
+                            "[--flight F] [--poll-ns N]\n");
             return 2;
         }
     }
-    if (kernels < 2 || reps < 1 || mb < 0 || smem_kb < 0 || smem_kb > 227) {
-        fprintf(stderr, "bench_boundary: --kernels >= 2, --reps >= 1, --mb >= 0, --smem-kb 0..227\n");
+    const int slots = ring_kb * 1024 / RING_STAGE;
+    if (kernels < 2 || reps < 1 || mb < 0 || smem_kb < 0 || smem_kb > 227 || slots < 2 || slots > RING_MAX_SLOTS ||
+        RING_BARS + slots * RING_STAGE > 227 * 1024 || flight < 0 || poll_ns < 0) {
+        fprintf(stderr, "bench_boundary: --kernels >= 2, --reps >= 1, --mb >= 0, --smem-kb 0..227, --ring-kb 64..224 "
+                        "(32 KB stages), --flight >= 0 (0: the ring's depth), --poll-ns >= 0\n");
         return 2;
     }
     int n_dev = 0;
@@ -209,13 +332,46 @@ int main(int argc, char **argv) {
         CHECK(cudaEventElapsedTime(&ms, e0, e1));
         if (ms < one) one = ms;
     }
+    /* The ring (Hopper on): the same K slices as K phases of one launch, with and without the barrier between
+     * them. */
+    const bool ring_on = prop.major >= 9;
+    const size_t ring_smem = RING_BARS + (size_t)slots * RING_STAGE;
+    CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring_smem));
+    double ring_best[2] = {1e30, 1e30};
+    for (int r = 0; r < reps && ring_on; r++)
+        for (int barrier = 1; barrier >= 0; barrier--) {
+            ring_args ra = {buf, wpb, per_launch, n_parts, kernels, slots, flight < slots ? flight : 0, barrier,
+                            poll_ns, outs, ctr};
+            CHECK(cudaMemsetAsync(outs, 0, (size_t)kernels * grid * sizeof(int), s));
+            CHECK(cudaMemsetAsync(ctr, 0, sizeof(int), s));
+            CHECK(cudaEventRecord(e0, s));
+            ring_kernel<<<grid, (RING_CONSUMERS + 1) * 32, ring_smem, s>>>(ra);
+            CHECK(cudaGetLastError());
+            CHECK(cudaEventRecord(e1, s));
+            CHECK(cudaStreamSynchronize(s));
+            float ms;
+            CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            int last = 0;
+            CHECK(cudaMemcpy(&last, outs + (size_t)(kernels - 1) * grid, sizeof last, cudaMemcpyDeviceToHost));
+            if (last != kernels) {
+                printf("ring: the chain ended at %d, not %d: a phase read the one before too early\n", last, kernels);
+                return 1;
+            }
+            if (ms < ring_best[1 - barrier]) ring_best[1 - barrier] = ms;
+        }
     const double bytes = (double)per_launch * 16 * kernels;
-    printf("%-8s %10s %12s %12s %10s\n", "mode", "ms", "us/launch", "over stream", "TB/s");
+    printf("ring: %d slots of %d KB, at most %d in flight, poll sleep %d ns\n", slots, RING_STAGE / 1024,
+           flight && flight < slots ? flight : slots, poll_ns);
+    printf("%-9s %10s %12s %12s %10s\n", "mode", "ms", "us/launch", "over stream", "TB/s");
     for (int mode = 0; mode < 3; mode++)
-        printf("%-8s %10.3f %12.2f %12.2f %10.2f\n", names[mode], best[mode], 1e3 * best[mode] / kernels,
+        printf("%-9s %10.3f %12.2f %12.2f %10.2f\n", names[mode], best[mode], 1e3 * best[mode] / kernels,
                1e3 * (best[mode] - one) / kernels, bytes / (best[mode] * 1e-3) / 1e12);
-    printf("%-8s %10.3f %12.2f %12s %10.2f\n", "stream", (double)one, 1e3 * one / kernels, "-",
+    printf("%-9s %10.3f %12.2f %12s %10.2f\n", "stream", (double)one, 1e3 * one / kernels, "-",
            bytes / (one * 1e-3) / 1e12);
+    const char *ring_names[] = {"ring", "ring-free"};
+    for (int m = 0; m < 2 && ring_on; m++)
+        printf("%-9s %10.3f %12.2f %12.2f %10.2f\n", ring_names[m], ring_best[m], 1e3 * ring_best[m] / kernels,
+               1e3 * (ring_best[m] - one) / kernels, bytes / (ring_best[m] * 1e-3) / 1e12);
     cudaFree(buf);
     cudaFree(outs);
     cudaFree(ctr);
