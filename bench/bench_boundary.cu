@@ -26,7 +26,12 @@
  *            grid counter (red.release) and polls it (ld.acquire) before it
  *            consumes the next phase: what the phases' consumers wait is
  *            covered only while the producer still has ring to fill;
- *   ring-free the same stream with no barrier (the ring's own floor).
+ *   ring-free the same stream with no barrier (the ring's own floor);
+ *   ring-hint the same with the L2 evict_first hint dspark's weights carry;
+ *   ring-2d  the same with dspark's access pattern: each block's slice a
+ *            [rows, 4096] bf16 matrix read in tiles of 16 rows, each stage
+ *            four 2-D tensor copies of 16 rows x 256 k (16 runs of 512 B),
+ *            as dspark's ring reads a weight: is it slower than 8 KB runs?
  * Each launch's (phase's) blocks read every block output of the launch
  * (phase) before and write their max + 1, so a handover that let a block
  * read too early ends the chain below K: the program checks it and says so.
@@ -34,6 +39,8 @@
  *   ./build/bench/bench_boundary [--kernels K] [--mb B] [--reps R] [--smem-kb S]
  *                                [--ring-kb R] [--flight F] [--poll-ns N]
  * Without a GPU it says so and exits 0. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,14 +139,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     } while (!done);
 }
 
+/* How the producer requests a stage: 8 KB contiguous runs, the same with an L2 hint, or 2-D boxes. */
+enum { COPY_1D, COPY_1D_HINT, COPY_2D };
+#define TILE_K 4096 /* ring-2d: the matrix's row (8 KB of bf16) */
+#define BOX_K 256   /* ... a box: 16 rows x 256 k, as dspark's weight boxes */
+
 struct ring_args {
     const uint4 *buf;
     long long wpb, per_launch; /* 16-byte words a block and a phase; a phase's words */
-    int n_parts, phases, slots, flight, barrier, poll_ns;
+    int n_parts, phases, slots, flight, barrier, poll_ns, copy;
+    int rows_b;                /* ring-2d: a block's rows a phase (a multiple of 16; wpb = rows_b * 512) */
     int *outs, *ctr;
 };
 
-__global__ void __launch_bounds__((RING_CONSUMERS + 1) * 32) ring_kernel(ring_args a) {
+__global__ void __launch_bounds__((RING_CONSUMERS + 1) * 32)
+    ring_kernel(ring_args a, const __grid_constant__ CUtensorMap map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's bulk copies; main checks the device */
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_max;
@@ -158,6 +172,8 @@ __global__ void __launch_bounds__((RING_CONSUMERS + 1) * 32) ring_kernel(ring_ar
     const int per_phase = (int)((bytes + RING_STAGE - 1) / RING_STAGE), total = per_phase * a.phases;
     if (warp == RING_CONSUMERS) { /* the producer: one thread, never waits for a phase */
         if (lane) return;
+        uint64_t evict_first;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(evict_first));
         for (int it = 0; it < total; it++) {
             const int slot = it % a.slots, p = it / per_phase, j = it % per_phase;
             if (it >= a.slots) mbar_wait(empty0 + 8 * slot, ((it / a.slots) - 1) & 1);
@@ -169,12 +185,31 @@ __global__ void __launch_bounds__((RING_CONSUMERS + 1) * 32) ring_kernel(ring_ar
             const int n = (int)(bytes - off < RING_STAGE ? bytes - off : RING_STAGE);
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full0 + 8 * slot), "r"(n)
                          : "memory");
+            const uint32_t dst = smem_u32(ring + (size_t)slot * RING_STAGE), full = full0 + 8 * slot;
+            if (a.copy == COPY_2D) { /* tile j / 4 of the block's rows, k (j % 4) * 1024 .. + 1023 */
+                const int row = (p % a.n_parts) * (int)gridDim.x * a.rows_b + (int)blockIdx.x * a.rows_b + (j / 4) * 16;
+                for (int b = 0; b < 4; b++)
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::"
+                                 "cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst + b * RING_COPY),
+                                 "l"((uint64_t)&map), "r"((j % 4) * 4 * BOX_K + b * BOX_K), "r"(row), "r"(full),
+                                 "l"(evict_first)
+                                 : "memory");
+                continue;
+            }
             const char *src = (const char *)(a.buf + (p % a.n_parts) * a.per_launch + blockIdx.x * a.wpb) + off;
-            for (int c = 0; c < n; c += RING_COPY)
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                                 smem_u32(ring + (size_t)slot * RING_STAGE + c)),
-                             "l"(src + c), "r"(n - c < RING_COPY ? n - c : RING_COPY), "r"(full0 + 8 * slot)
-                             : "memory");
+            for (int c = 0; c < n; c += RING_COPY) {
+                const int len = n - c < RING_COPY ? n - c : RING_COPY;
+                if (a.copy == COPY_1D_HINT)
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+                                 "[%1], %2, [%3], %4;" ::"r"(dst + c),
+                                 "l"(src + c), "r"(len), "r"(full), "l"(evict_first)
+                                 : "memory");
+                else
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                                     dst + c),
+                                 "l"(src + c), "r"(len), "r"(full)
+                                 : "memory");
+            }
         }
         return;
     }
@@ -333,19 +368,42 @@ int main(int argc, char **argv) {
         if (ms < one) one = ms;
     }
     /* The ring (Hopper on): the same K slices as K phases of one launch, with and without the barrier between
-     * them. */
+     * them, then the barrier-free stream with the L2 hint and with dspark's 2-D boxes. */
     const bool ring_on = prop.major >= 9;
     const size_t ring_smem = RING_BARS + (size_t)slots * RING_STAGE;
     CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ring_smem));
-    double ring_best[2] = {1e30, 1e30};
-    for (int r = 0; r < reps && ring_on; r++)
-        for (int barrier = 1; barrier >= 0; barrier--) {
-            ring_args ra = {buf, wpb, per_launch, n_parts, kernels, slots, flight < slots ? flight : 0, barrier,
-                            poll_ns, outs, ctr};
+    /* ring-2d: each block's rows a phase, whole 16-row tiles of 8 KB rows within its slice. */
+    const int rows_b = (int)(wpb * 16 / (TILE_K * 2)) / 16 * 16;
+    CUtensorMap map;
+    memset(&map, 0, sizeof map);
+    bool map_ok = false;
+    if (ring_on && rows_b > 0) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && fn) {
+            const cuuint64_t dims[2] = {TILE_K, (cuuint64_t)(per_launch * n_parts * 16 / (TILE_K * 2))},
+                             strides[1] = {TILE_K * 2};
+            const cuuint32_t box[2] = {BOX_K, 16}, estr[2] = {1, 1};
+            map_ok = ((PFN_cuTensorMapEncodeTiled_v12000)fn)(
+                         &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf, dims, strides, box, estr,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+        }
+    }
+    /* Best ms of one variant (0 where it cannot run). */
+    auto run_ring = [&](int copy, int barrier) -> double {
+        if (!ring_on || (copy == COPY_2D && !map_ok)) return 0;
+        const long long w = copy == COPY_2D ? (long long)rows_b * TILE_K * 2 / 16 : wpb;
+        ring_args ra = {buf, w, per_launch, n_parts, kernels, slots, flight < slots ? flight : 0, barrier,
+                        poll_ns, copy, rows_b, outs, ctr};
+        double best_ms = 1e30;
+        for (int r = 0; r < reps; r++) {
             CHECK(cudaMemsetAsync(outs, 0, (size_t)kernels * grid * sizeof(int), s));
             CHECK(cudaMemsetAsync(ctr, 0, sizeof(int), s));
             CHECK(cudaEventRecord(e0, s));
-            ring_kernel<<<grid, (RING_CONSUMERS + 1) * 32, ring_smem, s>>>(ra);
+            ring_kernel<<<grid, (RING_CONSUMERS + 1) * 32, ring_smem, s>>>(ra, map);
             CHECK(cudaGetLastError());
             CHECK(cudaEventRecord(e1, s));
             CHECK(cudaStreamSynchronize(s));
@@ -355,23 +413,30 @@ int main(int argc, char **argv) {
             CHECK(cudaMemcpy(&last, outs + (size_t)(kernels - 1) * grid, sizeof last, cudaMemcpyDeviceToHost));
             if (last != kernels) {
                 printf("ring: the chain ended at %d, not %d: a phase read the one before too early\n", last, kernels);
-                return 1;
+                exit(1);
             }
-            if (ms < ring_best[1 - barrier]) ring_best[1 - barrier] = ms;
+            if (ms < best_ms) best_ms = ms;
         }
+        return best_ms;
+    };
+    const char *ring_names[] = {"ring", "ring-free", "ring-hint", "ring-2d"};
+    const double ring_ms[4] = {run_ring(COPY_1D, 1), run_ring(COPY_1D, 0), run_ring(COPY_1D_HINT, 0),
+                               run_ring(COPY_2D, 0)};
+    const double ring_bytes[4] = {(double)wpb * 16 * grid * kernels, (double)wpb * 16 * grid * kernels,
+                                  (double)wpb * 16 * grid * kernels, (double)rows_b * TILE_K * 2 * grid * kernels};
     const double bytes = (double)per_launch * 16 * kernels;
-    printf("ring: %d slots of %d KB, at most %d in flight, poll sleep %d ns\n", slots, RING_STAGE / 1024,
-           flight && flight < slots ? flight : slots, poll_ns);
+    printf("ring: %d slots of %d KB, at most %d in flight, poll sleep %d ns; ring-2d: %d rows a block a phase\n", slots,
+           RING_STAGE / 1024, flight && flight < slots ? flight : slots, poll_ns, rows_b);
     printf("%-9s %10s %12s %12s %10s\n", "mode", "ms", "us/launch", "over stream", "TB/s");
     for (int mode = 0; mode < 3; mode++)
         printf("%-9s %10.3f %12.2f %12.2f %10.2f\n", names[mode], best[mode], 1e3 * best[mode] / kernels,
                1e3 * (best[mode] - one) / kernels, bytes / (best[mode] * 1e-3) / 1e12);
     printf("%-9s %10.3f %12.2f %12s %10.2f\n", "stream", (double)one, 1e3 * one / kernels, "-",
            bytes / (one * 1e-3) / 1e12);
-    const char *ring_names[] = {"ring", "ring-free"};
-    for (int m = 0; m < 2 && ring_on; m++)
-        printf("%-9s %10.3f %12.2f %12.2f %10.2f\n", ring_names[m], ring_best[m], 1e3 * ring_best[m] / kernels,
-               1e3 * (ring_best[m] - one) / kernels, bytes / (ring_best[m] * 1e-3) / 1e12);
+    for (int m = 0; m < 4; m++)
+        if (ring_ms[m] > 0) /* (ring-2d streams its own bytes: compare its TB/s) */
+            printf("%-9s %10.3f %12.2f %12.2f %10.2f\n", ring_names[m], ring_ms[m], 1e3 * ring_ms[m] / kernels,
+                   m < 3 ? 1e3 * (ring_ms[m] - one) / kernels : 0.0, ring_bytes[m] / (ring_ms[m] * 1e-3) / 1e12);
     cudaFree(buf);
     cudaFree(outs);
     cudaFree(ctr);
