@@ -267,6 +267,24 @@ static void launch(const uint4 *buf, long long wpb, int grid, size_t smem, link 
     CHECK(cudaLaunchKernelEx(&cfg, chain_kernel, buf, wpb, l, mode));
 }
 
+/* Ends a timed run begun with e0 on s: its milliseconds, after checking that the chain of K launches or phases
+ * counted to K (a handover that let a block read too early ends it lower: says so and exits). */
+static float timed_end(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, const int *outs, int kernels, int grid,
+                       const char *what) {
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaStreamSynchronize(s));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    int last = 0;
+    CHECK(cudaMemcpy(&last, outs + (size_t)(kernels - 1) * grid, sizeof last, cudaMemcpyDeviceToHost));
+    if (last != kernels) {
+        printf("%s: the chain ended at %d, not %d: a launch or phase read the one before too early\n", what, last,
+               kernels);
+        exit(1);
+    }
+    return ms;
+}
+
 int main(int argc, char **argv) {
     int kernels = 200, reps = 5, smem_kb = 160, ring_kb = 192, flight = 2, poll_ns = 0;
     double mb = 32.0;
@@ -337,17 +355,7 @@ int main(int argc, char **argv) {
                 l.done = ctr + 2 * (k % COUNTERS);
                 launch(buf + (k % n_parts) * per_launch, wpb, grid, smem, l, mode, mode != MODE_SERIAL && k > 0, s);
             }
-            CHECK(cudaEventRecord(e1, s));
-            CHECK(cudaStreamSynchronize(s));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            int last = 0;
-            CHECK(cudaMemcpy(&last, outs + (size_t)(kernels - 1) * grid, sizeof last, cudaMemcpyDeviceToHost));
-            if (last != kernels) {
-                printf("%s: the chain ended at %d, not %d: a launch read the one before too early\n", names[mode], last,
-                       kernels);
-                return 1;
-            }
+            const float ms = timed_end(s, e0, e1, outs, kernels, grid, names[mode]);
             if (ms < best[mode]) best[mode] = ms;
             /* The last launch's pair is never passed through: clear the counters for the next pass. */
             if (mode == MODE_FLAG) CHECK(cudaMemset(ctr, 0, COUNTERS * 2 * sizeof(int)));
@@ -392,6 +400,7 @@ int main(int argc, char **argv) {
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
         }
     }
+    const char *ring_names[] = {"ring", "ring-free", "ring-hint", "ring-2d"};
     /* Best ms of one variant (0 where it cannot run). */
     auto run_ring = [&](int copy, int barrier) -> double {
         if (!ring_on || (copy == COPY_2D && !map_ok)) return 0;
@@ -405,21 +414,12 @@ int main(int argc, char **argv) {
             CHECK(cudaEventRecord(e0, s));
             ring_kernel<<<grid, (RING_CONSUMERS + 1) * 32, ring_smem, s>>>(ra, map);
             CHECK(cudaGetLastError());
-            CHECK(cudaEventRecord(e1, s));
-            CHECK(cudaStreamSynchronize(s));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            int last = 0;
-            CHECK(cudaMemcpy(&last, outs + (size_t)(kernels - 1) * grid, sizeof last, cudaMemcpyDeviceToHost));
-            if (last != kernels) {
-                printf("ring: the chain ended at %d, not %d: a phase read the one before too early\n", last, kernels);
-                exit(1);
-            }
+            const int name = copy == COPY_1D ? (barrier ? 0 : 1) : copy + 1; /* (ring_names' order) */
+            const float ms = timed_end(s, e0, e1, outs, kernels, grid, ring_names[name]);
             if (ms < best_ms) best_ms = ms;
         }
         return best_ms;
     };
-    const char *ring_names[] = {"ring", "ring-free", "ring-hint", "ring-2d"};
     const double ring_ms[4] = {run_ring(COPY_1D, 1), run_ring(COPY_1D, 0), run_ring(COPY_1D_HINT, 0),
                                run_ring(COPY_2D, 0)};
     const double ring_bytes[4] = {(double)wpb * 16 * grid * kernels, (double)wpb * 16 * grid * kernels,
