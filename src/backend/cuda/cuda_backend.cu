@@ -129,12 +129,21 @@ static ds_error *cu_weight(ds_backend *be, const ds_st_tensor *src, int64_t rows
         return ds_errorf("cuda backend: cannot copy tensor %s (%zu bytes) to the device: %s", src->name, src->nbytes,
                          cudaGetErrorString(e));
     }
+    if (src->dtype == DS_BF16) {
+        ds_error *err = ds_cu_boxes_add(cb, src->name, out->data, rows, cols);
+        if (err) {
+            cudaFree(out->data);
+            *out = ds_no_tensor();
+            return err;
+        }
+    }
     return NULL;
 }
 
 static void cu_release(ds_backend *be, ds_tensor *t) {
     if (t->owned && t->data) {
         ds_cu(be)->gen++;
+        ds_cu_boxes_drop(ds_cu(be), t->data);
         ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
     }
     *t = ds_no_tensor();
@@ -200,6 +209,7 @@ static void cu_destroy(ds_backend *be) {
     if (cb->idx) cudaFree(cb->idx);
     if (cb->ring_ctr) cudaFree(cb->ring_ctr);
     ds_cu_tmaps_free(cb);
+    ds_cu_boxes_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->err) ds_error_free(cb->err);

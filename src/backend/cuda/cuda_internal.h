@@ -83,6 +83,7 @@ typedef struct {
     uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
+    struct ds_cu_boxes *boxes; /* box-contiguous weight copies (weight_boxes.cu, DS_CUDA_RING_BOXES), or NULL */
     int *ring_ctr;             /* the ring matmul's tile counters: DS_CU_RING_CTRS pairs (next tile, blocks done) */
     unsigned ring_seq;         /* ring launches so far: launch i uses pair i % DS_CU_RING_CTRS */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
@@ -106,6 +107,16 @@ static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *
 
 /* Frees the ring matmul's tensor map cache. */
 void ds_cu_tmaps_free(ds_cuda_backend *cb);
+
+/* Box-contiguous copies of bf16 weights for the ring (weight_boxes.cu; DS_CUDA_RING_BOXES=1, an experiment):
+ * made as a weight is uploaded (a no-op when off or where the shape does not fit), found by the weight's data,
+ * dropped with it. */
+bool ds_cu_boxes_on(void);
+ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols);
+const uint16_t *ds_cu_boxes_of(const ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols,
+                               int64_t stride);
+void ds_cu_boxes_drop(ds_cuda_backend *cb, const void *w);
+void ds_cu_boxes_free(ds_cuda_backend *cb);
 
 /* Step regions (graphs.cu). */
 bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step);

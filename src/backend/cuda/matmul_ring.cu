@@ -135,6 +135,8 @@ struct ring_maps {
     CUtensorMap w[DS_MMA_MAX_SEG];
     CUtensorMap up; /* SwiGLU's second weight (one segment) */
     CUtensorMap x;
+    /* DS_CUDA_RING_BOXES: the weights' box-contiguous copies (weight_boxes.cu), a box one 1-D copy; NULL: by map */
+    const uint16_t *bx[DS_MMA_MAX_SEG], *bx_up;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -168,6 +170,14 @@ __device__ __forceinline__ void consumers_sync(void) {
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                  "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* The same with an L2 cache policy. */
+__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                               uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+                 "%4;" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                  : "memory");
 }
 /* A box of a 2-D tensor at (k, row) into shared dst; out-of-range
@@ -313,11 +323,20 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             slot_tile[c.slot] = tile; /* published by the arrive below */
             bar_expect(full, stage_tx + (XC || !NORM ? 0 : c.kn * p.nw_size));
 #pragma unroll
-            for (int v = 0; v < NW; v++)
+            for (int v = 0; v < NW; v++) {
+                const uint16_t *bx = v && !PAIR ? maps.bx_up : maps.bx[seg];
+                const int row = n0 + (PAIR ? v * MMA_ROWS : 0);
 #pragma unroll
                 for (int b = 0; b < BOXES; b++)
-                    tensor_load(st + (v * BOXES + b) * RING_WBOX, v && !PAIR ? &maps.up : &maps.w[seg],
-                                c.k0 + b * RING_BOX, n0 + (PAIR ? v * MMA_ROWS : 0), full, stream);
+                    if (bx) /* box (row / 16, k / 256) of the copy: 8 KB at element (row / 16 * K / 256 + k / 256) * 4096 */
+                        bulk_load_hint(st + (v * BOXES + b) * RING_WBOX,
+                                       bx + ((int64_t)(row / MMA_ROWS) * (K / RING_BOX) + (c.k0 + b * RING_BOX) / RING_BOX) *
+                                                (RING_WBOX / 2),
+                                       RING_WBOX, full, stream);
+                    else
+                        tensor_load(st + (v * BOXES + b) * RING_WBOX, v && !PAIR ? &maps.up : &maps.w[seg],
+                                    c.k0 + b * RING_BOX, row, full, stream);
+            }
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
             if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
@@ -607,7 +626,8 @@ static void plan_sums(ring_plan *p, int nw) {
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
  * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
  * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
- * tiles statically (b, b + grid, ...); DS_CUDA_RING_KB caps the ring's
+ * tiles statically (b, b + grid, ...); DS_CUDA_RING_BOXES=1 streams the
+ * weights' box-contiguous copies (weight_boxes.cu); DS_CUDA_RING_KB caps the ring's
  * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
  * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
@@ -897,6 +917,11 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
                             v ? &maps.up : &maps.w[i]))
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
+    /* DS_CUDA_RING_BOXES: weights with a box copy stream it, where every stage's boxes lie inside K. */
+    if (ds_cu_boxes_on() && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
+        for (int i = 0; i < a->nseg; i++) maps.bx[i] = ds_cu_boxes_of(cb, a->seg[i].w, a->seg[i].n, K, a->seg[i].ws);
+        if (nw == 2 && !p.pair) maps.bx_up = ds_cu_boxes_of(cb, a->seg[0].w2, a->seg[0].n, K, a->seg[0].ws);
+    }
     const int bytes = xc ? p.nws_off + xc_norm_bytes(a, K, p) : p.xc_off;
     const int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
