@@ -85,12 +85,6 @@ void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);
-/* DS_X_BF16 (src/base/dtype.h): x rounded to bf16 where w is bf16, as a new
- * [rows, cols] buffer that *x then describes (the caller frees it); NULL, x
- * untouched, otherwise (always in the default build). A norm before the
- * matmul has already run (cpu_rmsnorm), so the rounded value is
- * bf16((x / rms) * w), as on the GPU. */
-float *ds_cpu_x_bf16(ds_tensor *x, ds_tensor w);
 /* The sampling ops (cpu_sample.c). */
 void ds_cpu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampling *s);
 void ds_cpu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);

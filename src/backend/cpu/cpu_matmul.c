@@ -245,22 +245,33 @@ static float *bias_f32(ds_tensor bias, int64_t n) {
     return b;
 }
 
-float *ds_cpu_x_bf16(ds_tensor *x, ds_tensor w) {
-    if (!DS_X_BF16_ON || w.dtype != DS_BF16) return NULL;
+/* DS_X_BF16 (src/base/dtype.h): x rounded to bf16 where w is bf16, in a new [rows, cols] buffer (*copy, the
+ * caller frees it) that *x then describes; *copy = NULL and x untouched otherwise (always in the fp32-x build). A
+ * norm before the matmul has already run (cpu_rmsnorm), so the rounded value is bf16((x / rms) * w), as on the
+ * GPU. False (reported to the backend) when the copy cannot be allocated: x is never multiplied unrounded. */
+static bool x_bf16(ds_backend *be, const char *op, ds_tensor *x, ds_tensor w, float **copy) {
+    *copy = NULL;
+    if (!DS_X_BF16_ON || w.dtype != DS_BF16) return true;
     float *c = malloc((size_t)(x->rows * x->cols) * sizeof(float));
-    if (!c) return NULL; /* (the experiment then multiplies x as it is) */
+    if (!c) {
+        ds_cpu_fail(be, op, "out of memory for x rounded to bf16 (%lldx%lld)", (long long)x->rows,
+                    (long long)x->cols);
+        return false;
+    }
     for (int64_t r = 0; r < x->rows; r++)
         memcpy(c + r * x->cols, (const float *)x->data + r * x->stride, (size_t)x->cols * sizeof(float));
     ds_round_bf16_n(c, (size_t)(x->rows * x->cols));
     x->data = c;
     x->stride = x->cols;
-    return c;
+    *copy = c;
+    return true;
 }
 
 void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                           const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res) {
     if (x.rows <= 0) return;
-    float *xr = ds_cpu_x_bf16(&x, ws[0]); /* (the weights of one call share a dtype) */
+    float *xr;
+    if (!x_bf16(be, "linear", &x, ws[0], &xr)) return; /* (the weights of one call share a dtype) */
     ds_pool *pool = ds_cpu_pool(be);
     narrow_job j = {.x = x, .be = be, .n = n, .epi = epi, .res = res};
     int64_t groups = 0, macs = 0;
@@ -320,7 +331,8 @@ void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_t
         ds_cpu_linear_narrow(be, 1, &out, x, &w, &bias, DS_EPI_STORE, ds_no_tensor());
         return;
     }
-    float *xr = ds_cpu_x_bf16(&x, w);
+    float *xr;
+    if (!x_bf16(be, "linear", &x, w, &xr)) return;
     float *b = bias_f32(bias, w.rows);
     linear_job j = {.out = out, .x = x, .w = w, .bias = b};
     ds_pool *pool = ds_cpu_pool(be);
