@@ -123,6 +123,8 @@ typedef struct {
     int64_t graphs;       /* recordings held now */
     int64_t d2h;          /* device->host copies the host waited for (downloads, argmax / walk results outside
                              regions, region outputs): a greedy DSpark round with graphs on makes one */
+    int64_t weight_copies;     /* weights the backend also holds in a layout of its own (CUDA: the ring's boxes) */
+    int64_t weight_copy_bytes; /* the device memory those copies take */
 } ds_region_stats;
 
 typedef struct {
@@ -415,7 +417,7 @@ static inline void ds_region_end(ds_backend *be) {
     if (be->ops->region_end) be->ops->region_end(be);
 }
 static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
-    ds_region_stats s = {false, 0, 0, 0, 0, 0};
+    ds_region_stats s = {false, 0, 0, 0, 0, 0, 0, 0};
     if (be->ops->region_stats) be->ops->region_stats(be, &s);
     return s;
 }

@@ -371,6 +371,9 @@ done:
         cJSON_AddNumberToObject(g, "replays", (double)rs.replays);
         cJSON_AddNumberToObject(g, "regions_op_by_op", (double)rs.eager);
         cJSON_AddNumberToObject(g, "graphs_held", (double)rs.graphs);
+        cJSON *wc = cJSON_AddObjectToObject(root, "weight_copies"); /* CUDA: the ring's box copies */
+        cJSON_AddNumberToObject(wc, "tensors", (double)rs.weight_copies);
+        cJSON_AddNumberToObject(wc, "bytes", (double)rs.weight_copy_bytes);
     }
     free(tm);
     return e;
@@ -397,6 +400,10 @@ static void print_report(const cJSON *r) {
                                                       ? "this backend has none"
                                                       : "DS_CUDA_GRAPHS=0, DS_CUDA_PROFILE or DS_CUDA_RING_TRACE");
     }
+    const cJSON *wc = cJSON_GetObjectItemCaseSensitive(r, "weight_copies");
+    if (wc && NUM(wc, "tensors") > 0)
+        printf("layout     %.0f weights also held as 16 x 256 boxes for the ring: %.3f GB more device memory\n",
+               NUM(wc, "tensors"), NUM(wc, "bytes") / 1e9);
     printf("prefill    %.0f tokens: %.2f ms, %.1f tokens/s\n", NUM(r, "prompt_len"), NUM(pf, "seconds") * 1e3,
            NUM(pf, "tokens_per_s"));
     printf("AR decode  %.3f ms/token, %.2f tokens/s; HBM floor %.3f ms/token (%.0f%% of it reached)\n",

@@ -293,6 +293,7 @@ void ds_cu_region_stats(ds_backend *be, ds_region_stats *out) {
     *out = cb->stats;
     out->graphs = 0;
     for (int i = 0; i < cb->n_graphs; i++) out->graphs += cb->graphs[i].exec != NULL;
+    ds_cu_boxes_stats(cb, &out->weight_copies, &out->weight_copy_bytes);
 }
 
 const int32_t *ds_cu_step_ptr(ds_cuda_backend *cb, const char *op, const int32_t *p, int64_t n) {

@@ -135,7 +135,7 @@ struct ring_maps {
     CUtensorMap w[DS_MMA_MAX_SEG];
     CUtensorMap up; /* SwiGLU's second weight (one segment) */
     CUtensorMap x;
-    /* DS_CUDA_RING_BOXES: the weights' box-contiguous copies (weight_boxes.cu), a box one 1-D copy; NULL: by map */
+    /* The weights' box-contiguous copies (weight_boxes.cu), a box one 1-D copy; NULL: by map */
     const uint16_t *bx[DS_MMA_MAX_SEG], *bx_up;
 };
 
@@ -626,8 +626,9 @@ static void plan_sums(ring_plan *p, int nw) {
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
  * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
  * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
- * tiles statically (b, b + grid, ...); DS_CUDA_RING_BOXES=1 streams the
- * weights' box-contiguous copies (weight_boxes.cu); DS_CUDA_RING_KB caps the ring's
+ * tiles statically (b, b + grid, ...); DS_CUDA_RING_BOXES (auto, 1 or 0)
+ * decides which weights get box-contiguous copies to stream (weight_boxes.cu:
+ * auto, the default, where memory allows; 0, none); DS_CUDA_RING_KB caps the ring's
  * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
  * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
  * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
@@ -917,7 +918,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
                             v ? &maps.up : &maps.w[i]))
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
-    /* DS_CUDA_RING_BOXES: weights with a box copy stream it, where every stage's boxes lie inside K. */
+    /* Weights with a box copy (weight_boxes.cu) stream it, where every stage's boxes lie inside K. */
     if (ds_cu_boxes_on() && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
         for (int i = 0; i < a->nseg; i++) maps.bx[i] = ds_cu_boxes_of(cb, a->seg[i].w, a->seg[i].n, K, a->seg[i].ws);
         if (nw == 2 && !p.pair) maps.bx_up = ds_cu_boxes_of(cb, a->seg[0].w2, a->seg[0].n, K, a->seg[0].ws);
