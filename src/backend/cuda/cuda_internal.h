@@ -108,14 +108,13 @@ static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *
 /* Frees the ring matmul's tensor map cache. */
 void ds_cu_tmaps_free(ds_cuda_backend *cb);
 
-/* Box-contiguous copies of bf16 weights for the ring (weight_boxes.cu; DS_CUDA_RING_BOXES=auto|1|0): made as
- * a weight is uploaded (a no-op when off, where the shape does not fit, or in auto mode where memory is short),
- * found by the weight's data, dropped with it. */
+/* Box-contiguous copies of bf16 weights for the ring (weight_boxes.cu; DS_CUDA_RING_BOXES=auto|1|0): a weight
+ * is registered as it is uploaded (=1: copied then), found by its data (auto: copied at its first use outside a
+ * recording, where memory allows), dropped with it. */
 bool ds_cu_boxes_on(void);
 void ds_cu_boxes_stats(const ds_cuda_backend *cb, int64_t *tensors, int64_t *bytes);
 ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols);
-const uint16_t *ds_cu_boxes_of(const ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols,
-                               int64_t stride);
+const uint16_t *ds_cu_boxes_of(ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols, int64_t stride);
 void ds_cu_boxes_drop(ds_cuda_backend *cb, const void *w);
 void ds_cu_boxes_free(ds_cuda_backend *cb);
 

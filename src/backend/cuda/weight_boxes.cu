@@ -16,11 +16,16 @@
  *
  * The copy costs the weight's memory again. The row-major weight stays: the
  * prefill GEMMs (cuBLAS), the per-tile kernel and the Markov walk read it.
- * In auto mode a copy is made only while a quarter of the device's memory
- * stays free after it (for the KV cache and scratch); the weights past that
- * stream by tensor map, as with DS_CUDA_RING_BOXES=0. An 8B model on the
- * H200 gets copies of every weight (16 GB more); a 32B one, about two
- * thirds. */
+ * In auto mode an upload only registers the weight; its copy is made at its
+ * first use by the ring outside a recording (a step's first run is op by
+ * op), once the model, its drafter and their caches have their memory, and
+ * only while a quarter of the device's memory stays free after it. Copies
+ * made at upload would not know the later weights' needs: a model that fits
+ * without copies could then fail to load. Weights that get no copy stream
+ * by tensor map, as with DS_CUDA_RING_BOXES=0 (an 8B model and its drafter
+ * on the H200: all 294 copied, 21 GB more). DS_CUDA_RING_BOXES=1 copies
+ * every weight as it is uploaded, and fails the upload where it cannot. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,12 +38,14 @@
 typedef struct {
     const void *w; /* the weight's row-major data (NULL: a free slot) */
     int64_t rows, cols;
-    uint16_t *boxes;
+    uint16_t *boxes; /* NULL: not made (yet: auto mode, until its first use; or declined) */
+    bool declined;   /* auto mode: there was not the memory for it at its first use */
 } box_entry;
 
 struct ds_cu_boxes {
     box_entry e[BOXES_CAP];
-    int n;
+    int n;         /* entries */
+    int made;      /* copies */
     int64_t bytes; /* held by the copies */
 };
 
@@ -59,7 +66,7 @@ static int boxes_mode(void) {
 bool ds_cu_boxes_on(void) { return boxes_mode() > 0; }
 
 void ds_cu_boxes_stats(const ds_cuda_backend *cb, int64_t *tensors, int64_t *bytes) {
-    *tensors = cb->boxes ? cb->boxes->n : 0;
+    *tensors = cb->boxes ? cb->boxes->made : 0;
     *bytes = cb->boxes ? cb->boxes->bytes : 0;
 }
 
@@ -75,6 +82,40 @@ __global__ void boxes_kernel(uint16_t *dst, const uint16_t *src, int64_t cols, i
     *(uint4 *)(dst + q * 8) = *(const uint4 *)(src + row * cols + k);
 }
 
+/* The copy of a rows x cols weight at w into *out, launched on the stream; auto: NULL where the memory is short
+ * (a quarter of the device kept free) or the allocation fails, else an error naming the tensor. */
+static ds_error *make_copy(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols,
+                           bool auto_mode, uint16_t **out) {
+    *out = NULL;
+    const size_t bytes = (size_t)(rows * cols) * 2;
+    if (auto_mode) {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || free_b < bytes + total_b / 4) {
+            (void)cudaGetLastError();
+            return NULL;
+        }
+    }
+    uint16_t *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return auto_mode ? NULL
+                         : ds_errorf("cuda backend: tensor %s: cannot allocate %zu bytes for its box copy "
+                                     "(DS_CUDA_RING_BOXES=1): %s",
+                                     name, bytes, cudaGetErrorString(e));
+    }
+    const int64_t pieces = rows * cols / 8;
+    boxes_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, cb->stream>>>(p, (const uint16_t *)w, cols, pieces);
+    if ((e = cudaGetLastError()) != cudaSuccess) {
+        cudaFree(p);
+        return ds_errorf("cuda backend: tensor %s: its box copy failed: %s", name, cudaGetErrorString(e));
+    }
+    *out = p;
+    cb->boxes->made++;
+    cb->boxes->bytes += (int64_t)bytes;
+    return NULL;
+}
+
 ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols) {
     const int mode = boxes_mode();
     if (mode == BOXES_BAD)
@@ -85,43 +126,41 @@ ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, 
         return ds_errorf("cuda backend: out of memory (the weights' box table)");
     if (cb->boxes->n >= BOXES_CAP / 2) return NULL; /* the table kept sparse: later weights stream by tensor map */
     uint16_t *p = NULL;
-    const size_t bytes = (size_t)(rows * cols) * 2;
-    if (mode == BOXES_AUTO) { /* a quarter of the device kept free */
-        size_t free_b = 0, total_b = 0;
-        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || free_b < bytes + total_b / 4) {
-            (void)cudaGetLastError();
-            return NULL;
-        }
-    }
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess && mode == BOXES_AUTO) { /* the row-major weight serves */
-        (void)cudaGetLastError();
-        return NULL;
-    }
-    if (e != cudaSuccess)
-        return ds_errorf("cuda backend: tensor %s: cannot allocate %zu bytes for its box copy (DS_CUDA_RING_BOXES=1): %s",
-                         name, bytes, cudaGetErrorString(e));
-    const int64_t pieces = rows * cols / 8;
-    boxes_kernel<<<(unsigned)((pieces + 255) / 256), 256, 0, cb->stream>>>(p, (const uint16_t *)w, cols, pieces);
-    if ((e = cudaGetLastError()) != cudaSuccess) {
-        cudaFree(p);
-        return ds_errorf("cuda backend: tensor %s: its box copy failed: %s", name, cudaGetErrorString(e));
-    }
+    if (mode == BOXES_ALWAYS) DS_TRY(make_copy(cb, name, w, rows, cols, false, &p));
     size_t i = slot_of(w);
     while (cb->boxes->e[i].w) i = (i + 1) & (BOXES_CAP - 1);
-    cb->boxes->e[i] = box_entry{w, rows, cols, p};
+    cb->boxes->e[i] = box_entry{w, rows, cols, p, false};
     cb->boxes->n++;
-    cb->boxes->bytes += (int64_t)bytes;
     return NULL;
 }
 
-const uint16_t *ds_cu_boxes_of(const ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols,
-                               int64_t stride) {
+const uint16_t *ds_cu_boxes_of(ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols, int64_t stride) {
     if (!cb->boxes || stride != cols) return NULL;
     for (size_t i = slot_of(w);; i = (i + 1) & (BOXES_CAP - 1)) {
-        const box_entry *b = &cb->boxes->e[i];
+        box_entry *b = &cb->boxes->e[i];
         if (!b->w) return NULL;
-        if (b->w == w) return b->rows == rows && b->cols == cols ? b->boxes : NULL;
+        if (b->w != w) continue;
+        if (b->rows != rows || b->cols != cols) return NULL;
+        if (!b->boxes && !b->declined) { /* auto mode's first use: made now, unless the stream is being recorded */
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+                (void)cudaGetLastError();
+                return NULL;
+            }
+            char name[64];
+            snprintf(name, sizeof name, "(a %lld x %lld weight)", (long long)rows, (long long)cols);
+            ds_error *e = make_copy(cb, name, w, rows, cols, true, &b->boxes);
+            if (e) {
+                ds_cu_fail(cb, "weight boxes", "%s", ds_error_message(e));
+                ds_error_free(e);
+            }
+            b->declined = !b->boxes;
+            /* The ring's producer reads a weight before its grid wait (a weight is written by uploads only), and
+             * a programmatic launch may begin before the copy's writes are visible: the copy is waited for here,
+             * once, in the step's first (op by op) run. */
+            if (b->boxes && !ds_cu_ok(cb, "weight boxes", cudaStreamSynchronize(cb->stream))) return NULL;
+        }
+        return b->boxes;
     }
 }
 
@@ -130,8 +169,11 @@ void ds_cu_boxes_drop(ds_cuda_backend *cb, const void *w) {
     size_t i = slot_of(w);
     while (cb->boxes->e[i].w && cb->boxes->e[i].w != w) i = (i + 1) & (BOXES_CAP - 1);
     if (!cb->boxes->e[i].w) return;
-    cudaFree(cb->boxes->e[i].boxes);
-    cb->boxes->bytes -= cb->boxes->e[i].rows * cb->boxes->e[i].cols * 2;
+    if (cb->boxes->e[i].boxes) {
+        cudaFree(cb->boxes->e[i].boxes);
+        cb->boxes->made--;
+        cb->boxes->bytes -= cb->boxes->e[i].rows * cb->boxes->e[i].cols * 2;
+    }
     /* Backward-shift deletion: the entries after it that probed past this slot move up. */
     size_t hole = i;
     for (size_t j = (i + 1) & (BOXES_CAP - 1); cb->boxes->e[j].w; j = (j + 1) & (BOXES_CAP - 1)) {
