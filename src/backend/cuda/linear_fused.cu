@@ -158,18 +158,20 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
     }
 }
 
+bool ds_cu_rmsnorm_mma_order(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, float eps) {
+    if (!DS_X_BF16_ON || x.cols % 32 || x.rows > INT32_MAX) return false;
+    ds_cu_launch(rmsnorm_mma_order_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)out.data,
+                 out.stride, (const float *)x.data, x.stride, w.data, (int)w.dtype, (int)x.cols, eps);
+    ds_cu_launched(cb, op);
+    return true;
+}
+
 static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps) {
     ds_tensor xn = ds_no_tensor();
     float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols) * sizeof(float));
     if (!p) return xn;
     xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
-    if (DS_X_BF16_ON && x.cols % 32 == 0) {
-        ds_cu_launch(rmsnorm_mma_order_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
-                     xn.stride, (const float *)x.data, x.stride, nw.data, (int)nw.dtype, (int)x.cols, eps);
-        ds_cu_launched(cb, op);
-    } else {
-        ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
-    }
+    if (!ds_cu_rmsnorm_mma_order(cb, op, xn, x, nw, eps)) ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
     return xn;
 }
 
