@@ -102,8 +102,10 @@
  * where the ring had landed 1-3 us before the consumers finished the prologue: session 23, call 3). 17 warps
  * cap a thread at 96 registers (5 warps on sub-partition 0), which the normed kernels already use; XR kernels
  * move registers from the producer warp (down to RING_XR_PRODUCER_REGS) to the consumers (up to
- * RING_XR_CONSUMER_REGS) with setmaxnreg: sub-partition 0 holds 4 consumer warps and the producer, 4 x 120 +
- * 24 <= 512 registers a lane. */
+ * RING_XR_CONSUMER_REGS) with setmaxnreg, per warpgroup: XR kernels launch the producer's warpgroup whole (20
+ * warps), so each sub-partition holds 4 consumer warps and one of the producer's, 4 x 120 + 32 = 512 registers a
+ * lane (ptxas: 96 at launch, no spills; with 24 for the producer, its code spilled). DS_CUDA_RING_XREG=1 takes XR
+ * at every row count, =2 from two rows (where the split's room matters). */
 #define RING_XR_SLOTS RING_XB_NORM
 #define RING_XR_PRODUCER_REGS 32
 #define RING_XR_CONSUMER_REGS 120
@@ -710,7 +712,7 @@ typedef struct {
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
-    bool xreg;     /* DS_CUDA_RING_XREG=1: XR where it applies (see RING_XR_SLOTS) */
+    int xreg;      /* DS_CUDA_RING_XREG=1 / 2: XR where it applies / from two rows (see RING_XR_SLOTS) */
     int xc_max_k;  /* DS_CUDA_RING_XC_MAX_K: the longest row split once per block (default RING_XC_MAX_K) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -752,7 +754,7 @@ static const ring_settings *ring_env(void) {
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
-        r.xreg = (v = getenv("DS_CUDA_RING_XREG")) && !strcmp(v, "1");
+        r.xreg = (v = getenv("DS_CUDA_RING_XREG")) && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         r.xc_max_k = (v = getenv("DS_CUDA_RING_XC_MAX_K")) && atoi(v) > 0 ? atoi(v) : RING_XC_MAX_K;
         read = true;
     }
@@ -889,7 +891,8 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     const int nw_bytes = xc_norm_bytes(a, K, p);
     const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
-    p.xr = env->xreg && DS_X_BF16_ON && a->norm_w && K % 32 == 0 && K <= MMA_WARPS * 32 * RING_XR_SLOTS;
+    p.xr = env->xreg && (env->xreg == 1 || M > 1) && DS_X_BF16_ON && a->norm_w && K % 32 == 0 &&
+           K <= MMA_WARPS * 32 * RING_XR_SLOTS;
     const int split_bytes = p.xr ? 0 : M * p.xc_row * 4; /* XR: in the consumers' registers */
     const int xc_room = smem_cap - p.ring_off - (split_bytes + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
