@@ -560,10 +560,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
             v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0 && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
     static int trig = -1, ahead_on = -1, pos_early = -1;
     if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
-    if (pos_early < 0) {
-        const char *v = getenv("DS_CUDA_ATT_POS_EARLY");
-        pos_early = v && !strcmp(v, "1");
-    }
+    if (pos_early < 0) pos_early = ds_cu_env_set("DS_CUDA_ATT_POS_EARLY");
     g.pos_early = pos_early;
     if (ahead_on < 0) ahead_on = ds_cu_env_on("DS_CUDA_ATT_AHEAD");
     g.trigger = trig;

@@ -232,6 +232,11 @@ static inline bool ds_cu_env_on(const char *name) {
     const char *v = getenv(name);
     return !(v && !strcmp(v, "0"));
 }
+/* True when the environment variable `name` is "1" (an experiment's switch, off by default). */
+static inline bool ds_cu_env_set(const char *name) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, "1");
+}
 /* Whether positions pos[0..n) are pos[0], pos[0] + 1, ... */
 static inline bool ds_cu_consecutive(const int32_t *pos, int64_t n) {
     for (int64_t i = 1; i < n; i++)

@@ -511,10 +511,7 @@ static bool walk_fused(unsigned blocks) {
 
 /* DS_CUDA_MARKOV_SMEM=1: the one-launch walk keeps its per-step constants in shared memory (markov_walk_kernel;
  * an experiment, off by default; read at each call, so that a test can run both). */
-static bool walk_smem_operands(void) {
-    const char *v = getenv("DS_CUDA_MARKOV_SMEM");
-    return v && !strcmp(v, "1");
-}
+static bool walk_smem_operands(void) { return ds_cu_env_set("DS_CUDA_MARKOV_SMEM"); }
 
 /* Whether all `blocks` blocks of the walk kernel can be resident at once
  * (its grid barrier waits for every block). */

@@ -743,8 +743,7 @@ static const ring_settings *ring_env(void) {
         r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
         r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
         r.min_tiles = mt && *mt ? atoi(mt) : -1;
-        const char *pp = getenv("DS_CUDA_RING_PIPE");
-        r.pipe = pp && !strcmp(pp, "1");
+        r.pipe = ds_cu_env_set("DS_CUDA_RING_PIPE");
         r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
         const char *v;
         r.red2_rows = (v = getenv("DS_CUDA_RING_RED2_ROWS")) && *v ? atoi(v) : 1;

@@ -1,9 +1,6 @@
 /* RMSNorm and rotate-half RoPE on the GPU, fp32 throughout. One block
  * normalizes one (row, group) with a reduction order fixed by `dim` alone,
  * so a row's result never depends on the rows beside it. */
-#include <stdlib.h>
-#include <string.h>
-
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/norm_rope_math.cuh"
 #include "backend/cuda/ring_trace.h"
@@ -40,10 +37,7 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
      * norm before the LM head, the drafter's hidden_norm) then round to the CPU's bf16 values; rmsnorm_kernel's
      * order moves some by a bf16 step (the GPU's pico tau 2.727 against the CPU's 2.652, session 22). */
     static int mma_order = -1;
-    if (mma_order < 0) {
-        const char *v = getenv("DS_CUDA_NORM_MMA_ORDER");
-        mma_order = v && !strcmp(v, "1");
-    }
+    if (mma_order < 0) mma_order = ds_cu_env_set("DS_CUDA_NORM_MMA_ORDER");
     if (mma_order && dim == x.cols && ds_cu_rmsnorm_mma_order(cb, "rmsnorm", out, x, w, eps)) return;
     const int64_t groups = x.cols / dim;
     /* Wide rows (a whole hidden state) get more threads: a decode step's
