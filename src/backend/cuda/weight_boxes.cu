@@ -72,6 +72,13 @@ void ds_cu_boxes_stats(const ds_cuda_backend *cb, int64_t *tensors, int64_t *byt
 
 static size_t slot_of(const void *w) { return ((uintptr_t)w >> 8) * 0x9e3779b97f4a7c15ull >> 52 & (BOXES_CAP - 1); }
 
+/* The slot holding w's entry, or the free slot where its probe ends (the table is kept at most half full). */
+static size_t probe(const ds_cu_boxes *t, const void *w) {
+    size_t i = slot_of(w);
+    while (t->e[i].w && t->e[i].w != w) i = (i + 1) & (BOXES_CAP - 1);
+    return i;
+}
+
 /* One thread a 16-byte piece: piece q of box i (8 bf16 of row q / 32 of the box). */
 __global__ void boxes_kernel(uint16_t *dst, const uint16_t *src, int64_t cols, int64_t pieces) {
     const int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -127,8 +134,7 @@ ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, 
     if (cb->boxes->n >= BOXES_CAP / 2) return NULL; /* the table kept sparse: later weights stream by tensor map */
     uint16_t *p = NULL;
     if (mode == BOXES_ALWAYS) DS_TRY(make_copy(cb, name, w, rows, cols, false, &p));
-    size_t i = slot_of(w);
-    while (cb->boxes->e[i].w) i = (i + 1) & (BOXES_CAP - 1);
+    const size_t i = probe(cb->boxes, w); /* (free: a released weight's entry went with it) */
     cb->boxes->e[i] = box_entry{w, rows, cols, p, false};
     cb->boxes->n++;
     return NULL;
@@ -136,38 +142,33 @@ ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, 
 
 const uint16_t *ds_cu_boxes_of(ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols, int64_t stride) {
     if (!cb->boxes || stride != cols) return NULL;
-    for (size_t i = slot_of(w);; i = (i + 1) & (BOXES_CAP - 1)) {
-        box_entry *b = &cb->boxes->e[i];
-        if (!b->w) return NULL;
-        if (b->w != w) continue;
-        if (b->rows != rows || b->cols != cols) return NULL;
-        if (!b->boxes && !b->declined) { /* auto mode's first use: made now, unless the stream is being recorded */
-            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-            if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-                (void)cudaGetLastError();
-                return NULL;
-            }
-            char name[64];
-            snprintf(name, sizeof name, "(a %lld x %lld weight)", (long long)rows, (long long)cols);
-            ds_error *e = make_copy(cb, name, w, rows, cols, true, &b->boxes);
-            if (e) {
-                ds_cu_fail(cb, "weight boxes", "%s", ds_error_message(e));
-                ds_error_free(e);
-            }
-            b->declined = !b->boxes;
-            /* The ring's producer reads a weight before its grid wait (a weight is written by uploads only), and
-             * a programmatic launch may begin before the copy's writes are visible: the copy is waited for here,
-             * once, in the step's first (op by op) run. */
-            if (b->boxes && !ds_cu_ok(cb, "weight boxes", cudaStreamSynchronize(cb->stream))) return NULL;
+    box_entry *b = &cb->boxes->e[probe(cb->boxes, w)];
+    if (!b->w || b->rows != rows || b->cols != cols) return NULL;
+    if (!b->boxes && !b->declined) { /* auto mode's first use: made now, unless the stream is being recorded */
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+            (void)cudaGetLastError();
+            return NULL;
         }
-        return b->boxes;
+        char name[64];
+        snprintf(name, sizeof name, "(a %lld x %lld weight)", (long long)rows, (long long)cols);
+        ds_error *e = make_copy(cb, name, w, rows, cols, true, &b->boxes);
+        if (e) {
+            ds_cu_fail(cb, "weight boxes", "%s", ds_error_message(e));
+            ds_error_free(e);
+        }
+        b->declined = !b->boxes;
+        /* The ring's producer reads a weight before its grid wait (a weight is written by uploads only), and a
+         * programmatic launch may begin before the copy's writes are visible: the copy is waited for here, once,
+         * in the step's first (op by op) run. */
+        if (b->boxes && !ds_cu_ok(cb, "weight boxes", cudaStreamSynchronize(cb->stream))) return NULL;
     }
+    return b->boxes;
 }
 
 void ds_cu_boxes_drop(ds_cuda_backend *cb, const void *w) {
     if (!cb->boxes) return;
-    size_t i = slot_of(w);
-    while (cb->boxes->e[i].w && cb->boxes->e[i].w != w) i = (i + 1) & (BOXES_CAP - 1);
+    const size_t i = probe(cb->boxes, w);
     if (!cb->boxes->e[i].w) return;
     if (cb->boxes->e[i].boxes) {
         cudaFree(cb->boxes->e[i].boxes);
