@@ -103,7 +103,8 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
  * also keeps it in emb, the confidence head's input) and *y0 = the
  * corrected logit of column 0, where the argmax scan starts. row0: w2's
  * row 0 as fp32 in shared memory (the one-launch walk's DS_CUDA_MARKOV_SMEM)
- * or NULL (from w2); the same products in step_rows' order either way. */
+ * or NULL (from w2); the same products in step_rows' order either way
+ * (step_rows' loads are __ldg, global memory only). */
 template <int DT>
 __device__ __forceinline__ void step_begin(const float *base, const void *w1, int w1dt, int64_t w1s, const void *w2,
                                            int64_t w2s, int r, int64_t V, int bf16, int64_t prev, float *emb,
