@@ -103,12 +103,18 @@
  * cap a thread at 96 registers (5 warps on sub-partition 0), which the normed kernels already use; XR kernels
  * move registers from the producer warp (down to RING_XR_PRODUCER_REGS) to the consumers (up to
  * RING_XR_CONSUMER_REGS) with setmaxnreg, per warpgroup: XR kernels launch the producer's warpgroup whole (20
- * warps), so each sub-partition holds 4 consumer warps and one of the producer's, 4 x 120 + 32 = 512 registers a
- * lane (ptxas: 96 at launch, no spills; with 24 for the producer, its code spilled). DS_CUDA_RING_XREG=1 takes XR
- * at every row count, =2 from two rows (where the split's room matters). */
+ * warps). setmaxnreg.inc only takes what a .dec gave back to the block's pool, not the SM's unallocated rest:
+ * 20 warps launch at 96 registers a lane (61440), the producer's warpgroup gives back 64 x 128, so the four
+ * consumer warpgroups rise by 16, to 112 (asking for 120 hung every XR launch: session 24, call 1). ptxas: 12
+ * bytes spilled at 112. DS_CUDA_RING_XREG=1 takes XR at every row count, =2 from two rows (where the split's
+ * room matters). */
 #define RING_XR_SLOTS RING_XB_NORM
 #define RING_XR_PRODUCER_REGS 32
-#define RING_XR_CONSUMER_REGS 120
+#define RING_XR_CONSUMER_REGS 112
+#define RING_XR_LAUNCH_REGS ((65536 / RING_THREADS_XR) & ~7) /* what __launch_bounds__ leaves a lane */
+static_assert((RING_XR_CONSUMER_REGS - RING_XR_LAUNCH_REGS) * MMA_WARPS * 32 <=
+                  (RING_XR_LAUNCH_REGS - RING_XR_PRODUCER_REGS) * 128,
+              "the consumers' setmaxnreg.inc must fit in what the producer's warpgroup gives back, or it hangs");
 /* XC: stages requested and not yet landed, at most (see above); 2 since
  * stages are wide (32 KB at M = 1: 64 KB in flight against 48 before):
  * H200, 8B shape, AR 4.400 -> 4.291 ms, verify of 8 4.707 -> 4.697
