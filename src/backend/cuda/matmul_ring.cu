@@ -68,7 +68,6 @@
 #define RING_WBOX (MMA_ROWS * RING_BOX * 2) /* bytes of a weight box: 16 rows x 256 bf16 */
 #define RING_XBOX (8 * RING_BOX * 4)        /* bytes of an x box: 8 rows x 256 fp32 (rows past M zero) */
 #define RING_THREADS ((MMA_WARPS + 1) * 32) /* consumer warps, then the producer warp */
-#define RING_THREADS_XR ((MMA_WARPS + 4) * 32) /* XR: the producer in a whole warpgroup, for setmaxnreg */
 #define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
 #define RING_SMEM_XC (227 * 1024)           /* the most, for several rows of x split (K = 4096: 16 KB a row) */
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
@@ -95,26 +94,6 @@
  * came 3-5.4 us after their wait at one row, o_proj's and down's 1.5-1.9). */
 #define RING_XB_NORM 8
 #define RING_WIDE_SLOTS 2                   /* the fewest wide stages a ring must hold to take them */
-/* XR (DS_CUDA_RING_XREG=1, an experiment): with a norm and bf16 x, each consumer lane keeps its split x in
- * registers, one 32-k chunk a slot (4 words: row g's 8 values at 8t), for K up to MMA_WARPS * 32 * RING_XR_SLOTS
- * (4096): the prologue's one pass over x already holds the warp's chunks w, w + 16, ... in registers, and the
- * 64 KB that 8 rows' split takes in shared memory go to the ring (4 -> 6 stages of gate/up and QKV at 8 rows,
- * where the ring had landed 1-3 us before the consumers finished the prologue: session 23, call 3). 17 warps
- * cap a thread at 96 registers (5 warps on sub-partition 0), which the normed kernels already use; XR kernels
- * move registers from the producer warp (down to RING_XR_PRODUCER_REGS) to the consumers (up to
- * RING_XR_CONSUMER_REGS) with setmaxnreg, per warpgroup: XR kernels launch the producer's warpgroup whole (20
- * warps). setmaxnreg.inc only takes what a .dec gave back to the block's pool, not the SM's unallocated rest:
- * 20 warps launch at 96 registers a lane (61440), the producer's warpgroup gives back 64 x 128, so the four
- * consumer warpgroups rise by 16, to 112 (asking for 120 hung every XR launch: session 24, call 1). ptxas: 12
- * bytes spilled at 112. DS_CUDA_RING_XREG=1 takes XR at every row count, =2 from two rows (where the split's
- * room matters). */
-#define RING_XR_SLOTS RING_XB_NORM
-#define RING_XR_PRODUCER_REGS 32
-#define RING_XR_CONSUMER_REGS 112
-#define RING_XR_LAUNCH_REGS ((65536 / RING_THREADS_XR) & ~7) /* what __launch_bounds__ leaves a lane */
-static_assert((RING_XR_CONSUMER_REGS - RING_XR_LAUNCH_REGS) * MMA_WARPS * 32 <=
-                  (RING_XR_LAUNCH_REGS - RING_XR_PRODUCER_REGS) * 128,
-              "the consumers' setmaxnreg.inc must fit in what the producer's warpgroup gives back, or it hangs");
 /* XC: stages requested and not yet landed, at most (see above); 2 since
  * stages are wide (32 KB at M = 1: 64 KB in flight against 48 before):
  * H200, 8B shape, AR 4.400 -> 4.291 ms, verify of 8 4.707 -> 4.697
@@ -149,7 +128,6 @@ typedef struct {
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
-    bool xr;         /* XC with a norm: the split x in the consumers' registers, not in shared memory (RING_XR_SLOTS) */
 } ring_plan;
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
@@ -283,8 +261,8 @@ __device__ __forceinline__ int xc_word(int k) { return DS_X_BF16_ON ? k / 2 : k;
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC, bool PAIR, int CH, bool XR = false>
-__global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
+template <int MODE, bool NORM, bool XC, bool PAIR, int CH>
+__global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 /* Hopper's copy engine; the launcher checks the device */
@@ -294,8 +272,6 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
      * 1024-k stage, in that order, as they follow each other in the warp's order. */
     constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
     static_assert(CH == 1 || (XC && NW == 1), "wide stages carry one weight and no x");
-    static_assert(!XR || (XC && NORM && !PAIR), "x in registers: split once, with a norm");
-    constexpr bool XRB = XR && DS_X_BF16_ON; /* (the fp32-x build never launches XR: its split is twice the words) */
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + KS - 1) / KS;
@@ -316,9 +292,8 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
     ring_cursor c;
     cursor_start<KS>(c, K);
 
-    if (warp >= MMA_WARPS) { /* the producer: one thread (XR: of a warpgroup, the rest only give registers back) */
-        if constexpr (XRB) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(RING_XR_PRODUCER_REGS));
-        if (lane || warp > MMA_WARPS) return;
+    if (warp == MMA_WARPS) { /* the producer: one thread */
+        if (lane) return;
         uint64_t stream, keep;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
@@ -403,7 +378,6 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
     }
 
     /* The consumers. */
-    if constexpr (XRB) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(RING_XR_CONSUMER_REGS));
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
@@ -411,9 +385,6 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
     const int g = lane >> 2, t = lane & 3;
     float *red = (float *)(smem + p.red_off), *ss_part = (float *)(smem + p.ss_off);
     float acc[NW][1][4], ss = 0.0f;
-    uint32_t xr[XRB ? RING_XR_SLOTS : 1][4]; /* XR: chunk warp + 16 i of row g's split x (zero for g >= M) */
-#pragma unroll
-    for (int i = 0; i < (XRB ? RING_XR_SLOTS : 1); i++) xr[i][0] = xr[i][1] = xr[i][2] = xr[i][3] = 0u;
 #pragma unroll
     for (int v = 0; v < NW; v++)
 #pragma unroll
@@ -451,18 +422,7 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
                 }
             mma_store_ss(ss, ss_part + 8 * warp, g);
             consumers_sync();
-            if (XRB && g < M) { /* one pass (K <= 4096): chunk warp + 16 i is xf[i], kept as slot i */
-                const float rs = rows_rs(ss_part, 8, g, K, s.eps);
-#pragma unroll
-                for (int i = 0; i < RING_XB_NORM; i++)
-                    if (warp + i * MMA_WARPS < chunks) {
-                        const int k = ((warp + i * MMA_WARPS) * 4 + t) * 8;
-                        float nw8[8];
-                        uint32_t lo[4];
-                        unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
-                        split_x8<true>(xf[i], 0, 1, nw8, &ss, xr[i], lo, rs);
-                    }
-            } else if (!XRB && g < M) {
+            if (g < M) {
                 const float rs = rows_rs(ss_part, 8, g, K, s.eps);
                 uint32_t *xcg = xc + g * p.xc_row;
                 for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
@@ -520,7 +480,7 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
             }
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
         }
-        if (!XRB) consumers_sync(); /* XR: nothing of the split is in shared memory */
+        consumers_sync();
         if (tr && threadIdx.x == 0) tr[RT_SYNCED] = ds_cu_gtimer();
     }
     const ds_mma_seg *S = s.seg;
@@ -581,13 +541,7 @@ __global__ void __launch_bounds__(XR ? RING_THREADS_XR : RING_THREADS, 1)
                 if (!h.mine[j]) continue;
                 uint4 hi = make_uint4(0, 0, 0, 0), lo = hi;
                 const int chunk = (cc.k0 >> 5) + warp + MMA_WARPS * j;
-                if (XRB) { /* slot (chunk - warp) / 16, chosen without indexing the registers by it */
-                    const int slot = (cc.k0 >> 9) + j;
-                    hi = make_uint4(xr[0][0], xr[0][1], xr[0][2], xr[0][3]);
-#pragma unroll
-                    for (int i = 1; i < (XRB ? RING_XR_SLOTS : 1); i++)
-                        if (slot == i) hi = make_uint4(xr[i][0], xr[i][1], xr[i][2], xr[i][3]);
-                } else if (g < M) {
+                if (g < M) {
                     const uint32_t *q = xc + g * p.xc_row + xc_word((chunk * 4 + t) * 8);
                     hi = *(const uint4 *)q;
                     if (!DS_X_BF16_ON) lo = *(const uint4 *)(q + 4);
@@ -718,7 +672,6 @@ typedef struct {
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
-    int xreg;      /* DS_CUDA_RING_XREG=1 / 2: XR where it applies / from two rows (see RING_XR_SLOTS) */
     int xc_max_k;  /* DS_CUDA_RING_XC_MAX_K: the longest row split once per block (default RING_XC_MAX_K) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
@@ -759,7 +712,6 @@ static const ring_settings *ring_env(void) {
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
-        r.xreg = (v = getenv("DS_CUDA_RING_XREG")) && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         r.xc_max_k = (v = getenv("DS_CUDA_RING_XC_MAX_K")) && atoi(v) > 0 ? atoi(v) : RING_XC_MAX_K;
         read = true;
     }
@@ -830,17 +782,17 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, bool XR = false>
+template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
-    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH, XR>;
+    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH>;
     if (bytes > allowed) {
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
         allowed = bytes;
     }
-    ds_cu_launch_smem(kernel, (unsigned)grid, XR ? RING_THREADS_XR : RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
+    ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
                       (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
                       ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     ds_cu_launched(cb, op);
@@ -851,12 +803,6 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
                           const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
     if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
-#if DS_X_BF16_ON
-    else if (NORM && xc && p.xr && MODE != DS_MMA_SWIGLU && p.wide)
-        ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1, NORM>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (NORM && xc && p.xr)
-        ring_start<MODE, NORM, true, false, 1, NORM>(cb, op, a, p, maps, x, grid, bytes, ctr);
-#endif
     else if (MODE != DS_MMA_SWIGLU && xc && p.wide) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
@@ -896,16 +842,12 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     const int nw_bytes = xc_norm_bytes(a, K, p);
     const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
-    p.xr = env->xreg && (env->xreg == 1 || M > 1) && DS_X_BF16_ON && a->norm_w && K % 32 == 0 &&
-           K <= MMA_WARPS * 32 * RING_XR_SLOTS;
-    const int split_bytes = p.xr ? 0 : M * p.xc_row * 4; /* XR: in the consumers' registers */
-    const int xc_room = smem_cap - p.ring_off - (split_bytes + nw_bytes);
+    const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
     const bool xc = M <= xc_cap && K <= env->xc_max_k && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
                     (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
     *xc_out = xc;
-    p.xr = p.xr && xc;
     /* Pairs: where x rides in every stage (o_proj and down of a verify or a drafted block), a tile of 32 weight
      * rows carries x's slice once for both halves, so a stage is 2/3 weights instead of 1/2 and half as many
      * bytes of x come from L2. Each half is summed as a 16-row tile would be (the same bits). Only where the
@@ -923,7 +865,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     /* WIDE: a stage of one weight (XC: no x in it) takes 1024 k, so that a consumer warp's fixed work a stage
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds RING_WIDE_SLOTS such stages. */
-    const int xc_bytes = xc ? split_bytes + nw_bytes : 0; /* split x, the norm weight */
+    const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
     const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
     p.wide = env->wide && xc && nw == 1 && !p.pair && room >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
@@ -939,7 +881,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     const int flight = M == 1 ? env->flight : env->flight_wide;
     p.flight = xc && flight < p.slots ? flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
-    p.nws_off = p.xc_off + (xc ? split_bytes : 0);
+    p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     *out = p;
     return true;
 }
