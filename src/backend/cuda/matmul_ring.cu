@@ -71,10 +71,7 @@
 #define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
 #define RING_SMEM_XC (227 * 1024)           /* the most, for several rows of x split (K = 4096: 16 KB a row) */
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
-/* The longest row split once per block (XC): 4 bytes per k (2 with bf16 x). DS_CUDA_RING_XC_MAX_K=K (an
- * experiment) raises it: the drafter's fc over 5 taps (K = 20480, 168 MB at the Qwen3-8B shape) now takes x in
- * its stages and 512-k ones (traced 51 us against a 39 us floor; the XC LM head streams at ~97 %). */
-#define RING_XC_MAX_K 16384
+#define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
 /* o_proj and down (residual epilogue) split x once per block only up to 4
  * rows: at 8 rows x in the stages made verify-8 0.03-0.05 ms faster (H200,
  * 8B shape, session 12: 4.874 / 4.896 vs 4.920 / 4.944 ms; o_proj's 8-row
@@ -672,7 +669,6 @@ typedef struct {
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
-    int xc_max_k;  /* DS_CUDA_RING_XC_MAX_K: the longest row split once per block (default RING_XC_MAX_K) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -712,7 +708,6 @@ static const ring_settings *ring_env(void) {
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
-        r.xc_max_k = (v = getenv("DS_CUDA_RING_XC_MAX_K")) && atoi(v) > 0 ? atoi(v) : RING_XC_MAX_K;
         read = true;
     }
     return &r;
@@ -844,7 +839,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
-    const bool xc = M <= xc_cap && K <= env->xc_max_k && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
+    const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 && x.stride % 4 == 0 &&
                     xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
                     (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
     *xc_out = xc;
