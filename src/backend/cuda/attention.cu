@@ -69,7 +69,6 @@ typedef struct {
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
     int trigger; /* the next kernel scheduled after this block's keys (1) or after its wait (0) */
-    int pos_early; /* DS_CUDA_ATT_POS_EARLY=1 (an experiment): a step's positions and n_keys read before the wait */
     int vec;     /* q, k, v rows (and a fused launch's fresh v rows) 16-byte aligned: vector loads */
     unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
 } att_geo;
@@ -315,14 +314,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     att_stamp(g, RT_ENTRY);
     fresh_consts cs;
     if constexpr (FRESH) fresh_consts_prefetch(g, fa);
-    /* pos_early: a step region's positions and n_keys are the host's, copied into the step buffer before the
-     * region's first kernel (graphs.cu) and written by no kernel, so they may be read before the wait; the
-     * cached keys' first loads then go out at the wait instead of a round trip after it (traced at 8 rows:
-     * the positions arrived 1.8-2.4 us after the wait; session 23). */
-    const int hpr = g.H / R; /* blocks per row */
-    const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
-    int pos_m = 0, f0 = 0, n_keys = 0;
-    if (g.pos_early) pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
     if (!g.trigger) ds_cu_grid_trigger();
@@ -332,11 +323,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     __shared__ float s_o[G][L * NPL];
     __shared__ __align__(16) float s_fk[FRESH ? ATT_FRESH_MAX : 1][ATT_FRESH_DIM];
     __shared__ __align__(16) float s_q[QS ? R : 1][QS ? ATT_FRESH_DIM : 1];
+    const int hpr = g.H / R; /* blocks per row */
+    const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     /* Every load the prologue needs is requested before any is used: the positions and n_keys, then (FRESH)
      * the rows and the norm weights' bits, one round trip in all. Traced (H200, 8B shape, one row, fused):
      * with the weights widened and the positions loaded after the rows, the keys' loop began 3.9 us after
      * the wait, the positions known at 1.9; this way 2.9 and 1.5 (session 17; the AR step within noise). */
-    if (!g.pos_early) pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
+    const int pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
     fresh_rows<R> rw;
     if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
     if constexpr (FRESH) fresh_consts_load(g, fa, &cs);
@@ -558,10 +551,8 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     const auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
     g.vec = al16(q.data) && al16(k.data) && al16(v.data) && q.stride % 4 == 0 && k.stride % 4 == 0 &&
             v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0 && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
-    static int trig = -1, ahead_on = -1, pos_early = -1;
+    static int trig = -1, ahead_on = -1;
     if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
-    if (pos_early < 0) pos_early = ds_cu_env_set("DS_CUDA_ATT_POS_EARLY");
-    g.pos_early = pos_early;
     if (ahead_on < 0) ahead_on = ds_cu_env_on("DS_CUDA_ATT_AHEAD");
     g.trigger = trig;
     /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
