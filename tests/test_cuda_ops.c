@@ -909,13 +909,9 @@ static void test_markov_greedy(void) {
         for (int data = 0; data < 3; data++) {
             for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
             if (data == 2) base[(size_t)3 * V] = NAN;
-            /* bit 0: bf16; bit 1: tokens only (pruned); bit 2: per step; bit 3: the one-launch walk's per-step
-             * constants in shared memory (DS_CUDA_MARKOV_SMEM=1) */
-            for (int mode = 0; mode < 16; mode++) {
-                const bool bf16 = mode & 1, pruned = mode & 2, fused = !(mode & 4), sops = mode & 8;
+            for (int mode = 0; mode < 8; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned); bit 2: per step */
+                const bool bf16 = mode & 1, pruned = mode & 2, fused = !(mode & 4);
                 if (!pruned && !fused) continue; /* only the pruned walk has the one-launch form */
-                if (sops && !(pruned && fused)) continue;
-                setenv("DS_CUDA_MARKOV_SMEM", sops ? "1" : "0", 1);
                 /* DS_CUDA_MARKOV_FUSED=1 / 0: the pruned walk in one launch / a launch a step, whatever the
                  * vocabulary (markov.cu reads it at each call; unset, V = 3000 would take a launch a step) */
                 setenv("DS_CUDA_MARKOV_FUSED", fused ? "1" : "0", 1);
@@ -937,10 +933,7 @@ static void test_markov_greedy(void) {
                 }
                 printf("  markov_greedy (%s, %s, %s, %s%s): %d/%d tokens equal the host walk's%s\n", wnames[wk],
                        names[data], bf16 ? "bf16" : "fp32", pruned ? "tokens only" : "with logits",
-                       pruned ? fused ? sops ? ", one launch, constants in shared memory" : ", one launch"
-                                      : ", a launch a step"
-                              : "",
-                       same, G,
+                       pruned ? fused ? ", one launch" : ", a launch a step" : "", same, G,
                        pruned ? "" : logits_ok ? ", logits bit-identical" : ", logits DIFFER");
                 CHECK(same == G, "markov_greedy (%s, %s): %d of %d tokens differ", wnames[wk], names[data], G - same,
                       G);
@@ -961,7 +954,6 @@ static void test_markov_greedy(void) {
                 release(&pe);
             }
             unsetenv("DS_CUDA_MARKOV_FUSED");
-            unsetenv("DS_CUDA_MARKOV_SMEM");
         }
         release(&pp);
         release(&pc);

@@ -101,32 +101,20 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
 
 /* Every block starts its step: e = w1[prev] into shared memory (block 0
  * also keeps it in emb, the confidence head's input) and *y0 = the
- * corrected logit of column 0, where the argmax scan starts. row0: w2's
- * row 0 as fp32 in shared memory (the one-launch walk's DS_CUDA_MARKOV_SMEM)
- * or NULL (from w2); the same products in step_rows' order either way
- * (step_rows' loads are __ldg, global memory only). */
+ * corrected logit of column 0, where the argmax scan starts. */
 template <int DT>
 __device__ __forceinline__ void step_begin(const float *base, const void *w1, int w1dt, int64_t w1s, const void *w2,
                                            int64_t w2s, int r, int64_t V, int bf16, int64_t prev, float *emb,
-                                           float *e, float *y0, const float *row0 = NULL) {
+                                           float *e, float *y0) {
     for (int i = threadIdx.x; i < r; i += blockDim.x) {
         e[i] = ds_cu_load(w1, w1dt, prev * w1s + i);
         if (blockIdx.x == 0) emb[i] = e[i];
     }
     __syncthreads();
     if (threadIdx.x < 32) {
+        const int64_t n0[1] = {0};
         float b[1];
-        if (row0) {
-            b[0] = 0.0f;
-            for (int k = 8 * threadIdx.x; k < r; k += 256)
-#pragma unroll
-                for (int i = 0; i < 8; i++) b[0] = fmaf(row0[k + i], e[k + i], b[0]);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) b[0] += __shfl_xor_sync(0xffffffffu, b[0], off);
-        } else {
-            const int64_t n0[1] = {0};
-            step_rows<DT, 1>(w2, w2s, r, e, threadIdx.x, n0, V, b);
-        }
+        step_rows<DT, 1>(w2, w2s, r, e, threadIdx.x, n0, V, b);
         if (threadIdx.x == 0) *y0 = step_logit(base, b[0], 0, bf16);
     }
 }
@@ -406,30 +394,21 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
  * step kernels', so the tokens are theirs bit for bit. Partials go to
  * per-step slots (pv, pi: [G][blocks]): no slot is rewritten while
  * another block may still read it. Launched only when every block fits on
- * the GPU at once (walk_fits), else the barrier could wait forever.
- * sops (DS_CUDA_MARKOV_SMEM=1, an experiment): the operands every step
- * reads again -- the bound's k x r directions and w2's row 0 (fp32) -- are
- * copied into shared memory before the wait, so that a step's proj e and
- * column 0's logit wait on no load from L2 (estimated ~1 us a step). */
+ * the GPU at once (walk_fits), else the barrier could wait forever. */
 template <int DT>
 __global__ void __launch_bounds__(PRUNE_THREADS)
     markov_walk_kernel(const float *__restrict__ base, int64_t bstride, int G, const void *w1, int w1dt, int64_t w1s,
                        const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
                        int64_t estride, float *pv, int *pi, unsigned *ticket, const float *__restrict__ proj,
                        const float *__restrict__ coef, const float *__restrict__ radius, int k, unsigned *rows_done,
-                       int32_t *dtok, int sops) {
-    extern __shared__ float e[]; /* e [r]; sops: then proj [k][r] and w2's row 0 [r] as fp32 */
-    float *sproj = sops ? e + r : NULL, *srow0 = sops ? e + r + (int64_t)k * r : NULL;
+                       int32_t *dtok) {
+    extern __shared__ float e[];
     __shared__ prune_shared sh;
     __shared__ float y0;
     __shared__ int prev_s;
     const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
     prune_rows pr; /* the previous token's independent part of each row's bound, before the wait */
     prune_rows_load(pr, coef, radius, k, nb, V);
-    if (sops) { /* (step_begin's first barrier orders these before any read) */
-        for (int i = threadIdx.x; i < k * r; i += blockDim.x) sproj[i] = proj[i];
-        for (int i = threadIdx.x; i < r; i += blockDim.x) srow0[i] = ds_cu_load(w2, DT, i);
-    }
     ds_cu_grid_wait();
     float bs[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows */
     prune_base_load(bs, base, nb, V);
@@ -437,11 +416,10 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     for (int s = 0; s < G; s++) {
         const float *bsrow = base + (int64_t)s * bstride;
         if (threadIdx.x == 0) sh.ncand = 0;
-        step_begin<DT>(bsrow, w1, w1dt, w1s, w2, w2s, r, V, bf16, prev, emb + (int64_t)s * estride, e, &y0, srow0);
+        step_begin<DT>(bsrow, w1, w1dt, w1s, w2, w2s, r, V, bf16, prev, emb + (int64_t)s * estride, e, &y0);
         float bv;
         int bi;
-        pruned_rows_best<DT>(pr, bs, bsrow, w2, w2s, r, V, bf16, e, &y0, sops ? sproj : proj, k, nb, rows_done, sh,
-                             &bv, &bi);
+        pruned_rows_best<DT>(pr, bs, bsrow, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, &bv, &bi);
         block_best(&bv, &bi, sh.sv, sh.si);
         float *pvs = pv + (size_t)s * gridDim.x;
         int *pis = pi + (size_t)s * gridDim.x;
@@ -509,10 +487,6 @@ static bool walk_fused(unsigned blocks) {
     const char *v = getenv("DS_CUDA_MARKOV_FUSED");
     return v ? strcmp(v, "0") != 0 : blocks >= WALK_FUSED_MIN_BLOCKS;
 }
-
-/* DS_CUDA_MARKOV_SMEM=1: the one-launch walk keeps its per-step constants in shared memory (markov_walk_kernel;
- * an experiment, off by default; read at each call, so that a test can run both). */
-static bool walk_smem_operands(void) { return ds_cu_env_set("DS_CUDA_MARKOV_SMEM"); }
 
 /* Whether all `blocks` blocks of the walk kernel can be resident at once
  * (its grid barrier waits for every block). */
@@ -584,8 +558,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     bool fused = false; /* the whole walk in one launch (markov_walk_kernel) */
     if (prune && walk_fused(walk_blocks)) {
         const unsigned blocks = walk_blocks;
-        const int sops = walk_smem_operands();
-        const size_t smem = (size_t)r * sizeof(float) * (sops ? 2 + (size_t)bound->proj.rows : 1);
+        const size_t smem = (size_t)r * sizeof(float);
 #define WALK(DT_)                                                                                                   \
     do {                                                                                                            \
         if (walk_fits(cb, markov_walk_kernel<DT_>, blocks, smem)) {                                                 \
@@ -596,7 +569,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                               w2.stride, r, V, (int)bf16, idx, (float *)emb.data, emb.stride, (float *)part,        \
                               (int *)(part + (size_t)G * blocks * sizeof(float)), ticket,                          \
                               (const float *)bound->proj.data, (const float *)bound->coef.data,                    \
-                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok, sops);     \
+                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok);           \
             fused = true;                                                                                           \
         }                                                                                                           \
     } while (0)
