@@ -298,9 +298,6 @@ __device__ __forceinline__ float ds_cu_rbf16(float f) {
 void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p);
 void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps);
-/* DS_X_BF16 (whole rows, K % 32 == 0): out = (x * rs) * w with each row's 1 / rs in the narrow matmul kernels'
- * order (linear_fused.cu), the CPU's norm's order too; false (nothing launched) where it does not apply. */
-bool ds_cu_rmsnorm_mma_order(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, float eps);
 void ds_cu_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,
                        float scale);
 void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq);

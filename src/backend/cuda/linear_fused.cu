@@ -158,7 +158,9 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
     }
 }
 
-bool ds_cu_rmsnorm_mma_order(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, float eps) {
+/* DS_X_BF16 (whole rows, K % 32 == 0): out = (x * rs) * w with each row's 1 / rs in the narrow matmul kernels'
+ * order, the CPU's norm's order too; false (nothing launched) where it does not apply. */
+static bool rmsnorm_mma_order(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, float eps) {
     if (!DS_X_BF16_ON || x.cols % 32 || x.rows > INT32_MAX) return false;
     ds_cu_launch(rmsnorm_mma_order_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)out.data,
                  out.stride, (const float *)x.data, x.stride, w.data, (int)w.dtype, (int)x.cols, eps);
@@ -171,7 +173,7 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
     float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols) * sizeof(float));
     if (!p) return xn;
     xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
-    if (!ds_cu_rmsnorm_mma_order(cb, op, xn, x, nw, eps)) ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
+    if (!rmsnorm_mma_order(cb, op, xn, x, nw, eps)) ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
     return xn;
 }
 

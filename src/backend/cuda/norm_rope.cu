@@ -32,13 +32,6 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
         return;
     }
     if (w.data && !ds_cu_float_dtype(cb, "rmsnorm", w.dtype)) return;
-    /* DS_CUDA_NORM_MMA_ORDER=1 (an experiment, off by default): whole rows in the narrow matmul kernels' order,
-     * which the CPU's norm takes with bf16 x. The norms before a matmul that is not fused with them (the final
-     * norm before the LM head, the drafter's hidden_norm) then round to the CPU's bf16 values; rmsnorm_kernel's
-     * order moves some by a bf16 step (the GPU's pico tau 2.727 against the CPU's 2.652, session 22). */
-    static int mma_order = -1;
-    if (mma_order < 0) mma_order = ds_cu_env_set("DS_CUDA_NORM_MMA_ORDER");
-    if (mma_order && dim == x.cols && ds_cu_rmsnorm_mma_order(cb, "rmsnorm", out, x, w, eps)) return;
     const int64_t groups = x.cols / dim;
     /* Wide rows (a whole hidden state) get more threads: a decode step's
      * norm is one block, bound by its own memory latency. By dim only, so
