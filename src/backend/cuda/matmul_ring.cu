@@ -124,6 +124,7 @@ typedef struct {
     bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (see ds_cu_ring_launch) */
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
+    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=1|2 (timing probe, wrong results): see ring_settings */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
 
@@ -408,7 +409,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
 #pragma unroll
                 for (int i = 0; i < RING_XB_NORM; i++)
-                    if (c0 + i * MMA_WARPS < chunks) ds_cu_load8<DS_F32>(xg, ((c0 + i * MMA_WARPS) * 4 + t) * 8, xf[i]);
+                    if (c0 + i * MMA_WARPS < chunks) {
+                        const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
+                        if (p.xhalf == 1) ds_cu_load8<DS_BF16>(xg, k, xf[i]); /* the probes: half the bytes */
+                        else if (p.xhalf == 2)
+#pragma unroll
+                            for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* or none */
+                        else ds_cu_load8<DS_F32>(xg, k, xf[i]);
+                    }
             };
             if (g < M)
                 for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
@@ -653,7 +661,14 @@ static void plan_sums(ring_plan *p, int nw) {
  * wide stages only where the ring holds S of them (default RING_WIDE_SLOTS);
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
  * skip the products (2: and the stage loads), to tell how much of a
- * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %). */
+ * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
+ * DS_CUDA_RING_PROBE_XHALF=1, a timing probe with WRONG results: the normed
+ * prologue (bf16 x) reads half of each x row's bytes, as bf16 values, as it
+ * would from a bf16 copy of the residual stream: how much of a verify's
+ * cost over decode the 128 KB of fp32 x every block reads from L2 at 8 rows
+ * sets (session 23's trace: the 8-row prologue 4.4-5.2 us against 2.5-3.6);
+ * =2 reads none of x (ones instead): the most any cheaper read of x could
+ * save. */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -669,6 +684,7 @@ typedef struct {
     bool wide;     /* see ring_plan */
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
+    int xhalf;
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -708,6 +724,7 @@ static const ring_settings *ring_env(void) {
         r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
+        r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
         read = true;
     }
     return &r;
@@ -829,6 +846,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.pipe = env->pipe;
     p.red2 = red2;
     p.skip = env->skip;
+    p.xhalf = env->xhalf;
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
