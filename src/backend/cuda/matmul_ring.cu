@@ -125,6 +125,7 @@ typedef struct {
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
     int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=1|2 (timing probe, wrong results): see ring_settings */
+    const uint16_t *xprobe; /* =1: the bf16 rows it reads ([8][RING_XC_MAX_K], every value 0x3f3f) */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
 
@@ -405,13 +406,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             const int chunks = K >> 5;
             const bool one_pass = chunks <= MMA_WARPS * RING_XB_NORM;
             const float *xg = x + (int64_t)g * p.x_stride;
+            const uint16_t *xpg = p.xprobe + (int64_t)g * RING_XC_MAX_K;
             float xf[RING_XB_NORM][8];
             auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
 #pragma unroll
                 for (int i = 0; i < RING_XB_NORM; i++)
                     if (c0 + i * MMA_WARPS < chunks) {
                         const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
-                        if (p.xhalf == 1) ds_cu_load8<DS_BF16>(xg, k, xf[i]); /* the probes: half the bytes */
+                        if (p.xhalf == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes: half the bytes */
                         else if (p.xhalf == 2)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* or none */
@@ -662,13 +664,14 @@ static void plan_sums(ring_plan *p, int nw) {
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
  * skip the products (2: and the stage loads), to tell how much of a
  * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
- * DS_CUDA_RING_PROBE_XHALF=1, a timing probe with WRONG results: the normed
- * prologue (bf16 x) reads half of each x row's bytes, as bf16 values, as it
- * would from a bf16 copy of the residual stream: how much of a verify's
- * cost over decode the 128 KB of fp32 x every block reads from L2 at 8 rows
- * sets (session 23's trace: the 8-row prologue 4.4-5.2 us against 2.5-3.6);
- * =2 reads none of x (ones instead): the most any cheaper read of x could
- * save. */
+ * DS_CUDA_RING_PROBE_XHALF=1|2, timing probes with WRONG results, for the
+ * normed prologue (bf16 x), which reads 128 KB of fp32 x from L2 in every
+ * block at 8 rows: =2 reads none of x (ones instead), the most any cheaper
+ * read could save (session 24: verify of 8 rows 4.295 vs 4.447 ms); =1
+ * reads bf16 rows of the same shape from a buffer of sane values (0.746),
+ * half the bytes, as from a bf16 copy of the residual stream would. (Read
+ * as bf16 from x itself, half its words were NaN or inf and slowed
+ * everything after.) */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -847,6 +850,15 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.red2 = red2;
     p.skip = env->skip;
     p.xhalf = env->xhalf;
+    p.xprobe = NULL;
+    if (p.xhalf == 1) { /* made once, at the first launch (outside any recording), never freed: a probe */
+        static uint16_t *probe;
+        const size_t bytes = (size_t)8 * RING_XC_MAX_K * 2;
+        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess || cudaMemset(probe, 0x3f, bytes) != cudaSuccess ||
+                       cudaDeviceSynchronize() != cudaSuccess))
+            probe = NULL, p.xhalf = 0;
+        p.xprobe = probe;
+    }
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
