@@ -62,6 +62,11 @@
 #include "backend/cuda/matmul_mma_frag.cuh"
 #include "backend/cuda/ring_trace.h"
 
+/* DS_CUDA_RING_PROBE_XHALF (timing probes, see ring_settings) is compiled in only on request. */
+#ifndef DS_RING_PROBE_X
+#define DS_RING_PROBE_X 0
+#endif
+
 #define RING_KS (32 * MMA_WARPS)            /* k per stage: one chunk per consumer warp */
 #define RING_BOX 256                        /* k per tensor copy (the largest box side) */
 #define RING_BOXES (RING_KS / RING_BOX)     /* tensor copies per operand and stage */
@@ -124,10 +129,27 @@ typedef struct {
     bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (see ds_cu_ring_launch) */
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
+#if DS_RING_PROBE_X
     int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=1|2 (timing probe, wrong results): see ring_settings */
-    const uint16_t *xprobe; /* =1: the bf16 rows it reads ([8][RING_XC_MAX_K], every value 0x3f3f) */
+    uint16_t *xprobe; /* =1: the bf16 copy of x ([8][RING_XC_MAX_K]) residual launches write, normed ones read */
+#endif
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
+/* The probe's mode and copy (0 and NULL unless compiled in). */
+__host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
+#if DS_RING_PROBE_X
+    return p.xhalf;
+#else
+    return (void)p, 0;
+#endif
+}
+__host__ __device__ __forceinline__ uint16_t *ring_probe_copy(const ring_plan &p) {
+#if DS_RING_PROBE_X
+    return p.xprobe;
+#else
+    return (void)p, nullptr;
+#endif
+}
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
  * segment, then x. One tensor copy moves a 16 x 256 weight box (8 KB): bulk
@@ -377,6 +399,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
 
     /* The consumers. */
+    uint16_t *xcopy = MODE == DS_MMA_RESIDUAL && ring_probe_x(p) == 1 && M <= 8 ? ring_probe_copy(p) : nullptr;
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
@@ -406,15 +429,15 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             const int chunks = K >> 5;
             const bool one_pass = chunks <= MMA_WARPS * RING_XB_NORM;
             const float *xg = x + (int64_t)g * p.x_stride;
-            const uint16_t *xpg = p.xprobe + (int64_t)g * RING_XC_MAX_K;
+            const uint16_t *xpg = ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K; /* DS_CUDA_RING_PROBE_XHALF=1 */
             float xf[RING_XB_NORM][8];
             auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
 #pragma unroll
                 for (int i = 0; i < RING_XB_NORM; i++)
                     if (c0 + i * MMA_WARPS < chunks) {
                         const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
-                        if (p.xhalf == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes: half the bytes */
-                        else if (p.xhalf == 2)
+                        if (ring_probe_x(p) == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes: half the bytes */
+                        else if (ring_probe_x(p) == 2)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* or none */
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
@@ -597,9 +620,11 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
                 const int u = threadIdx.x >= MMA_WARPS * 16;
                 mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, xcopy,
+                                                 RING_XC_MAX_K);
             } else {
-                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32, xcopy,
+                                               RING_XC_MAX_K);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -668,10 +693,18 @@ static void plan_sums(ring_plan *p, int nw) {
  * normed prologue (bf16 x), which reads 128 KB of fp32 x from L2 in every
  * block at 8 rows: =2 reads none of x (ones instead), the most any cheaper
  * read could save (session 24: verify of 8 rows 4.295 vs 4.447 ms); =1
- * reads bf16 rows of the same shape from a buffer of sane values (0.746),
- * half the bytes, as from a bf16 copy of the residual stream would. (Read
- * as bf16 from x itself, half its words were NaN or inf and slowed
- * everything after.) */
+ * has the residual launches (o_proj, down) also write their output rows as
+ * bf16 into one buffer, from which the normed prologue reads its x rows:
+ * half the bytes, as from a bf16 copy of the residual stream, and like x
+ * in L2 when read (the values are bf16(x) wherever that launch follows a
+ * residual one: every normed launch but layer 0's QKV). Read as bf16 from
+ * x itself, half the words were NaN or inf and slowed everything after;
+ * read from a buffer written once, AR slowed by 4 % (session 24: its lines
+ * are gone from L2 by the next launch, x's are fresh). =1 needs a build
+ * Both need a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
+ * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, they changed the
+ * ring kernels' registers (residual 66 -> 72), which the default build must
+ * not pay for a probe. */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -849,16 +882,18 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.pipe = env->pipe;
     p.red2 = red2;
     p.skip = env->skip;
+#if DS_RING_PROBE_X
     p.xhalf = env->xhalf;
     p.xprobe = NULL;
     if (p.xhalf == 1) { /* made once, at the first launch (outside any recording), never freed: a probe */
         static uint16_t *probe;
         const size_t bytes = (size_t)8 * RING_XC_MAX_K * 2;
-        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess || cudaMemset(probe, 0x3f, bytes) != cudaSuccess ||
+        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess || cudaMemset(probe, 0, bytes) != cudaSuccess ||
                        cudaDeviceSynchronize() != cudaSuccess))
             probe = NULL, p.xhalf = 0;
         p.xprobe = probe;
     }
+#endif
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
