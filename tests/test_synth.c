@@ -356,11 +356,26 @@ static void test_bench_cli(void) {
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(a, "pct_of_floor")) > 0, "pct_of_floor");
         CHECK(cJSON_GetArraySize(v) == 8, "verify rows 1..8: %d", cJSON_GetArraySize(v));
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "draft_round_ms")) > 0, "draft_round_ms");
+        /* the drafter's round with the context append of n = 1..gamma+1 rows */
+        const cJSON *wc = cJSON_GetObjectItemCaseSensitive(dr, "draft_with_context_ms");
+        const int G = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "gamma"));
+        CHECK(cJSON_GetArraySize(wc) == G + 1, "draft_with_context_ms: %d entries, gamma %d", cJSON_GetArraySize(wc), G);
+        for (int n = 1; n <= cJSON_GetArraySize(wc); n++) {
+            const cJSON *it = cJSON_GetArrayItem(wc, n - 1);
+            CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&
+                      cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
+                  "draft_with_context_ms[%d]", n - 1);
+        }
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(run, "tau_measured")) >= 1, "tau_measured");
         const cJSON *p0 = cJSON_GetArrayItem(pj, 0);
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "tau")) == 3 &&
                   strstr(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(p0, "kind")), "projection"),
               "projection entry");
+        /* tau 3's round: the drafter's with 3 context rows and the verify of gamma+1 */
+        const double want = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(wc, 2), "ms")) +
+                            cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "verify_gamma_plus_1_ms")),
+                     got = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "round_ms"));
+        CHECK(fabs(got - want) < 1e-9 * want, "projection round_ms %g, want %g", got, want);
     }
     cJSON_Delete(j);
     free(txt);
