@@ -757,6 +757,66 @@ static void test_rmsnorm_rope(void) {
     }
 }
 
+/* key_norm_rope_store_layers (a drafter's context keys of every layer in one launch) against qk_norm_rope_store
+ * a layer on the GPU, bit for bit, and the CPU's: 10 layers (two launches of at most 8) at 5 rows and 70 (two
+ * row chunks), positions scattered in the caches. */
+static void test_key_layers(void) {
+    enum { L = 10, HEADS = 2, D = 128, CACHE = 200 };
+    const int rows_cases[] = {5, 70};
+    float *inv = malloc((D / 2) * sizeof *inv);
+    for (int i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / pow(1e6, (double)(2 * i) / D));
+    for (int rc = 0; rc < 2; rc++) {
+        const int rows = rows_cases[rc];
+        int32_t *pos = malloc((size_t)rows * sizeof *pos);
+        for (int i = 0; i < rows; i++) pos[i] = (i * 37 + 11) % CACHE; /* distinct: 37 and 200 are coprime */
+        pair k[L], v[L], kw[L], ka[L], va[L], kb[L], vb[L];
+        ds_tensor gk[L], gkw[L], gv[L], gka[L], gva[L], ck[L], ckw[L], cv[L], cka[L], cva[L];
+        for (int l = 0; l < L; l++) {
+            k[l] = act_rand(rows, HEADS * D, 2.0f), v[l] = act_rand(rows, HEADS * D, 1.0f);
+            kw[l] = weight(l % 2 ? DS_BF16 : DS_F32, 1, D);
+            float *z = calloc((size_t)CACHE * HEADS * D, sizeof *z);
+            ka[l] = act(CACHE, HEADS * D, z), va[l] = act(CACHE, HEADS * D, z);
+            kb[l] = act(CACHE, HEADS * D, z), vb[l] = act(CACHE, HEADS * D, z);
+            free(z);
+            gk[l] = k[l].g, gkw[l] = kw[l].g, gv[l] = v[l].g, gka[l] = ka[l].g, gva[l] = va[l].g;
+            ck[l] = k[l].c, ckw[l] = kw[l].c, cv[l] = v[l].c, cka[l] = ka[l].c, cva[l] = va[l].c;
+        }
+        /* per layer into (b) first: the op normalizes k in place, so the one-launch op (a) runs on fresh copies */
+        pair k2[L];
+        for (int l = 0; l < L; l++) {
+            float *kv = fetch(gpu, k[l].g);
+            k2[l] = act(rows, HEADS * D, kv);
+            free(kv);
+            gpu->ops->qk_norm_rope_store(gpu, ds_rows(k2[l].g, 0, 0), ds_no_tensor(), k2[l].g, kw[l].g, v[l].g,
+                                         kb[l].g, vb[l].g, 0, D, 1e-6f, pos, inv);
+        }
+        gpu->ops->key_norm_rope_store_layers(gpu, L, gk, gkw, gv, gka, gva, D, 1e-6f, pos, inv);
+        ds_key_norm_rope_store_layers(cpu, L, ck, ckw, cv, cka, cva, D, 1e-6f, pos, inv);
+        check_gpu_ok("key_norm_rope_store_layers");
+        int differ = 0;
+        for (int l = 0; l < L; l++) {
+            const size_t bytes = (size_t)CACHE * HEADS * D * 4;
+            float *a = fetch(gpu, ka[l].g), *b = fetch(gpu, kb[l].g);
+            float *c = fetch(gpu, va[l].g), *d = fetch(gpu, vb[l].g);
+            differ += memcmp(a, b, bytes) != 0 || memcmp(c, d, bytes) != 0;
+            free(a), free(b), free(c), free(d);
+        }
+        CHECK(differ == 0, "key_norm_rope_store_layers, %d rows: %d of %d layers' caches differ from "
+                           "qk_norm_rope_store's", rows, differ, L);
+        char what[96];
+        snprintf(what, sizeof what, "key_norm_rope_store_layers %d rows, K of layer 9", rows);
+        compare(ka[L - 1].g, ka[L - 1].c, 2e-6, what);
+        snprintf(what, sizeof what, "key_norm_rope_store_layers %d rows, V of layer 0", rows);
+        compare(va[0].g, va[0].c, 0, what);
+        for (int l = 0; l < L; l++) {
+            release(&k[l]), release(&v[l]), release(&kw[l]), release(&k2[l]);
+            release(&ka[l]), release(&va[l]), release(&kb[l]), release(&vb[l]);
+        }
+        free(pos);
+    }
+    free(inv);
+}
+
 static void test_elementwise(void) {
     const int64_t R = 9, C = 1537;
     pair a = act_rand(R, C, 6.0f), b = act_rand(R, C, 3.0f), out = act(R, C, NULL);
@@ -1527,7 +1587,7 @@ static void teardown(void) {
 #define CUDA_TESTS                                                                                             \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,         \
         test_fused_row_invariance, test_normed_x_paths, test_attention, test_norm_rope_attention,              \
-        test_rmsnorm, test_rope, test_rmsnorm_rope, test_elementwise, test_argmax, test_markov_greedy,         \
+        test_rmsnorm, test_rope, test_rmsnorm_rope, test_key_layers, test_elementwise, test_argmax, test_markov_greedy,         \
         test_sample_probs, test_sample_draw, test_sample_verify, test_sample_markov, test_errors,              \
         test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed, teardown
 

@@ -359,7 +359,8 @@ static void test_bench_cli(void) {
         /* the drafter's round with the context append of n = 1..gamma+1 rows */
         const cJSON *wc = cJSON_GetObjectItemCaseSensitive(dr, "draft_with_context_ms");
         const int G = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "gamma"));
-        CHECK(cJSON_GetArraySize(wc) == G + 1, "draft_with_context_ms: %d entries, gamma %d", cJSON_GetArraySize(wc), G);
+        CHECK(cJSON_GetArraySize(wc) == G + 1, "draft_with_context_ms: %d entries, gamma %d", cJSON_GetArraySize(wc),
+              G);
         for (int n = 1; n <= cJSON_GetArraySize(wc); n++) {
             const cJSON *it = cJSON_GetArrayItem(wc, n - 1);
             CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&

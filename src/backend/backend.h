@@ -265,6 +265,14 @@ typedef struct {
     void (*qk_norm_rope_store)(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                                ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
                                const int32_t *pos, const float *inv_freq);
+    /* qk_norm_rope_store without q or ring for n layers at the same
+     * positions: k[i] (weight kw[i]) normed and rotated, its rows and v[i]'s
+     * to rows pos of k_cache[i] / v_cache[i] (a drafter's context keys of
+     * every layer: one launch on the GPU instead of one a layer). Optional:
+     * NULL runs qk_norm_rope_store a layer (ds_key_norm_rope_store_layers). */
+    void (*key_norm_rope_store_layers)(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
+                                       const ds_tensor *v, const ds_tensor *k_cache, const ds_tensor *v_cache,
+                                       int head_dim, float eps, const int32_t *pos, const float *inv_freq);
     /* qk_norm_rope_store (no ring) then attention(out, q, k_cache,
      * v_cache, p): the q/k norms, RoPE and the K/V store of a decode or
      * verification step with its attention, p->q_pos == pos. The values are
@@ -491,6 +499,18 @@ static inline void ds_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor 
     else ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
     ds_store_rows(be, k_cache, k, ring_size, pos);
     ds_store_rows(be, v_cache, v, ring_size, pos);
+}
+static inline void ds_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
+                                                 const ds_tensor *v, const ds_tensor *k_cache,
+                                                 const ds_tensor *v_cache, int head_dim, float eps,
+                                                 const int32_t *pos, const float *inv_freq) {
+    if (be->ops->key_norm_rope_store_layers) {
+        be->ops->key_norm_rope_store_layers(be, n, k, kw, v, k_cache, v_cache, head_dim, eps, pos, inv_freq);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        ds_qk_norm_rope_store(be, ds_rows(k[i], 0, 0), ds_no_tensor(), k[i], kw[i], v[i], k_cache[i], v_cache[i], 0,
+                              head_dim, eps, pos, inv_freq);
 }
 /* qk_norm_rope_attention as its two calls (a backend's own op falls back
  * to this where its fused launch does not apply). */

@@ -176,7 +176,7 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
 }
 
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor kv, ds_qwen3_scratch *s, const int32_t *pos) {
+                              ds_tensor kv, const int32_t *pos) {
     const int kvd = c->n_kv_heads * c->head_dim, per_call = DS_LINEAR_MULTI_MAX / 2;
     for (int l0 = 0; l0 < st->n; l0 += per_call) {
         const int nl = st->n - l0 < per_call ? st->n - l0 : per_call;
@@ -190,11 +190,17 @@ void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds
         }
         ds_linear_multi(be, 2 * nl, outs, x, ws, bs);
     }
-    for (int l = 0; l < st->n; l++) {
-        const ds_tensor k = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * l) * kvd, kvd);
-        const ds_tensor v = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * l + 1) * kvd, kvd);
-        ds_qk_norm_rope_store(be, ds_rows(s->q, 0, 0), ds_no_tensor(), k, st->layers[l].k_norm, v, st->k[l], st->v[l],
-                              0, c->head_dim, c->eps, pos, c->inv_freq);
+    /* the keys' norms, RoPE and the K/V stores of every layer: one launch on the GPU */
+    enum { PER_CALL = 16 };
+    for (int l0 = 0; l0 < st->n; l0 += PER_CALL) {
+        const int nl = st->n - l0 < PER_CALL ? st->n - l0 : PER_CALL;
+        ds_tensor k[PER_CALL], kw[PER_CALL], v[PER_CALL];
+        for (int i = 0; i < nl; i++) {
+            k[i] = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * (l0 + i)) * kvd, kvd);
+            v[i] = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * (l0 + i) + 1) * kvd, kvd);
+            kw[i] = st->layers[l0 + i].k_norm;
+        }
+        ds_key_norm_rope_store_layers(be, nl, k, kw, v, st->k + l0, st->v + l0, c->head_dim, c->eps, pos, c->inv_freq);
     }
 }
 

@@ -59,9 +59,10 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
  * the layers' K and V projections batched into as few linear_multi calls as
  * DS_LINEAR_MULTI_MAX allows (one launch for 5 layers on the GPU instead of
  * 5, each too small to keep HBM busy), into kv ([>= x.rows, 2 * st->n *
- * kv_dim] scratch), then each layer's k norm + RoPE + store. */
+ * kv_dim] scratch), then every layer's k norm + RoPE + store in one call
+ * (key_norm_rope_store_layers: one launch on the GPU instead of 5). */
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor kv, ds_qwen3_scratch *s, const int32_t *pos);
+                              ds_tensor kv, const int32_t *pos);
 /* The attention half up to o_proj: xn = input_layernorm(x) (xn: scratch,
  * unused where the backend fuses the norm), q = rope(q_norm(q_proj(xn))),
  * k and v as ds_qwen3_stack_key_value's into kc / vc at ap->q_pos, then

@@ -449,7 +449,8 @@ static void print_report(const cJSON *r) {
     cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "verify"))
         printf("verify     n=%-2.0f %.3f ms (%.2fx an AR step)\n", NUM(it, "rows"), NUM(it, "ms"), NUM(it, "vs_ar_step"));
     if (dr) {
-        printf("draft      round %.3f ms (gamma %.0f, no context rows); with verify of gamma+1: %.3f ms = %.3f AR steps\n",
+        printf("draft      round %.3f ms (gamma %.0f, no context rows); with verify of gamma+1: %.3f ms = %.3f AR "
+               "steps\n",
                NUM(dr, "draft_round_ms"), NUM(dr, "gamma"), NUM(dr, "round_ms"),
                NUM(dr, "round_ms") / NUM(a, "ms_per_token"));
         printf("draft      with the context append of n rows:");

@@ -255,6 +255,7 @@ static const ds_backend_ops cuda_ops = {
     .verify_sample = ds_cu_verify_sample,
     .markov_sample = ds_cu_markov_sample,
     .qk_norm_rope_store = ds_cu_qk_norm_rope_store,
+    .key_norm_rope_store_layers = ds_cu_key_norm_rope_store_layers,
     .qk_norm_rope_attention = ds_cu_qk_norm_rope_attention,
     .region_begin = ds_cu_region_begin,
     .region_end = ds_cu_region_end,

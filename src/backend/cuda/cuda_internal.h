@@ -367,6 +367,9 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
 void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                               ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,
                               const int32_t *pos, const float *inv_freq);
+void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
+                                      const ds_tensor *v, const ds_tensor *kc, const ds_tensor *vc, int head_dim,
+                                      float eps, const int32_t *pos, const float *inv_freq);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 

@@ -147,6 +147,12 @@ static void p_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_t
     PROF("qk_norm_rope_store",
          prof_of(be)->inner->qk_norm_rope_store(be, q, qw, k, kw, v, kc, vc, ring, hd, eps, pos, f));
 }
+static void p_key_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw, const ds_tensor *v,
+                         const ds_tensor *kc, const ds_tensor *vc, int hd, float eps, const int32_t *pos,
+                         const float *f) {
+    PROF("key_norm_rope_store_layers",
+         prof_of(be)->inner->key_norm_rope_store_layers(be, n, k, kw, v, kc, vc, hd, eps, pos, f));
+}
 static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2,
                      const ds_markov_bound *bnd, bool bf, int32_t a, ds_tensor e, int32_t *t) {
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
@@ -244,6 +250,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.rmsnorm_linear_geglu = p_rl_geglu;
     ops.qk_norm_rope = p_qk_norm_rope;
     ops.qk_norm_rope_store = p_qk_norm_rope_store;
+    ops.key_norm_rope_store_layers = p_key_layers;
     ops.markov_greedy = p_markov;
     ops.probs = p_probs;
     ops.sample = p_sample;

@@ -170,7 +170,8 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
         if (MODE == DS_MMA_SWIGLU)
             y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1]) : silu_mul(sum[0], sum[NW - 1]);
         S.out[(int64_t)m * S.os + n] = y;
-        if (xcopy && n < xcopy_stride) xcopy[(int64_t)m * xcopy_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
+        if (xcopy && n < xcopy_stride)
+            xcopy[(int64_t)m * xcopy_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }
 }
 

@@ -888,8 +888,8 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     if (p.xhalf == 1) { /* made once, at the first launch (outside any recording), never freed: a probe */
         static uint16_t *probe;
         const size_t bytes = (size_t)8 * RING_XC_MAX_K * 2;
-        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess || cudaMemset(probe, 0, bytes) != cudaSuccess ||
-                       cudaDeviceSynchronize() != cudaSuccess))
+        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess ||
+                       cudaMemset(probe, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess))
             probe = NULL, p.xhalf = 0;
         p.xprobe = probe;
     }

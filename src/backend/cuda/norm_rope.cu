@@ -199,10 +199,11 @@ __device__ __forceinline__ int block_part(const rope_part &p0, const rope_part &
     return 1;
 }
 
+/* b0: the block's index among the launch's blocks of these parts (blockIdx.x, or within its layer). */
 __device__ __forceinline__ rope_pre rope_pre_load(const rope_part &p0, const rope_part &p1, int rows, int head_dim,
-                                                  const rope_arg &a) {
+                                                  const rope_arg &a, int b0) {
     rope_pre r = {1.0f, 1.0f, 0.0f};
-    int b = blockIdx.x;
+    int b = b0;
     const int k = block_part(p0, p1, rows, &b), i = threadIdx.x, half = head_dim / 2;
     const void *w = k == 1 ? p1.w : p0.w;
     const int wdt = k == 1 ? p1.wdtype : p0.wdtype;
@@ -218,9 +219,9 @@ __device__ __forceinline__ rope_pre rope_pre_load(const rope_part &p0, const rop
 
 __device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_part &p1, const copy_part &pv,
                                                 int rows, int head_dim, float eps, int ring, int64_t cache_rows,
-                                                const rope_arg &a, const int32_t *dpos, const rope_pre &pre) {
+                                                const rope_arg &a, const int32_t *dpos, const rope_pre &pre, int b0) {
     __shared__ float part[NORM_THREADS / 32];
-    int b = blockIdx.x;
+    int b = b0;
     const int k = block_part(p0, p1, rows, &b);
     if (k < 0) {
         const int r = b - rows * (p0.heads + p1.heads);
@@ -260,10 +261,33 @@ __global__ void __launch_bounds__(NORM_THREADS)
                         int64_t cache_rows, rope_arg a, const int32_t *dpos, unsigned long long *trace) {
     unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
     if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
-    const rope_pre pre = rope_pre_load(p0, p1, rows, head_dim, a);
+    const rope_pre pre = rope_pre_load(p0, p1, rows, head_dim, a, (int)blockIdx.x);
     ds_cu_grid_wait();
     if (tr) tr[RT_WAIT] = ds_cu_gtimer();
-    norm_rope_block(p0, p1, pv, rows, head_dim, eps, ring, cache_rows, a, dpos, pre);
+    norm_rope_block(p0, p1, pv, rows, head_dim, eps, ring, cache_rows, a, dpos, pre, (int)blockIdx.x);
+    if (tr) tr[RT_END] = ds_cu_gtimer();
+}
+
+/* key_norm_rope_store_layers: layers' keys and values at the same rows and positions (no q, no ring), block b
+ * of layer b / per_layer taking that layer's block b % per_layer as rmsnorm_rope_kernel's part 1 and V copy. */
+#define KEY_LAYERS_MAX 8
+typedef struct {
+    rope_part k[KEY_LAYERS_MAX];
+    copy_part v[KEY_LAYERS_MAX];
+} key_layers;
+
+__global__ void __launch_bounds__(NORM_THREADS)
+    key_layers_kernel(const __grid_constant__ key_layers L, int per_layer, int rows, int head_dim, float eps,
+                      int64_t cache_rows, rope_arg a, const int32_t *dpos, unsigned long long *trace) {
+    unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
+    if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
+    const int layer = (int)blockIdx.x / per_layer, b = (int)blockIdx.x % per_layer;
+    const rope_part none = {NULL, 0, NULL, 0, 0, NULL, 0}, kp = L.k[layer];
+    const copy_part vp = L.v[layer];
+    const rope_pre pre = rope_pre_load(none, kp, rows, head_dim, a, b);
+    ds_cu_grid_wait();
+    if (tr) tr[RT_WAIT] = ds_cu_gtimer();
+    norm_rope_block(none, kp, vp, rows, head_dim, eps, 0, cache_rows, a, dpos, pre, b);
     if (tr) tr[RT_END] = ds_cu_gtimer();
 }
 
@@ -357,4 +381,66 @@ void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tens
     }
     norm_rope_launch(cb, "qk_norm_rope_store", q, qw, k, kw, v, k_cache, v_cache, ring_size, head_dim, eps, pos,
                      inv_freq);
+}
+
+void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
+                                      const ds_tensor *v, const ds_tensor *kc, const ds_tensor *vc, int head_dim,
+                                      float eps, const int32_t *pos, const float *inv_freq) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const char *op = "key_norm_rope_store_layers";
+    if (n <= 0 || k[0].rows <= 0) return;
+    const int64_t rows = k[0].rows;
+    /* every layer's shapes as layer 0's (one grid of equal parts), each checked as qk_norm_rope_store would */
+    for (int i = 0; i < n; i++) {
+        if (!rope_heads_ok(cb, op, k[i], kw[i], head_dim)) return;
+        if (!kc[i].data || !vc[i].data) {
+            ds_cu_fail(cb, op, "layer %d: no cache to store into", i);
+            return;
+        }
+        if (k[i].rows != rows || v[i].rows != rows || k[i].cols != k[0].cols || v[i].cols != v[0].cols ||
+            kc[i].cols != k[i].cols || vc[i].cols != v[i].cols || kc[i].rows != kc[0].rows ||
+            vc[i].rows != kc[0].rows || k[i].dtype != DS_F32 || v[i].dtype != DS_F32 || kc[i].dtype != DS_F32 ||
+            vc[i].dtype != DS_F32) {
+            ds_cu_fail(cb, op,
+                       "layer %d: k %lldx%lld, v %lldx%lld, caches %lldx%lld, %lldx%lld do not match layer 0's "
+                       "(k %lldx%lld, v %lldx%lld, caches of %lld rows, fp32)",
+                       i, (long long)k[i].rows, (long long)k[i].cols, (long long)v[i].rows, (long long)v[i].cols,
+                       (long long)kc[i].rows, (long long)kc[i].cols, (long long)vc[i].rows, (long long)vc[i].cols,
+                       (long long)rows, (long long)k[0].cols, (long long)rows, (long long)v[0].cols,
+                       (long long)kc[0].rows);
+            return;
+        }
+    }
+    const int32_t *dpos = NULL;
+    if (cb->reg.active && !(dpos = ds_cu_step_ptr(cb, op, pos, rows))) return;
+    if (!dpos) /* host positions: check them here (a region's were checked by the model) */
+        for (int64_t i = 0; i < rows; i++)
+            if (pos[i] < 0 || pos[i] >= kc[0].rows) {
+                ds_cu_fail(cb, op, "position %d is outside the caches' %lld rows", pos[i], (long long)kc[0].rows);
+                return;
+            }
+    const int half = head_dim / 2, heads = (int)(k[0].cols / head_dim);
+    rope_arg a;
+    for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
+    for (int64_t r0 = 0; r0 < rows; r0 += DS_CU_ROWS) {
+        const int nr = (int)(rows - r0 < DS_CU_ROWS ? rows - r0 : DS_CU_ROWS), per_layer = nr * heads + nr;
+        for (int i = 0; i < nr; i++) a.pos[i] = dpos ? 0 : pos[r0 + i];
+        for (int l0 = 0; l0 < n; l0 += KEY_LAYERS_MAX) {
+            const int nl = n - l0 < KEY_LAYERS_MAX ? n - l0 : KEY_LAYERS_MAX;
+            key_layers L;
+            memset(&L, 0, sizeof L);
+            for (int i = 0; i < nl; i++) {
+                const ds_tensor &ki = k[l0 + i], &vi = v[l0 + i];
+                L.k[i] = {(float *)ki.data + r0 * ki.stride, ki.stride, kw[l0 + i].data, kw[l0 + i].dtype, heads,
+                          (float *)kc[l0 + i].data, kc[l0 + i].stride};
+                L.v[i] = {(const float *)vi.data + r0 * vi.stride, vi.stride, (float *)vc[l0 + i].data,
+                          vc[l0 + i].stride, (int)vi.cols};
+            }
+            const unsigned blocks = (unsigned)(nl * per_layer);
+            ds_cu_launch(key_layers_kernel, blocks, NORM_THREADS, cb->stream, L, per_layer, nr, head_dim, eps,
+                         kc[0].rows, a, dpos ? dpos + r0 : NULL,
+                         ds_cu_ring_trace_slot(cb, nr, RT_KIND_NORM_ROPE, 0, (int)blocks));
+            if (!ds_cu_launched(cb, op)) return;
+        }
+    }
 }
