@@ -76,7 +76,7 @@
 #define RING_SMEM (200 * 1024)              /* shared memory per block: the ring takes what x's split leaves */
 #define RING_SMEM_XC (227 * 1024)           /* the most, for several rows of x split (K = 4096: 16 KB a row) */
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
-#define RING_XC_MAX_K 16384                 /* one row of x split in shared memory: 4 bytes per k */
+#define RING_XC_MAX_K 16384                 /* the longest row split once per block (XC): 4 bytes a k, 2 with bf16 x */
 /* o_proj and down (residual epilogue) split x once per block only up to 4
  * rows: at 8 rows x in the stages made verify-8 0.03-0.05 ms faster (H200,
  * 8B shape, session 12: 4.874 / 4.896 vs 4.920 / 4.944 ms; o_proj's 8-row
@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             const int chunks = K >> 5;
             const bool one_pass = chunks <= MMA_WARPS * RING_XB_NORM;
             const float *xg = x + (int64_t)g * p.x_stride;
-            const uint16_t *xpg = ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K; /* DS_CUDA_RING_PROBE_XHALF=1 */
+            const uint16_t *xpg = /* DS_CUDA_RING_PROBE_XHALF=1's rows */
+                ring_probe_x(p) == 1 ? ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K : nullptr;
             float xf[RING_XB_NORM][8];
             auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
 #pragma unroll
