@@ -54,9 +54,10 @@ if [ -n "${TESTS:-}" ]; then
     echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
     timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
     echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
-    [ -z "${TESTS_ENV:-}" ] || { env $(echo "$TESTS_ENV" | tr , ' ') timeout 120 ./$B/tests/test_cuda_ops >$R/ops_env.log 2>&1
+    # an experiment's tests get 60 s each (a hang, as DS_CUDA_RING_XREG's in session 24, costs no more)
+    [ -z "${TESTS_ENV:-}" ] || { env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/test_cuda_ops >$R/ops_env.log 2>&1
         echo "test_cuda_ops with $TESTS_ENV rc=$? $(tail -1 $R/ops_env.log)"
-        env $(echo "$TESTS_ENV" | tr , ' ') DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_env.log 2>&1
+        env $(echo "$TESTS_ENV" | tr , ' ') DS_CUDA_RING_MIN_TILES=1 timeout 60 ./$B/tests/test_cuda_graphs >$R/graphs_env.log 2>&1
         echo "test_cuda_graphs, ring kernels, with $TESTS_ENV rc=$? $(tail -1 $R/graphs_env.log)"; }
     DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_ring.log 2>&1
     echo "test_cuda_graphs, ring kernels at the test shapes rc=$? $(tail -1 $R/graphs_ring.log)"
