@@ -102,15 +102,15 @@
  * (session 20). */
 #define RING_FLIGHT 2
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
-#define RING_CLBAR (RING_NWBAR + 8)         /* CL: the peer's sums of squares, then its split half (two barriers) */
+#define RING_CLBAR (RING_NWBAR + 8)         /* CL: the peers' sums of squares, then their split parts (two barriers) */
 /* CL (DS_CUDA_RING_CLUSTER=R, an experiment, off by default): normed XC launches of R rows or more run as
- * clusters of two blocks that share x's read. At eight rows every block read all 128 KB of fp32 x from L2 before
- * its first product (~2.1 us a normed launch, ~0.15 ms of a verify of 8 rows: session 24's probe), at four rows
- * 64 KB (~0.3 us). In a cluster, warps 0-7's chunks are read, squared and split by the block of rank 0 and warps
- * 8-15's by rank 1: each lane's chain of squares stays whole in one block, each block writes its warps' sums of
- * squares and split halves into both blocks' shared memory (distributed shared memory), and the 1 / rms is the
- * same sum in the same order, so the bits are the single block's. */
-#define RING_CL_WARPS (MMA_WARPS / 2)       /* consumer warps whose chunks a block of a cluster reads */
+ * clusters of CL blocks (DS_CUDA_RING_CLUSTER_SIZE: 2, the default, or 4) that share x's read. At eight rows
+ * every block read all 128 KB of fp32 x from L2 before its first product (~2.1 us a normed launch, ~0.15 ms of a
+ * verify of 8 rows: session 24's probe), at four rows 64 KB (~0.3 us). In a cluster, the block of rank r reads,
+ * squares and splits the chunks of warps r MMA_WARPS / CL .. (r + 1) MMA_WARPS / CL - 1 only: each lane's chain
+ * of squares stays whole in one block, each block writes its warps' sums of squares and split parts into every
+ * block's shared memory of the cluster (distributed shared memory), and the 1 / rms is the same sum in the same
+ * order, so the bits are the single block's. */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, the ring of stages (each: NW weight
@@ -331,7 +331,7 @@ __device__ __forceinline__ int xc_word(int k) { return DS_X_BF16_ON ? k / 2 : k;
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC, bool PAIR, int CH, bool CL = false>
+template <int MODE, bool NORM, bool XC, bool PAIR, int CH, int CL = 1>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
@@ -342,7 +342,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
      * 1024-k stage, in that order, as they follow each other in the warp's order. */
     constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
     static_assert(CH == 1 || (XC && NW == 1), "wide stages carry one weight and no x");
-    static_assert(!CL || (XC && NORM && DS_X_BF16_ON), "clusters share the normed split of bf16 x");
+    static_assert(CL == 1 || ((CL == 2 || CL == 4) && XC && NORM && DS_X_BF16_ON),
+                  "clusters (of 2 or 4) share the normed split of bf16 x");
+    constexpr int CLW = MMA_WARPS / CL; /* consumer warps whose chunks a block of a cluster reads */
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + KS - 1) / KS;
@@ -357,14 +359,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             bar_init(empty0 + 8 * i, MMA_WARPS);
         }
         bar_init(smem_addr(smem + RING_NWBAR), 1);
-        if (CL) { /* the peer's warps arrive, every lane once, on each */
-            bar_init(smem_addr(smem + RING_CLBAR), RING_CL_WARPS * 32);
-            bar_init(smem_addr(smem + RING_CLBAR + 8), RING_CL_WARPS * 32);
+        if (CL > 1) { /* the other blocks' warps arrive, every lane once, on each */
+            bar_init(smem_addr(smem + RING_CLBAR), (CL - 1) * CLW * 32);
+            bar_init(smem_addr(smem + RING_CLBAR + 8), (CL - 1) * CLW * 32);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (CL) cluster_sync_all();
+    if (CL > 1) cluster_sync_all();
     ring_cursor c;
     cursor_start<KS>(c, K);
 
@@ -499,10 +501,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
                     }
             };
-            /* CL: this block reads, squares and splits its warps' chunks only (RING_CL_WARPS of them), and hands
-             * the sums and the split to the peer block too (see RING_CLBAR). */
-            const uint32_t peer = CL ? cluster_rank() ^ 1u : 0u;
-            const bool mine = !CL || (uint32_t)(warp / RING_CL_WARPS) != peer;
+            /* CL: this block reads, squares and splits its warps' chunks only (CLW of them), and hands the sums
+             * and the split to the cluster's other blocks too (see RING_CLBAR). */
+            const uint32_t rank = CL > 1 ? cluster_rank() : 0u;
+            const bool mine = CL == 1 || (uint32_t)(warp / CLW) == rank;
             if (mine && g < M)
                 for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
                     load_xf(c0);
@@ -511,12 +513,15 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (c0 + i * MMA_WARPS < chunks) x_sum_squares(xf[i], &ss);
                 }
             if (mine) mma_store_ss(ss, ss_part + 8 * warp, g);
-            if (CL && mine) { /* lane t = 0 of row g wrote the warp's sum just now: the same into the peer */
-                if (t == 0) st_peer(peer_addr(smem_addr(ss_part + 8 * warp + g), peer), ss_part[8 * warp + g]);
-                arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR), peer));
-            }
+            if (CL > 1 && mine) /* lane t = 0 of row g wrote the warp's sum just now: the same into the others */
+#pragma unroll
+                for (int j = 1; j < CL; j++) {
+                    const uint32_t peer = (rank + j) % CL;
+                    if (t == 0) st_peer(peer_addr(smem_addr(ss_part + 8 * warp + g), peer), ss_part[8 * warp + g]);
+                    arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR), peer));
+                }
             consumers_sync();
-            if (CL) bar_wait_cluster(smem_addr(smem + RING_CLBAR), 0);
+            if (CL > 1) bar_wait_cluster(smem_addr(smem + RING_CLBAR), 0);
             if (mine && g < M) {
                 const float rs = rows_rs(ss_part, 8, g, K, s.eps);
                 uint32_t *xcg = xc + g * p.xc_row;
@@ -530,12 +535,16 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                             unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
                             uint32_t *dst = xcg + xc_word(k);
                             split_group<true>(xf[i], nw8, &ss, dst, rs);
-                            if (CL) st_peer4(peer_addr(smem_addr(dst), peer), *(const uint4 *)dst);
+#pragma unroll
+                            for (int j = 1; j < CL; j++)
+                                st_peer4(peer_addr(smem_addr(dst), (rank + j) % CL), *(const uint4 *)dst);
                         }
                 }
             }
-            if (CL && mine) arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR + 8), peer));
-            if (CL) bar_wait_cluster(smem_addr(smem + RING_CLBAR + 8), 0);
+            if (CL > 1 && mine)
+#pragma unroll
+                for (int j = 1; j < CL; j++) arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR + 8), (rank + j) % CL));
+            if (CL > 1) bar_wait_cluster(smem_addr(smem + RING_CLBAR + 8), 0);
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
 #else
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
@@ -790,7 +799,8 @@ typedef struct {
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
     int xhalf;
-    int cluster_rows; /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more in clusters of two (0: never) */
+    int cluster_rows; /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more in clusters (0: never) */
+    int cluster_size; /* DS_CUDA_RING_CLUSTER_SIZE: their blocks, 2 (default) or 4 */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -832,6 +842,7 @@ static const ring_settings *ring_env(void) {
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
         r.cluster_rows = (v = getenv("DS_CUDA_RING_CLUSTER")) && atoi(v) > 0 ? atoi(v) : 0;
+        r.cluster_size = (v = getenv("DS_CUDA_RING_CLUSTER_SIZE")) && atoi(v) == 4 ? 4 : 2;
         read = true;
     }
     return &r;
@@ -901,10 +912,10 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-/* ds_cu_launch_smem for clusters of two blocks (CL; grid even). */
+/* ds_cu_launch_smem for clusters of `size` blocks (CL; grid a multiple of size). */
 template <typename... P, typename... A>
-static void launch_pairs(void (*kernel)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
-                         A &&...args) {
+static void launch_clusters(void (*kernel)(P...), unsigned size, unsigned grid, unsigned block, size_t smem,
+                            cudaStream_t stream, A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -912,7 +923,7 @@ static void launch_pairs(void (*kernel)(P...), unsigned grid, unsigned block, si
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.x = size;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -922,7 +933,7 @@ static void launch_pairs(void (*kernel)(P...), unsigned grid, unsigned block, si
     cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
 }
 
-template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, bool CL = false>
+template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, int CL = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
@@ -932,10 +943,10 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
             return;
         allowed = bytes;
     }
-    if (CL)
-        launch_pairs(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                     (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
-                     ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
+    if (CL > 1)
+        launch_clusters(kernel, CL, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
+                        (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
+                        ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     else
         ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
                           (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
@@ -945,13 +956,17 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
 
 template <int MODE, bool NORM>
 static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
-                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, bool cl, int *ctr) {
+                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int cl, int *ctr) {
     constexpr bool CLOK = NORM && MODE != DS_MMA_RESIDUAL && DS_X_BF16_ON; /* the kernels CL is built for */
-    if (CLOK && cl && xc && p.wide && MODE != DS_MMA_SWIGLU)
-        ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1, CLOK>(cb, op, a, p, maps, x, grid, bytes,
-                                                                                ctr);
-    else if (CLOK && cl && xc)
-        ring_start<MODE, NORM, true, false, 1, CLOK>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    constexpr int CH2 = MODE != DS_MMA_SWIGLU ? 2 : 1;                    /* (SwiGLU's CH = 2 is never built) */
+    if (CLOK && cl == 2 && xc && p.wide && MODE != DS_MMA_SWIGLU)
+        ring_start<MODE, NORM, true, false, CH2, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (CLOK && cl == 2 && xc)
+        ring_start<MODE, NORM, true, false, 1, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (CLOK && cl == 4 && xc && p.wide && MODE != DS_MMA_SWIGLU)
+        ring_start<MODE, NORM, true, false, CH2, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (CLOK && cl == 4 && xc)
+        ring_start<MODE, NORM, true, false, 1, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (MODE != DS_MMA_SWIGLU && xc && p.wide) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
@@ -1093,10 +1108,12 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     const int bytes = xc ? p.nws_off + xc_norm_bytes(a, K, p) : p.xc_off;
     const bool norm = a->norm_w != NULL;
     int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
-    /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more split x in clusters of two blocks (see RING_CLBAR) */
-    const bool cl = norm && xc && DS_X_BF16_ON && mode != DS_MMA_RESIDUAL && env->cluster_rows > 0 &&
-                    M >= env->cluster_rows && grid >= 2;
-    if (cl) grid &= ~1;
+    /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more split x in clusters of blocks (see RING_CLBAR) */
+    const int cl = norm && xc && DS_X_BF16_ON && mode != DS_MMA_RESIDUAL && env->cluster_rows > 0 &&
+                           M >= env->cluster_rows && grid >= env->cluster_size
+                       ? env->cluster_size
+                       : 0;
+    if (cl) grid &= ~(cl - 1); /* (2 or 4) */
     /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
      * pair is back at zero long before its turn comes again. */
     int *ctr = NULL;
