@@ -912,27 +912,6 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-/* ds_cu_launch_smem for clusters of `size` blocks (CL; grid a multiple of size). */
-template <typename... P, typename... A>
-static void launch_clusters(void (*kernel)(P...), unsigned size, unsigned grid, unsigned block, size_t smem,
-                            cudaStream_t stream, A &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = size;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = ds_cu_pdl_enabled() ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
-}
-
 template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, int CL = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
@@ -943,14 +922,9 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
             return;
         allowed = bytes;
     }
-    if (CL > 1)
-        launch_clusters(kernel, CL, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                        (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
-                        ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
-    else
-        ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                          (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
-                          ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
+    ds_cu_launch_cluster(kernel, CL, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
+                         (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
+                         ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     ds_cu_launched(cb, op);
 }
 
