@@ -778,7 +778,7 @@ static void plan_sums(ring_plan *p, int nw) {
  * residual one: every normed launch but layer 0's QKV). Read as bf16 from
  * x itself, half the words were NaN or inf and slowed everything after;
  * read from a buffer written once, AR slowed by 4 % (session 24: its lines
- * are gone from L2 by the next launch, x's are fresh). =1 needs a build
+ * are gone from L2 by the next launch, x's are fresh).
  * Both need a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
  * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, they changed the
  * ring kernels' registers (residual 66 -> 72), which the default build must
@@ -928,19 +928,24 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
     ds_cu_launched(cb, op);
 }
 
+/* XC in clusters of CL blocks: wide stages where the plan has them (one weight a stage), else 512-k ones. */
+template <int MODE, bool NORM, int CL>
+static void ring_start_cl(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
+                          const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
+    if (p.wide && MODE != DS_MMA_SWIGLU) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
+        ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1, CL>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else
+        ring_start<MODE, NORM, true, false, 1, CL>(cb, op, a, p, maps, x, grid, bytes, ctr);
+}
+
 template <int MODE, bool NORM>
 static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                           const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int cl, int *ctr) {
     constexpr bool CLOK = NORM && MODE != DS_MMA_RESIDUAL && DS_X_BF16_ON; /* the kernels CL is built for */
-    constexpr int CH2 = MODE != DS_MMA_SWIGLU ? 2 : 1;                    /* (SwiGLU's CH = 2 is never built) */
-    if (CLOK && cl == 2 && xc && p.wide && MODE != DS_MMA_SWIGLU)
-        ring_start<MODE, NORM, true, false, CH2, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (CLOK && cl == 2 && xc)
-        ring_start<MODE, NORM, true, false, 1, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (CLOK && cl == 4 && xc && p.wide && MODE != DS_MMA_SWIGLU)
-        ring_start<MODE, NORM, true, false, CH2, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (CLOK && cl == 4 && xc)
-        ring_start<MODE, NORM, true, false, 1, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    if (CLOK && xc && cl == 2)
+        ring_start_cl<MODE, NORM, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
+    else if (CLOK && xc && cl == 4)
+        ring_start_cl<MODE, NORM, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (MODE != DS_MMA_SWIGLU && xc && p.wide) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */

@@ -303,6 +303,23 @@ static bool rope_heads_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_t
     return !w.data || ds_cu_float_dtype(cb, op, w.dtype);
 }
 
+/* The rows' positions: in a step region the device's (*dpos; the model checked them), else the host's, which
+ * must fall in a cache of cache_rows rows (mod ring where ring > 0; cache_rows < 0: nothing stored, no check).
+ * False (the failure recorded) where they do not. */
+static bool step_positions(ds_cuda_backend *cb, const char *op, const int32_t *pos, int64_t rows, int ring,
+                           int64_t cache_rows, const int32_t **dpos) {
+    *dpos = NULL;
+    if (cb->reg.active) return (*dpos = ds_cu_step_ptr(cb, op, pos, rows)) != NULL;
+    for (int64_t i = 0; cache_rows >= 0 && i < rows; i++) {
+        const int64_t r = ring > 0 ? pos[i] % ring : pos[i];
+        if (pos[i] < 0 || r >= cache_rows) {
+            ds_cu_fail(cb, op, "position %d is outside the cache's %lld rows", pos[i], (long long)cache_rows);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* x2 may be empty (rows 0): one tensor. Otherwise both have x's rows.
  * With kc set, x2 (k) goes to rows pos (mod ring) of kc and v to those of
  * vc; x may then be empty (rows 0: k and v only). */
@@ -327,15 +344,7 @@ static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, d
         return;
     }
     const int32_t *dpos = NULL;
-    if (cb->reg.active && !(dpos = ds_cu_step_ptr(cb, op, pos, rows))) return;
-    if (store && !dpos) /* host positions: check them here (a region's were checked by the model) */
-        for (int64_t i = 0; i < rows; i++) {
-            const int64_t r = ring > 0 ? pos[i] % ring : pos[i];
-            if (pos[i] < 0 || r >= kc.rows) {
-                ds_cu_fail(cb, op, "position %d is outside the cache's %lld rows", pos[i], (long long)kc.rows);
-                return;
-            }
-        }
+    if (!step_positions(cb, op, pos, rows, ring, store ? kc.rows : -1, &dpos)) return;
     const int half = head_dim / 2;
     rope_arg a;
     for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
@@ -412,13 +421,7 @@ void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k,
         }
     }
     const int32_t *dpos = NULL;
-    if (cb->reg.active && !(dpos = ds_cu_step_ptr(cb, op, pos, rows))) return;
-    if (!dpos) /* host positions: check them here (a region's were checked by the model) */
-        for (int64_t i = 0; i < rows; i++)
-            if (pos[i] < 0 || pos[i] >= kc[0].rows) {
-                ds_cu_fail(cb, op, "position %d is outside the caches' %lld rows", pos[i], (long long)kc[0].rows);
-                return;
-            }
+    if (!step_positions(cb, op, pos, rows, 0, kc[0].rows, &dpos)) return;
     const int half = head_dim / 2, heads = (int)(k[0].cols / head_dim);
     rope_arg a;
     for (int i = 0; i < half; i++) a.inv_freq[i] = inv_freq[i];
