@@ -210,12 +210,12 @@ static ds_error *check_append(const ds_drafter *d, int pos0, int n) {
     return NULL;
 }
 
-/* ctx = hidden_norm(fc(taps)) for n rows, into every layer's K/V at pos[0..n) (the architecture's context op
- * applies hidden_norm: the Qwen3 drafter fuses it into its K/V projections' launch). */
+/* ctx = hidden_norm(fc(taps)) for n rows, into every layer's K/V at pos[0..n). */
 static void context_ops(ds_drafter *d, ds_tensor taps, int n, const int32_t *pos) {
     ds_backend *be = d->be;
     ds_tensor ctx = ds_rows(d->ctx, 0, n);
     be->ops->linear(be, ctx, ds_rows(taps, 0, n), d->fc, ds_no_tensor());
+    be->ops->rmsnorm(be, ctx, ctx, d->hidden_norm, d->hidden, d->eps);
     d->ops->context(d, ctx, pos);
 }
 

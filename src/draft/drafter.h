@@ -19,9 +19,8 @@ typedef enum { DS_MARKOV_NONE = 0, DS_MARKOV_VANILLA, DS_MARKOV_GATED, DS_MARKOV
 typedef struct ds_drafter ds_drafter;
 
 typedef struct {
-    /* K/V of context rows hidden_norm(ctx) (ctx[n, hidden] = fc(taps), not yet normed: the architecture
-     * applies d->hidden_norm, in place or fused into its K/V projections) at positions pos[0..n)
-     * (consecutive) into every layer's cache. pos points into d->step (backend.h ds_step). */
+    /* K/V of projected context rows ctx[n, hidden] at positions pos[0..n) (consecutive) into every layer's
+     * cache. pos points into d->step (backend.h ds_step). */
     void (*context)(ds_drafter *d, ds_tensor ctx, const int32_t *pos);
     /* Backbone over ids[gamma] at positions pos[0..gamma) = start..: fills d->block_hidden (final-normed);
      * its attentions see keys 0..start+gamma-1 (d->step.n_keys). ids, pos point into d->step. */

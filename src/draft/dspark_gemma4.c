@@ -31,7 +31,6 @@ typedef struct {
  * the ids and positions those of d->step. */
 static void gd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
-    d->be->ops->rmsnorm(d->be, ctx, ctx, d->hidden_norm, d->hidden, d->eps);
     for (int l = 0; l < g->c.n_layers; l++)
         ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, g->st.k[l], g->st.v[l], 0, &g->s, pos);
 }

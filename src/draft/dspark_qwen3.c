@@ -22,7 +22,7 @@ typedef struct {
 
 static void qd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     qwen3_drafter *q = (qwen3_drafter *)d;
-    ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, d->hidden_norm, q->ctx_kv, pos);
+    ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, q->ctx_kv, pos);
 }
 
 static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {

@@ -176,7 +176,7 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
 }
 
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor x_norm, ds_tensor kv, const int32_t *pos) {
+                              ds_tensor kv, const int32_t *pos) {
     const int kvd = c->n_kv_heads * c->head_dim, per_call = DS_LINEAR_MULTI_MAX / 2;
     for (int l0 = 0; l0 < st->n; l0 += per_call) {
         const int nl = st->n - l0 < per_call ? st->n - l0 : per_call;
@@ -188,12 +188,7 @@ void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds
             ws[2 * i] = L->k_proj, ws[2 * i + 1] = L->v_proj;
             bs[2 * i] = L->k_bias, bs[2 * i + 1] = L->v_bias;
         }
-        if (nl == st->n) /* one launch: the norm fused into it (or, unfused, in place: xn = x) */
-            ds_rmsnorm_linear_multi(be, 2 * nl, outs, x, x_norm, c->eps, ws, bs, x);
-        else { /* several: x normed in place once, before the first */
-            if (l0 == 0) be->ops->rmsnorm(be, x, x, x_norm, (int)x.cols, c->eps);
-            ds_linear_multi(be, 2 * nl, outs, x, ws, bs);
-        }
+        ds_linear_multi(be, 2 * nl, outs, x, ws, bs);
     }
     /* the keys' norms, RoPE and the K/V stores of every layer: one launch on the GPU */
     enum { PER_CALL = 16 };

@@ -55,16 +55,14 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
  * into rows pos[i] of every layer's caches (whole cache tensors: the rows
  * written are the positions, read by the backend, so a recorded step
  * replays at any position). For a DSpark drafter's context, where every
- * layer projects the same fused target features, normed by x_norm first
- * (x is clobbered: normed in place, or left as it was where the norm is
- * fused into the projections' launch):
+ * layer projects the same fused target features:
  * the layers' K and V projections batched into as few linear_multi calls as
  * DS_LINEAR_MULTI_MAX allows (one launch for 5 layers on the GPU instead of
  * 5, each too small to keep HBM busy), into kv ([>= x.rows, 2 * st->n *
  * kv_dim] scratch), then every layer's k norm + RoPE + store in one call
  * (key_norm_rope_store_layers: one launch on the GPU instead of 5). */
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor x_norm, ds_tensor kv, const int32_t *pos);
+                              ds_tensor kv, const int32_t *pos);
 /* The attention half up to o_proj: xn = input_layernorm(x) (xn: scratch,
  * unused where the backend fuses the norm), q = rope(q_norm(q_proj(xn))),
  * k and v as ds_qwen3_stack_key_value's into kc / vc at ap->q_pos, then
