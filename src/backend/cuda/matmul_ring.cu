@@ -56,6 +56,7 @@
  * and row counts (test_cuda_ops). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -921,6 +922,25 @@ static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
         allowed = bytes;
+    }
+    if (CL > 1) { /* no more clusters than fit at once: a later one's static first tiles would be a second wave */
+        static int fit_bytes = 0, fit = 0;
+        if (bytes != fit_bytes) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)grid);
+            cfg.blockDim = dim3(RING_THREADS);
+            cfg.dynamicSmemBytes = (size_t)bytes;
+            cudaLaunchAttribute at = {};
+            at.id = cudaLaunchAttributeClusterDimension;
+            at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+            cfg.attrs = &at;
+            cfg.numAttrs = 1;
+            if (!ds_cu_ok(cb, op, cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg))) return;
+            fit_bytes = bytes;
+            if (getenv("DS_CUDA_RING_CLUSTER_SAY"))
+                fprintf(stderr, "ring clusters of %d: %d fit at %d bytes (grid %d)\n", CL, fit, bytes, grid);
+        }
+        if (fit > 0 && grid > fit * CL) grid = fit * CL;
     }
     ds_cu_launch_cluster(kernel, CL, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
                          (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
