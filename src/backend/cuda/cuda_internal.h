@@ -244,35 +244,20 @@ static inline bool ds_cu_consecutive(const int32_t *pos, int64_t n) {
     return true;
 }
 
-/* cluster > 1: blocks in clusters of that many (grid.x a multiple of it). */
 template <typename... P, typename... A>
-static inline void ds_cu_launch_cluster(void (*kernel)(P...), unsigned cluster, dim3 grid, dim3 block, size_t smem,
-                                        cudaStream_t stream, A &&...args) {
+static inline void ds_cu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                     A &&...args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (ds_cu_pdl_enabled()) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = cluster;
-        attr[n].val.clusterDim.y = 1;
-        attr[n++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = ds_cu_pdl_enabled() ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
-}
-template <typename... P, typename... A>
-static inline void ds_cu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                     A &&...args) {
-    ds_cu_launch_cluster(kernel, 1, grid, block, smem, stream, static_cast<A &&>(args)...);
 }
 template <typename... P, typename... A>
 static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A &&...args) {

@@ -56,7 +56,6 @@
  * and row counts (test_cuda_ops). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,15 +102,6 @@
  * (session 20). */
 #define RING_FLIGHT 2
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
-#define RING_CLBAR (RING_NWBAR + 8)         /* CL: the peers' sums of squares, then their split parts (two barriers) */
-/* CL (DS_CUDA_RING_CLUSTER=R, an experiment, off by default): normed XC launches of R rows or more run as
- * clusters of CL blocks (DS_CUDA_RING_CLUSTER_SIZE: 2, the default, or 4) that share x's read. At eight rows
- * every block read all 128 KB of fp32 x from L2 before its first product (~2.1 us a normed launch, ~0.15 ms of a
- * verify of 8 rows: session 24's probe), at four rows 64 KB (~0.3 us). In a cluster, the block of rank r reads,
- * squares and splits the chunks of warps r MMA_WARPS / CL .. (r + 1) MMA_WARPS / CL - 1 only: each lane's chain
- * of squares stays whole in one block, each block writes its warps' sums of squares and split parts into every
- * block's shared memory of the cluster (distributed shared memory), and the 1 / rms is the same sum in the same
- * order, so the bits are the single block's. */
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, the ring of stages (each: NW weight
@@ -194,46 +184,6 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
-/* CL: the cluster's side (see RING_CLBAR). */
-__device__ __forceinline__ uint32_t cluster_rank(void) {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-/* The same shared-memory location in block `rank` of the cluster. */
-__device__ __forceinline__ uint32_t peer_addr(uint32_t local, uint32_t rank) {
-    uint32_t a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
-    return a;
-}
-__device__ __forceinline__ void st_peer(uint32_t addr, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-__device__ __forceinline__ void st_peer4(uint32_t addr, uint4 v) {
-    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-                 "r"(v.w)
-                 : "memory");
-}
-/* An arrival on a barrier of the peer block, releasing this thread's writes to the cluster. */
-__device__ __forceinline__ void arrive_peer(uint32_t bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* bar_wait, acquiring what the peer block's arrivals released. */
-__device__ __forceinline__ void bar_wait_cluster(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* Every thread of both blocks (once, before the producer leaves the others): the barriers are initialized. */
-__device__ __forceinline__ void cluster_sync_all(void) {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 /* Consumer warps only (the producer never joins): named barrier 1. */
 __device__ __forceinline__ void consumers_sync(void) {
     asm volatile("bar.sync 1, %0;" ::"r"(MMA_WARPS * 32) : "memory");
@@ -332,7 +282,7 @@ __device__ __forceinline__ int xc_word(int k) { return DS_X_BF16_ON ? k / 2 : k;
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC, bool PAIR, int CH, int CL = 1>
+template <int MODE, bool NORM, bool XC, bool PAIR, int CH>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
@@ -343,9 +293,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
      * 1024-k stage, in that order, as they follow each other in the warp's order. */
     constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
     static_assert(CH == 1 || (XC && NW == 1), "wide stages carry one weight and no x");
-    static_assert(CL == 1 || ((CL == 2 || CL == 4) && XC && NORM && DS_X_BF16_ON),
-                  "clusters (of 2 or 4) share the normed split of bf16 x");
-    constexpr int CLW = MMA_WARPS / CL; /* consumer warps whose chunks a block of a cluster reads */
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + KS - 1) / KS;
@@ -360,14 +307,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             bar_init(empty0 + 8 * i, MMA_WARPS);
         }
         bar_init(smem_addr(smem + RING_NWBAR), 1);
-        if (CL > 1) { /* the other blocks' warps arrive, every lane once, on each */
-            bar_init(smem_addr(smem + RING_CLBAR), (CL - 1) * CLW * 32);
-            bar_init(smem_addr(smem + RING_CLBAR + 8), (CL - 1) * CLW * 32);
-        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (CL > 1) cluster_sync_all();
     ring_cursor c;
     cursor_start<KS>(c, K);
 
@@ -502,28 +444,16 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
                     }
             };
-            /* CL: this block reads, squares and splits its warps' chunks only (CLW of them), and hands the sums
-             * and the split to the cluster's other blocks too (see RING_CLBAR). */
-            const uint32_t rank = CL > 1 ? cluster_rank() : 0u;
-            const bool mine = CL == 1 || (uint32_t)(warp / CLW) == rank;
-            if (mine && g < M)
+            if (g < M)
                 for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
                     load_xf(c0);
 #pragma unroll
                     for (int i = 0; i < RING_XB_NORM; i++)
                         if (c0 + i * MMA_WARPS < chunks) x_sum_squares(xf[i], &ss);
                 }
-            if (mine) mma_store_ss(ss, ss_part + 8 * warp, g);
-            if (CL > 1 && mine) /* lane t = 0 of row g wrote the warp's sum just now: the same into the others */
-#pragma unroll
-                for (int j = 1; j < CL; j++) {
-                    const uint32_t peer = (rank + j) % CL;
-                    if (t == 0) st_peer(peer_addr(smem_addr(ss_part + 8 * warp + g), peer), ss_part[8 * warp + g]);
-                    arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR), peer));
-                }
+            mma_store_ss(ss, ss_part + 8 * warp, g);
             consumers_sync();
-            if (CL > 1) bar_wait_cluster(smem_addr(smem + RING_CLBAR), 0);
-            if (mine && g < M) {
+            if (g < M) {
                 const float rs = rows_rs(ss_part, 8, g, K, s.eps);
                 uint32_t *xcg = xc + g * p.xc_row;
                 for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
@@ -534,18 +464,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
                             float nw8[8];
                             unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
-                            uint32_t *dst = xcg + xc_word(k);
-                            split_group<true>(xf[i], nw8, &ss, dst, rs);
-#pragma unroll
-                            for (int j = 1; j < CL; j++)
-                                st_peer4(peer_addr(smem_addr(dst), (rank + j) % CL), *(const uint4 *)dst);
+                            split_group<true>(xf[i], nw8, &ss, xcg + xc_word(k), rs);
                         }
                 }
             }
-            if (CL > 1 && mine)
-#pragma unroll
-                for (int j = 1; j < CL; j++) arrive_peer(peer_addr(smem_addr(smem + RING_CLBAR + 8), (rank + j) % CL));
-            if (CL > 1) bar_wait_cluster(smem_addr(smem + RING_CLBAR + 8), 0);
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
 #else
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
@@ -800,8 +722,6 @@ typedef struct {
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
     int xhalf;
-    int cluster_rows; /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more in clusters (0: never) */
-    int cluster_size; /* DS_CUDA_RING_CLUSTER_SIZE: their blocks, 2 (default) or 4 */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -842,8 +762,6 @@ static const ring_settings *ring_env(void) {
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
-        r.cluster_rows = (v = getenv("DS_CUDA_RING_CLUSTER")) && atoi(v) > 0 ? atoi(v) : 0;
-        r.cluster_size = (v = getenv("DS_CUDA_RING_CLUSTER_SIZE")) && atoi(v) == 4 ? 4 : 2;
         read = true;
     }
     return &r;
@@ -913,60 +831,26 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     return true;
 }
 
-template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, int CL = 1>
+template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
-    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH, CL>;
+    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH>;
     if (bytes > allowed) {
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
         allowed = bytes;
     }
-    if (CL > 1) { /* no more clusters than fit at once: a later one's static first tiles would be a second wave */
-        static int fit_bytes = 0, fit = 0;
-        if (bytes != fit_bytes) {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)grid);
-            cfg.blockDim = dim3(RING_THREADS);
-            cfg.dynamicSmemBytes = (size_t)bytes;
-            cudaLaunchAttribute at = {};
-            at.id = cudaLaunchAttributeClusterDimension;
-            at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-            cfg.attrs = &at;
-            cfg.numAttrs = 1;
-            if (!ds_cu_ok(cb, op, cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg))) return;
-            fit_bytes = bytes;
-            if (getenv("DS_CUDA_RING_CLUSTER_SAY"))
-                fprintf(stderr, "ring clusters of %d: %d fit at %d bytes (grid %d)\n", CL, fit, bytes, grid);
-        }
-        if (fit > 0 && grid > fit * CL) grid = fit * CL;
-    }
-    ds_cu_launch_cluster(kernel, CL, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
-                         (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
-                         ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
+    ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
+                      (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
+                      ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
     ds_cu_launched(cb, op);
-}
-
-/* XC in clusters of CL blocks: wide stages where the plan has them (one weight a stage), else 512-k ones. */
-template <int MODE, bool NORM, int CL>
-static void ring_start_cl(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
-                          const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
-    if (p.wide && MODE != DS_MMA_SWIGLU) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
-        ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1, CL>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else
-        ring_start<MODE, NORM, true, false, 1, CL>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
 
 template <int MODE, bool NORM>
 static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
-                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int cl, int *ctr) {
-    constexpr bool CLOK = NORM && MODE != DS_MMA_RESIDUAL && DS_X_BF16_ON; /* the kernels CL is built for */
-    if (CLOK && xc && cl == 2)
-        ring_start_cl<MODE, NORM, CLOK ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (CLOK && xc && cl == 4)
-        ring_start_cl<MODE, NORM, CLOK ? 4 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
+                          const ring_maps &maps, ds_tensor x, int grid, int bytes, bool xc, int *ctr) {
+    if (MODE == DS_MMA_RESIDUAL && !NORM && !xc && p.pair)
         ring_start<DS_MMA_RESIDUAL, false, false, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (MODE != DS_MMA_SWIGLU && xc && p.wide) /* (the ternary: SwiGLU's CH = 2 kernel is never built) */
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
@@ -1105,30 +989,24 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
         if (nw == 2 && !p.pair) maps.bx_up = ds_cu_boxes_of(cb, a->seg[0].w2, a->seg[0].n, K, a->seg[0].ws);
     }
     const int bytes = xc ? p.nws_off + xc_norm_bytes(a, K, p) : p.xc_off;
+    const int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
     const bool norm = a->norm_w != NULL;
-    int grid = p.tiles < cb->sms ? p.tiles : cb->sms;
-    /* DS_CUDA_RING_CLUSTER=R: normed calls of R rows or more split x in clusters of blocks (see RING_CLBAR) */
-    const int cl = norm && xc && DS_X_BF16_ON && mode != DS_MMA_RESIDUAL && env->cluster_rows > 0 &&
-                           M >= env->cluster_rows && grid >= env->cluster_size
-                       ? env->cluster_size
-                       : 0;
-    if (cl) grid &= ~(cl - 1); /* (2 or 4) */
     /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
      * pair is back at zero long before its turn comes again. */
     int *ctr = NULL;
     if (env->dyn && cb->ring_ctr) ctr = cb->ring_ctr + 2 * (int)(cb->ring_seq++ % DS_CU_RING_CTRS);
     switch (mode) {
     case DS_MMA_PLAIN:
-        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr)
-             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr);
+        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     case DS_MMA_RESIDUAL:
-        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr)
-             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr);
+        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     default:
-        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr)
-             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc, cl, ctr);
+        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     }
     return true;
