@@ -8,7 +8,8 @@
 # (quantiles of wait, prologue, key loop, drain; us from the launch before).
 #
 #   bash bench/make_devdata.sh            # here, once per checkout
-#   # on the device (carry: [".devdata"]), e.g.
+#   # on the device (carry: [".devdata/debs", ".devdata/devenv.sh", ".devdata/cblas_standin.c"]: the tracked tree
+#   # is ~61 MiB and .devdata/root, which a local build unpacks, would pass the 64 MiB a call carries), e.g.
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
