@@ -121,8 +121,13 @@ static void test_ar_matches_reference_up_to_near_ties(void) {
         ds_gen_result_free(&r);
     }
     printf("  %d of %d prompts agree fully with the reference's bf16 greedy output\n", agree, n_prompts);
-    /* Measured 17/32 (an fp32 engine is expected to reach about 16, models/PROVENANCE-shared-README.md). */
-    if (n_prompts == 32) CHECK(agree >= 16, "only %d prompts agree fully", agree);
+    /* An fp32 engine is expected to reach about 16 (models/PROVENANCE-shared-README.md): that is the middle of
+     * the count, not its floor. Which prompts agree turns on near ties, so ulp-level changes move it: this
+     * build gave 16 with OpenBLAS's Haswell / Zen kernels in the prompt's prefill and 15 with its SkylakeX /
+     * Sandybridge ones, the GPU 17, the tile-order norms (81f251f) 16-18 (bench/RESULTS.md, session 26): the
+     * floor sits one below the lowest of those. A systematic loss shows as a divergence that is not a near tie
+     * (the check above) or as fewer (a norm from bf16(x), session 24: 13). */
+    if (n_prompts == 32) CHECK(agree >= 14, "only %d prompts agree fully", agree);
 }
 
 /* Pooled tau (DeepSpec acceptance_length) over the prompts. */
