@@ -884,12 +884,12 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
-#if DS_RING_PROBE_X
+#if DS_RING_PROBE_X /* (XS = NORM: no XS kernel is built for the unnormed calls, which never take it) */
     else if (NORM && ring_probe_xs(p) && p.wide && MODE != DS_MMA_SWIGLU)
-        ring_start<MODE, NORM, false, false, MODE != DS_MMA_SWIGLU ? 2 : 1, true>(cb, op, a, p, maps, x, grid, bytes,
-                                                                                  ctr);
+        ring_start<MODE, NORM, false, false, NORM && MODE != DS_MMA_SWIGLU ? 2 : 1, NORM>(cb, op, a, p, maps, x, grid,
+                                                                                          bytes, ctr);
     else if (NORM && ring_probe_xs(p))
-        ring_start<MODE, NORM, false, false, 1, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
+        ring_start<MODE, NORM, false, false, 1, NORM>(cb, op, a, p, maps, x, grid, bytes, ctr);
 #endif
     else
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
@@ -933,6 +933,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
         p.xprobe = probe;
     }
 #endif
+    const bool xs = ring_probe_xs(p); /* probe 3: x (bf16) in the stages of a normed call (false unless compiled in) */
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
@@ -943,7 +944,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
-    const bool xc = !ring_probe_xs(p) && M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 &&
+    const bool xc = !xs && M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 &&
                     x.stride % 4 == 0 && xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
                     (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
     *xc_out = xc;
@@ -965,13 +966,13 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds RING_WIDE_SLOTS such stages. */
     const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
-    const int room = (xc || ring_probe_xs(p) ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
-    p.wide = env->wide && (xc || ring_probe_xs(p)) && nw == 1 && !p.pair &&
+    const int room = (xc || xs ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
+    p.wide = env->wide && (xc || xs) && nw == 1 && !p.pair &&
              room >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
     p.x_off = nw * boxes * RING_WBOX;
-    p.nw_off = p.x_off + (xc ? 0 : ring_probe_xs(p) ? boxes * RING_XBOX_B : RING_BOXES * RING_XBOX);
-    p.stage_bytes = round_up(p.nw_off + (xc || ring_probe_xs(p) ? 0 : RING_KS * p.nw_size), 128);
+    p.nw_off = p.x_off + (xc ? 0 : xs ? boxes * RING_XBOX_B : RING_BOXES * RING_XBOX);
+    p.stage_bytes = round_up(p.nw_off + (xc || xs ? 0 : RING_KS * p.nw_size), 128);
     /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
     p.x_stride = (int)x.stride;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
@@ -979,7 +980,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
      * stage a ring's depth back may already be rearmed for a later one. */
     const int flight = M == 1 ? env->flight : env->flight_wide;
-    p.flight = (xc || ring_probe_xs(p)) && flight < p.slots ? flight : 0;
+    p.flight = (xc || xs) && flight < p.slots ? flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     *out = p;
