@@ -385,10 +385,10 @@ static void test_fused_row_invariance(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
-/* DS_X_BF16: a normed x rounds to the same bf16 values on every path that multiplies it (the ring at 1 and 8
- * rows, the per-tile kernel at 20, the wide path's normed copy at 64, the CPU): each row's 1 / rms is taken in
- * one order everywhere. Through an identity weight the output is x's rounded value itself (one exact product a
- * sum), so the rows must agree bit for bit; an rms one ulp apart moves some of a row's 2048 values a bf16 step. */
+/* DS_X_BF16: a fused norm computes the same bits on every path (the ring at 1 and 8 rows, the per-tile kernel at
+ * 20, the wide path at 64, the CPU): x * w rounds to the same bf16 values, and each row's 1 / rms, taken in the
+ * tile order everywhere, scales the products' sums. Through an identity weight the output is 1 / rms times x * w's
+ * rounded value (one exact product a sum), so the rows must agree bit for bit; an rms one ulp apart moves them. */
 static void test_normed_x_paths(void) {
     if (!DS_X_BF16_ON) {
         printf("  (the fp32-x build: x is not rounded, nothing to check)\n");

@@ -266,6 +266,11 @@ static const ds_backend_ops cpu_ops = {
     .linear_residual = ds_cpu_linear_residual,
     .linear_swiglu = ds_cpu_linear_swiglu,
     .linear_multi = ds_cpu_linear_multi,
+#if DS_X_BF16_ON
+    .rmsnorm_linear_multi = ds_cpu_rmsnorm_linear_multi,
+    .rmsnorm_linear_swiglu = ds_cpu_rmsnorm_linear_swiglu,
+    .rmsnorm_linear_geglu = ds_cpu_rmsnorm_linear_geglu,
+#endif
     .conf_cut = cpu_conf_cut,
     .accept_prefix = cpu_accept_prefix,
     .probs = ds_cpu_probs,

@@ -85,6 +85,15 @@ void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);
+/* DS_X_BF16: a fused norm's 1 / rms (the GPU's tile order; dim a multiple of 16) and the fused ops that apply it
+ * to the products' sums (cpu_linear_fused.c). */
+float ds_cpu_rms_inv_tiles(const float *x, int dim, float eps);
+void ds_cpu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor norm_w,
+                                 float eps, const ds_tensor *ws, const ds_tensor *biases);
+void ds_cpu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                  ds_tensor wg, ds_tensor wu);
+void ds_cpu_rmsnorm_linear_geglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor norm_w, float eps,
+                                 ds_tensor wg, ds_tensor wu);
 /* The sampling ops (cpu_sample.c). */
 void ds_cpu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_sampling *s);
 void ds_cpu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);

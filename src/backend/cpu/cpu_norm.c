@@ -24,6 +24,25 @@ static float rms_inv_gpu_order(const float *x, int dim, float eps) {
     return 1.0f / sqrtf(tot / (float)dim + eps);
 }
 
+/* DS_X_BF16: 1 / rms of a row for a fused norm, in the tile order of the GPU's
+ * (matmul_mma_frag.cuh, dim a multiple of 16): tile j (x[16j .. 16j + 16))
+ * sums each half as ((x0^2 + x1^2) + (x2^2 + x3^2)) + (...), a pair one fma,
+ * and adds the halves; slot l of 32 adds tiles l, l + 32, ... in order; the
+ * slots are added in a butterfly (slot l + off into slot l, off = 16 .. 1). */
+static float sq_tree8(const float *f) {
+    const float a = fmaf(f[1], f[1], f[0] * f[0]), b = fmaf(f[3], f[3], f[2] * f[2]);
+    const float c = fmaf(f[5], f[5], f[4] * f[4]), d = fmaf(f[7], f[7], f[6] * f[6]);
+    return (a + b) + (c + d);
+}
+
+float ds_cpu_rms_inv_tiles(const float *x, int dim, float eps) {
+    float slot[32] = {0};
+    for (int j = 0; j < dim / 16; j++) slot[j % 32] += sq_tree8(x + 16 * j) + sq_tree8(x + 16 * j + 8);
+    for (int off = 16; off >= 1; off /= 2)
+        for (int l = 0; l < off; l++) slot[l] += slot[l + off];
+    return 1.0f / sqrtf(slot[0] / (float)dim + eps);
+}
+
 static float rms_inv(const float *x, int dim, float eps) {
     /* Sum of squares in 8 lanes, a fixed reduction tree, then the tail: a
      * fixed order for every row (a scalar chain was most of the op). */

@@ -125,55 +125,77 @@ static bool norm_ok(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor 
 /* The kernel reads the norm weight 8 values at a time with 16-byte loads. */
 static bool norm_aligned(ds_tensor nw) { return (uintptr_t)nw.data % 16 == 0; }
 
-/* DS_X_BF16: the normed x of a matmul too wide for the narrow kernels, with each row's 1 / rms in their order
- * (warp w's lane t sums the squares of 8 values of its chunks w, w + MMA_WARPS, ... in order, x_sum_squares; the
- * lanes as mma_store_ss adds them, the warps as rows_rs does), so that a row rounds to the same bf16 values
- * whichever path multiplies it: the prompt's rows here, a verify's in the ring. The CPU's norm takes the same order
- * (rms_inv_gpu_order). One block a row: its first MMA_WARPS * 4 threads (whole warps) each sum one (w, t) chain. */
+/* DS_X_BF16: a fused norm too wide for the narrow kernels (or with weights they do not take) computes what they
+ * do: x * w, rounded where the product takes bf16, each row's 1 / rms in the tile order (matmul_mma_frag.cuh),
+ * and the 1 / rms applied to the products' sums, so that a row's result is the same bits whichever path
+ * multiplies it: the prompt's rows here, a verify's in the ring (the CPU's fused norms too: cpu_norm.c). One block
+ * a row: warp 0's lane l sums slot l's tiles, the warp adds the slots (slots_rs). */
 #define NORM_ORDER_THREADS 256
 __global__ void __launch_bounds__(NORM_ORDER_THREADS)
-    rmsnorm_mma_order_kernel(float *out, int64_t os, const float *x, int64_t xs, const void *w, int wdtype, int K,
-                             float eps) {
+    norm_unscaled_kernel(float *out, int64_t os, float *rs, const float *x, int64_t xs, const void *w, int wdtype,
+                         int K, float eps) {
     ds_cu_grid_wait();
-    __shared__ float part[MMA_WARPS]; /* chain w's four lanes, added */
+    __shared__ float slots[SS_SLOTS];
     const float *xr = x + (int64_t)blockIdx.x * xs;
-    if (threadIdx.x < MMA_WARPS * 4) {
-        const int cw = threadIdx.x >> 2, t = threadIdx.x & 3;
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int c = cw; c < (K >> 5); c += MMA_WARPS) {
-            float f[8];
+    if (threadIdx.x < SS_SLOTS) {
+        float slot = 0.0f;
+        for (int j = threadIdx.x; j < K / 16; j += SS_SLOTS) {
+            float f[8], h[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = xr[c * 32 + 8 * t + i];
-            x_sum_squares(f, &ss);
+            for (int i = 0; i < 8; i++) f[i] = xr[16 * j + i], h[i] = xr[16 * j + 8 + i];
+            slot = __fadd_rn(slot, __fadd_rn(sq_tree8(f), sq_tree8(h)));
         }
-        mma_store_ss(ss, part + cw, 0);
+        slots[threadIdx.x] = slot;
+        __syncwarp();
+        const float r = slots_rs(slots, 1, 0, K, eps);
+        if (threadIdx.x == 0) rs[blockIdx.x] = r;
     }
-    __syncthreads();
-    const float rs = rows_rs(part, 1, 0, K, eps);
     float *orow = out + (int64_t)blockIdx.x * os;
-    for (int k = threadIdx.x; k < K; k += NORM_ORDER_THREADS) { /* (x * rs) * w, as split_x8 and the CPU round it */
-        const float v = __fmul_rn(xr[k], rs);
-        orow[k] = w ? __fmul_rn(v, ds_cu_load(w, wdtype, k)) : v;
-    }
+    for (int k = threadIdx.x; k < K; k += NORM_ORDER_THREADS) /* x * w, as split_x8 and the CPU round it */
+        orow[k] = w ? __fmul_rn(xr[k], ds_cu_load(w, wdtype, k)) : xr[k];
 }
 
-/* DS_X_BF16 (whole rows, K % 32 == 0): out = (x * rs) * w with each row's 1 / rs in the narrow matmul kernels'
- * order, the CPU's norm's order too; false (nothing launched) where it does not apply. */
-static bool rmsnorm_mma_order(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, float eps) {
-    if (!DS_X_BF16_ON || x.cols % 32 || x.rows > INT32_MAX) return false;
-    ds_cu_launch(rmsnorm_mma_order_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)out.data,
-                 out.stride, (const float *)x.data, x.stride, w.data, (int)w.dtype, (int)x.cols, eps);
+/* y[r] = y[r] * rs[r] (+ bias): the 1 / rms after the products, then the bias, as the narrow kernels' epilogue. */
+__global__ void scale_rows_kernel(float *y, int64_t ys, int64_t rows, int64_t cols, const float *rs, const void *bias,
+                                  int bdtype) {
+    ds_cu_grid_wait();
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += (int64_t)gridDim.x * blockDim.x) {
+            float v = __fmul_rn(y[r * ys + c], rs[r]);
+            if (bias) v = __fadd_rn(v, ds_cu_load(bias, bdtype, c));
+            y[r * ys + c] = v;
+        }
+}
+
+static void scale_rows(ds_cuda_backend *cb, const char *op, ds_tensor y, const float *rs, ds_tensor bias) {
+    if (y.rows <= 0) return;
+    const unsigned bx = (unsigned)((y.cols + 255) / 256 < 64 ? (y.cols + 255) / 256 : 64);
+    const unsigned by = (unsigned)(y.rows < 65535 ? y.rows : 65535);
+    ds_cu_launch(scale_rows_kernel, dim3(bx, by), 256, cb->stream, (float *)y.data, y.stride, y.rows, y.cols, rs,
+                 bias.data, (int)bias.dtype);
     ds_cu_launched(cb, op);
-    return true;
 }
 
-static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps) {
+/* The normed copy: DS_X_BF16 with K % 32 == 0, x * w and each row's 1 / rms into *rs (applied after the products:
+ * scaled true); otherwise the norm whole, (x * rs) * w. */
+static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps,
+                             const float **rs, bool *scaled) {
     ds_tensor xn = ds_no_tensor();
-    float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols) * sizeof(float));
+    *rs = NULL;
+    *scaled = DS_X_BF16_ON && x.cols % 32 == 0 && x.rows <= INT32_MAX;
+    float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols + x.rows) * sizeof(float));
     if (!p) return xn;
     xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
-    if (!rmsnorm_mma_order(cb, op, xn, x, nw, eps)) ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
+    if (*scaled) {
+        float *r = p + x.rows * x.cols;
+        ds_cu_launch(norm_unscaled_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
+                     xn.stride, r, (const float *)x.data, x.stride, nw.data, (int)nw.dtype, (int)x.cols, eps);
+        ds_cu_launched(cb, op);
+        *rs = r;
+    } else {
+        ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
+    }
     return xn;
 }
 
@@ -191,8 +213,18 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
         return;
     }
     if (!ok) return;
-    ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps);
-    if (xn.data) ds_cu_linear_multi(be, n, outs, xn, ws, biases);
+    const float *rs;
+    bool scaled;
+    ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps, &rs, &scaled);
+    if (!xn.data) return;
+    if (!scaled) {
+        ds_cu_linear_multi(be, n, outs, xn, ws, biases);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        ds_cu_linear(be, outs[i], xn, ws[i], ds_no_tensor());
+        scale_rows(cb, "rmsnorm_linear_multi", outs[i], rs, biases[i]);
+    }
 }
 
 static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, ds_tensor x, ds_tensor nw,
@@ -214,8 +246,23 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         ds_cu_mma_launch(cb, op, DS_MMA_SWIGLU, &a, x);
         return;
     }
-    ds_tensor xn = normed_copy(cb, op, x, nw, eps);
-    if (xn.data) linear_glu(be, op, act, out, xn, wg, wu);
+    const float *rs;
+    bool scaled;
+    ds_tensor xn = normed_copy(cb, op, x, nw, eps, &rs, &scaled);
+    if (!xn.data) return;
+    if (!scaled) {
+        linear_glu(be, op, act, out, xn, wg, wu);
+        return;
+    }
+    float *t = (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float));
+    if (!t) return;
+    ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_cu_linear(be, out, xn, wg, ds_no_tensor());
+    ds_cu_linear(be, up, xn, wu, ds_no_tensor());
+    scale_rows(cb, op, out, rs, ds_no_tensor());
+    scale_rows(cb, op, up, rs, ds_no_tensor());
+    if (act == DS_GLU_GELU_TANH) ds_cu_geglu_tanh(be, out, out, up);
+    else ds_cu_swiglu(be, out, out, up);
 }
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,

@@ -66,8 +66,10 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     constexpr int UNR = MMA_UNROLL;
     constexpr bool EARLY = early_x(MT, MODE, NORM);
     __shared__ float red[MMA_WARPS][NW][4][32];
-    __shared__ float ss_part[NORM ? MMA_WARPS : 1][NORM ? 8 * MT : 1];
-    float ss[MT];
+    /* NORM: the warps' sums of squares (DS_X_BF16: the tile order's slots), then (DS_X_BF16) each row's 1 / rms */
+    __shared__ float ss_part[NORM ? (DS_X_BF16_ON ? SS_SLOTS : MMA_WARPS) : 1][NORM ? 8 * MT : 1];
+    __shared__ float rs_row[NORM && DS_X_BF16_ON ? 8 * MT : 1];
+    float ss[MT]; /* NORM: a lane's sums of squares (DS_X_BF16: its slot 2 warp + t / 2 of the tile order) */
 #pragma unroll
     for (int j = 0; j < MT; j++) ss[j] = 0.0f;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -93,23 +95,6 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     const int chunks = K >> 5;
     /* Warp w takes chunks w, w + MMA_WARPS, ... in order (matmul_mma_frag.cuh). */
     constexpr int cstep = MMA_WARPS;
-    float rs[MT]; /* DS_X_BF16 with a norm: each row's 1 / rms, before the products */
-#pragma unroll
-    for (int j = 0; j < MT; j++) rs[j] = 1.0f;
-    if (NORM && DS_X_BF16_ON) { /* a pass over x's rows: the squares in split_x8's order, then as the epilogue adds */
-        for (int c = warp; c < chunks; c += cstep)
-#pragma unroll
-            for (int j = 0; j < MT; j++) {
-                float f[8];
-                load_x8_raw(x, xs, g + 8 * j, M, c * 32 + 8 * t, xvec, f);
-                if (g + 8 * j < M) x_sum_squares(f, &ss[j]);
-            }
-#pragma unroll
-        for (int j = 0; j < MT; j++) mma_store_ss(ss[j], ss_part[warp], g + 8 * j);
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < MT; j++) rs[j] = rows_rs(&ss_part[0][0], 8 * MT, g + 8 * j, K, s.eps);
-    }
     for (int c = warp; c < chunks; c += cstep * UNR) {
         uint4 wa[NW][UNR], wb[NW][UNR];
 #pragma unroll
@@ -143,11 +128,12 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
 #pragma unroll
             for (int j = 0; j < MT; j++) {
                 if (EARLY) {
-                    split_x8<NORM>(xf[u][j], g + 8 * j, M, nf, &ss[j], xh[j], xl[j], rs[j]);
+                    split_x8<NORM>(xf[u][j], g + 8 * j, M, nf, &ss[j], xh[j], xl[j]);
                 } else {
                     float f[8];
                     load_x8_raw(x, xs, g + 8 * j, M, k, xvec, f);
-                    split_x8<NORM>(f, g + 8 * j, M, nf, &ss[j], xh[j], xl[j], rs[j]);
+                    if (NORM && DS_X_BF16_ON) ss_tile_add(f, &ss[j]); /* (before the norm weight scales f) */
+                    split_x8<NORM>(f, g + 8 * j, M, nf, &ss[j], xh[j], xl[j]);
                 }
             }
 #pragma unroll
@@ -157,6 +143,16 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     if (NORM && !DS_X_BF16_ON) /* each row's sum of squares: lanes t in a fixed butterfly, then warps in order */
 #pragma unroll
         for (int j = 0; j < MT; j++) mma_store_ss(ss[j], ss_part[warp], g + 8 * j);
+    if (NORM && DS_X_BF16_ON) { /* the slots, then each row's 1 / rms (the epilogue's first sync orders it) */
+        if (!(t & 1))
+#pragma unroll
+            for (int j = 0; j < MT; j++) ss_part[2 * warp + (t >> 1)][g + 8 * j] = ss[j];
+        __syncthreads();
+        for (int m = warp; m < M && m < 8 * MT; m += MMA_WARPS) { /* warp w: rows w, w + 16 */
+            const float rs = slots_rs(&ss_part[0][0], 8 * MT, m, K, s.eps);
+            if (lane == 0) rs_row[m] = rs;
+        }
+    }
     /* One 8-row tile of x at a time through shared memory. */
 #pragma unroll
     for (int j = 0; j < MT; j++) {
@@ -166,7 +162,8 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
 #pragma unroll
             for (int i = 0; i < 4; i++) red[warp][v][i][lane] = acc[v][j][i];
         __syncthreads();
-        mma_store_rows<NW, MODE, NORM>(S, &red[0][0][0][0], &ss_part[0][0], NORM ? 8 * MT : 1, n0, j, M, K, s.eps,
+        mma_store_rows<NW, MODE, NORM>(S, &red[0][0][0][0], DS_X_BF16_ON ? rs_row : &ss_part[0][0],
+                                       NORM ? 8 * MT : 1, n0, j, M, K, s.eps,
                                        threadIdx.x, MMA_THREADS);
     }
 }

@@ -13,6 +13,10 @@
  * arithmetic around the products is written with explicitly rounded
  * operations (__fmul_rn, __fsub_rn, ...): the compiler may not fuse a
  * multiply and an add into one FMA in one kernel and not in the other.
+ * A fused RMSNorm (DS_X_BF16) multiplies bf16(x * w) and scales each row's
+ * sums by its 1 / rms, whose sum of squares every path takes in the tile
+ * order (ss_tile_add, slots_rs): the same bits in every kernel, the wide
+ * path (linear_fused.cu) and the CPU (cpu_norm.c).
  *
  * Lane layout (PTX ISA, mma.m16n8k16 bf16): lane = 4g + t holds A elements
  * (rows g, g+8; k 2t, 2t+1, 2t+8, 2t+9) and B elements (k 2t, 2t+1, 2t+8,
@@ -55,27 +59,57 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
 #endif
 }
 
-/* The squares of 8 values of x added to *ss in order (the sums of squares' order for every kernel). */
+/* The squares of 8 values of x added to *ss in order (the fp32-x build's order of a fused norm's sums of squares,
+ * and of the wide path's normed copy in the DS_X_BF16 build's standalone norm, rmsnorm_mma_order). */
 __device__ __forceinline__ void x_sum_squares(const float f[8], float *ss) {
 #pragma unroll
     for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);
 }
 
+/* DS_X_BF16: a fused norm's sum of squares in the tile order, which a row's
+ * 16-value tiles could leave behind where they are written (a residual
+ * epilogue): tile j (x[16j .. 16j + 16)) sums the squares of its halves as
+ * two trees, ((x0^2 + x1^2) + (x2^2 + x3^2)) + (...), each pair one fma, and
+ * adds the halves; slot l of SS_SLOTS adds tiles l, l + 32, l + 64, ... in
+ * order; the slots are added in a butterfly (16, 8, 4, 2, 1: slot l + off
+ * into slot l), which slot 0 ends with. A narrow kernel's warp w of 16 owns
+ * slots 2w and 2w + 1 (its chunks w, w + 16, ... hold tiles 2w, 2w + 1 mod
+ * 32), its lanes t and t ^ 1 a tile's halves. The CPU: cpu_norm.c. */
+#define SS_SLOTS 32 /* = a warp's lanes (slots_rs) */
+__device__ __forceinline__ float sq_tree8(const float f[8]) {
+    const float a = fmaf(f[1], f[1], __fmul_rn(f[0], f[0])), b = fmaf(f[3], f[3], __fmul_rn(f[2], f[2]));
+    const float c = fmaf(f[5], f[5], __fmul_rn(f[4], f[4])), d = fmaf(f[7], f[7], __fmul_rn(f[6], f[6]));
+    return __fadd_rn(__fadd_rn(a, b), __fadd_rn(c, d));
+}
+/* Lane t's 8 values and lane t ^ 1's (a tile's halves; every lane of the warp calls it): the tile's sum into *slot. */
+__device__ __forceinline__ void ss_tile_add(const float f[8], float *slot) {
+    const float v = sq_tree8(f);
+    *slot = __fadd_rn(*slot, __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1)));
+}
+/* Row m's 1 / rms from its SS_SLOTS slots (slots[l * stride + m]), lane l taking slot l: every lane of a warp
+ * calls it and gets the same value (lane l adds lane l ^ off's sum: slot l + off into slot l for l < off). */
+__device__ __forceinline__ float slots_rs(const float *slots, int stride, int m, int K, float eps) {
+    float v = slots[(threadIdx.x & 31) * stride + m];
+#pragma unroll
+    for (int lg = 4; lg >= 0; lg--) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1 << lg));
+    return 1.0f / sqrtf(v / (float)K + eps);
+}
+
 /* 8 values of x row `row` as 4 hi and 4 lo pairs. NORM (rows < M only):
- * also adds their squares to *ss and scales them by the RMSNorm weight's
- * 8 values nf (the 1/rms factor is applied to the sums at the end).
- * DS_X_BF16: the row's 1/rms is known before (rs, see x_sum_squares) and
- * applied first, (x * rs) * nf, as the CPU's norm does; *ss is left alone. */
+ * scaled by the RMSNorm weight's 8 values nf; the row's 1 / rms is applied
+ * to the sums after the products (mma_store_rows). The fp32-x build also
+ * adds their squares to *ss (x_sum_squares); DS_X_BF16 rounds x * nf to
+ * bf16, and the kernels sum the squares in the tile order (ss_tile_add). */
 template <bool NORM>
 __device__ __forceinline__ void split_x8(float f[8], int row, int M, const float nf[8], float *ss, uint32_t hi[4],
-                                         uint32_t lo[4], float rs = 1.0f) {
+                                         uint32_t lo[4]) {
 #if DS_X_BF16_ON
+    (void)ss;
     if (NORM && row < M) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = __fmul_rn(__fmul_rn(f[i], rs), nf[i]);
+        for (int i = 0; i < 8; i++) f[i] = __fmul_rn(f[i], nf[i]);
     }
 #else
-    (void)rs;
     if (NORM && row < M) {
         x_sum_squares(f, ss);
 #pragma unroll
@@ -137,7 +171,7 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
  * the warps' partial sums red[w][v][reg][lane] (register 2h + e of lane
  * 4g' + t' is output r = 8h + g', mm = 2t' + e; NWS values v per warp, of
  * which this tile's are the first NW) and, with NORM, the warps' sums of
- * squares ss_part[w * ss_stride + m]. Threads tid = 0 .. nthreads-1 of the
+ * squares ss_part[w * ss_stride + m] (DS_X_BF16: row m's 1 / rms, ss_part[m]). Threads tid = 0 .. nthreads-1 of the
  * block share the 128 outputs. xcopy (a timing probe, matmul_ring.cu's
  * DS_CUDA_RING_PROBE_XHALF=1; NULL otherwise): output (m, n) also as bf16 at
  * xcopy[m * xcopy_stride + n]. */
@@ -158,8 +192,8 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
             for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NWS + v) * 4 + reg) * 32 + l]);
             sum[v] = a;
         }
-        if (NORM && !DS_X_BF16_ON) { /* (DS_X_BF16: applied to x before the products) */
-            const float rs = rows_rs(ss_part, ss_stride, m, K, eps);
+        if (NORM) {
+            const float rs = DS_X_BF16_ON ? ss_part[m] : rows_rs(ss_part, ss_stride, m, K, eps);
 #pragma unroll
             for (int v = 0; v < NW; v++) sum[v] *= rs;
         }

@@ -102,6 +102,8 @@
  * (session 20). */
 #define RING_FLIGHT 2
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
+/* DS_X_BF16, XC with a norm: the sums of squares' slots [SS_SLOTS][8 rows], then each row's 1 / rms */
+#define RING_RS_OFF (SS_SLOTS * 8)
 
 /* Shared memory of a block: the slots' full / empty barriers, the warps'
  * partial sums and sums of squares, the ring of stages (each: NW weight
@@ -115,7 +117,7 @@ typedef struct {
     int nw_off;      /* norm weight within a stage */
     int nw_size;     /* bytes per norm weight element (0: no norm) */
     int red_off;     /* partial sums [MMA_WARPS][NW][4][32] */
-    int ss_off;      /* sums of squares [MMA_WARPS][8] */
+    int ss_off;      /* sums of squares [MMA_WARPS][8] (DS_X_BF16, XC: slots [SS_SLOTS][8], 1 / rms [8]) */
     int tile_off;    /* the tile of each slot's stage [32] (-1: no more tiles) */
     int ring_off;    /* stage 0 */
     int xc_off;      /* XC: x split once per block, [M rows][K / 32 chunks][4 lanes t][hi 4, lo 4] */
@@ -268,13 +270,12 @@ __device__ __forceinline__ void unpack_norm8(const unsigned char *q, int nw_size
         ds_cu_unpack_f32x8(((const float4 *)q)[0], ((const float4 *)q)[1], f);
 }
 
-/* The group's hi / lo fragments into dst[0..7] (NORM: its squares into *ss, then scaled by nw8).
- * DS_X_BF16: the hi half only into dst[0..3] (a split row of K / 2 words), x normed by rs first. */
+/* The group's hi / lo fragments into dst[0..7] (NORM: scaled by nw8; the fp32-x build adds its squares to *ss).
+ * DS_X_BF16: the hi half only into dst[0..3] (a split row of K / 2 words). */
 template <bool NORM>
-__device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst,
-                                            float rs = 1.0f) {
+__device__ __forceinline__ void split_group(float xf[8], const float nw8[8], float *ss, uint32_t *dst) {
     uint32_t h[4], l[4];
-    split_x8<NORM>(xf, 0, 1, nw8, ss, h, l, rs);
+    split_x8<NORM>(xf, 0, 1, nw8, ss, h, l);
     *(uint4 *)dst = make_uint4(h[0], h[1], h[2], h[3]);
     if (!DS_X_BF16_ON) *(uint4 *)(dst + 4) = make_uint4(l[0], l[1], l[2], l[3]);
 }
@@ -433,50 +434,43 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             bar_wait(smem_addr(smem + RING_NWBAR), 0);
             if (tr && threadIdx.x == 0) tr[RT_NW] = ds_cu_gtimer();
 #if DS_X_BF16_ON
-            /* DS_X_BF16: the row's 1 / rms before the split (the squares in the same order and sums as the
-             * epilogue's), then (x * rs) * w rounded; one pass over x where its chunks fit the registers. */
+            /* DS_X_BF16: bf16(x * w) in one pass, the 1 / rms applied to the sums after the products; the
+             * squares in the tile order (matmul_mma_frag.cuh): this warp's slots 2 warp + t / 2 take its chunks'
+             * tiles in order, every lane in the shuffles (rows past M as zeros). */
             const int chunks = K >> 5;
-            const bool one_pass = chunks <= MMA_WARPS * RING_XB_NORM;
             const float *xg = x + (int64_t)g * p.x_stride;
             const uint16_t *xpg = /* DS_CUDA_RING_PROBE_XHALF=1's rows */
                 ring_probe_x(p) == 1 ? ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K : nullptr;
-            float xf[RING_XB_NORM][8];
-            auto load_xf = [&](int c0) { /* chunks c0, c0 + 16, ... of row g: RING_XB_NORM loads in flight */
+            uint32_t *xcg = xc + g * p.xc_row;
+            float slot = 0.0f;
+            for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
+                float xf[RING_XB_NORM][8];
+#pragma unroll
+                for (int i = 0; i < RING_XB_NORM; i++) /* RING_XB_NORM chunks' loads in flight */
+                    if (c0 + i * MMA_WARPS < chunks) {
+                        const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
+                        if (g >= M)
+#pragma unroll
+                            for (int j = 0; j < 8; j++) xf[i][j] = 0.0f;
+                        else if (ring_probe_x(p) == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes */
+                        else if (ring_probe_x(p) == 2)
+#pragma unroll
+                            for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* (none of x) */
+                        else ds_cu_load8<DS_F32>(xg, k, xf[i]);
+                    }
 #pragma unroll
                 for (int i = 0; i < RING_XB_NORM; i++)
                     if (c0 + i * MMA_WARPS < chunks) {
-                        const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
-                        if (ring_probe_x(p) == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes: half the bytes */
-                        else if (ring_probe_x(p) == 2)
-#pragma unroll
-                            for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* or none */
-                        else ds_cu_load8<DS_F32>(xg, k, xf[i]);
-                    }
-            };
-            if (g < M)
-                for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
-                    load_xf(c0);
-#pragma unroll
-                    for (int i = 0; i < RING_XB_NORM; i++)
-                        if (c0 + i * MMA_WARPS < chunks) x_sum_squares(xf[i], &ss);
-                }
-            mma_store_ss(ss, ss_part + 8 * warp, g);
-            consumers_sync();
-            if (g < M) {
-                const float rs = rows_rs(ss_part, 8, g, K, s.eps);
-                uint32_t *xcg = xc + g * p.xc_row;
-                for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
-                    if (!one_pass) load_xf(c0);
-#pragma unroll
-                    for (int i = 0; i < RING_XB_NORM; i++)
-                        if (c0 + i * MMA_WARPS < chunks) {
+                        ss_tile_add(xf[i], &slot);
+                        if (g < M) {
                             const int k = ((c0 + i * MMA_WARPS) * 4 + t) * 8;
                             float nw8[8];
                             unpack_norm8(smem + p.nws_off + k * p.nw_size, p.nw_size, nw8);
-                            split_group<true>(xf[i], nw8, &ss, xcg + xc_word(k), rs);
+                            split_group<true>(xf[i], nw8, &ss, xcg + xc_word(k));
                         }
-                }
+                    }
             }
+            if (!(t & 1)) ss_part[(2 * warp + (t >> 1)) * 8 + g] = slot;
             if (tr && threadIdx.x == 0) tr[RT_XDONE] = ds_cu_gtimer();
 #else
             if (g < M) { /* lanes 4g .. 4g+3 take row g, as x's row g meets the products' column g */
@@ -522,6 +516,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         }
         consumers_sync();
         if (tr && threadIdx.x == 0) tr[RT_SYNCED] = ds_cu_gtimer();
+        if (NORM && DS_X_BF16_ON && warp < M) { /* warp m: row m's 1 / rms (the first epilogue's sync orders it) */
+            const float rs = slots_rs(ss_part, 8, warp, K, s.eps);
+            if (lane == 0) ss_part[RING_RS_OFF + warp] = rs;
+        }
     }
     const ds_mma_seg *S = s.seg;
     int n0 = 0;
@@ -629,7 +627,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
             /* RED2: the partial sums of alternate tiles in two places, so that one sync orders them. */
             const int half = p.red2 ? tiles_done & 1 : 0;
-            float *rd = red + half * p.red_floats, *ssp = ss_part + (NORM && !XC ? half * MMA_WARPS * 8 : 0);
+            float *rd = red + half * p.red_floats,
+                  *ssp = ss_part + (NORM && !XC ? half * MMA_WARPS * 8 : NORM && DS_X_BF16_ON ? RING_RS_OFF : 0);
             tiles_done++;
             if (NORM && !XC) mma_store_ss(ss, ssp + 8 * warp, g);
 #pragma unroll
@@ -675,7 +674,8 @@ static void plan_sums(ring_plan *p, int nw) {
     p->red_floats = MMA_WARPS * nw * 4 * 32;
     p->red_off = round_up(p->tile_off + 32 * 4, 128);
     p->ss_off = p->red_off + two * p->red_floats * 4;
-    p->ring_off = round_up(p->ss_off + two * MMA_WARPS * 8 * 4, 128);
+    const int ss_floats = two * MMA_WARPS * 8 > RING_RS_OFF + 8 ? two * MMA_WARPS * 8 : RING_RS_OFF + 8;
+    p->ring_off = round_up(p->ss_off + ss_floats * 4, 128);
 }
 
 /* Overrides, read once: DS_CUDA_RING=0 sends every call to the
