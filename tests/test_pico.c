@@ -159,9 +159,17 @@ static double run_tau(ds_drafter *d, float temp, float threshold, bool check_los
     return rounds ? (double)lens / rounds : 0;
 }
 
-/* Lossless greedy on every prompt, and tau at T=0 (within 3 %) and T=1
- * (within 5 %) of the reference's (models/REFERENCE.md), 128 new tokens,
- * stop at <|endoftext|>. */
+/* Lossless greedy on every prompt, and tau at T=0 and T=1 within 5 % of the
+ * reference's (models/REFERENCE.md), 128 new tokens, stop at <|endoftext|>.
+ * At T=0 tau is deterministic for given numerics but not across them: a
+ * near tie that rounds the other way changes the rest of that prompt. Over
+ * nine measured configurations (two reduction orders of the fused norms,
+ * three OpenBLAS kernel sets for the prompt's prefill, a double-accumulating
+ * GEMM, the GPU; bench/RESULTS.md, "test_pico across OpenBLAS's kernels")
+ * the 32 prompts' tau moved by up to 4.1 % (with the threshold, the most
+ * sensitive: a flipped confidence decision cuts a block), so 3 % failed
+ * correct engines. 5 % still fails a drafter that ignores its confidence
+ * threshold (the reference's tau without it is 14 % higher). */
 static void check_drafter(const char *dir, float threshold, double ref_t0, double ref_t1) {
     ds_drafter *d;
     CHECK_OK(ds_drafter_open(be, dir, target, NULL, &d));
@@ -172,7 +180,7 @@ static void check_drafter(const char *dir, float threshold, double ref_t0, doubl
     printf("  %s threshold %.1f: tau T=0 %.3f (reference %.3f, %+.1f%%), T=1 %.3f (reference %.3f, %+.1f%%)\n", dir,
            threshold, t0, ref_t0, 100 * (t0 / ref_t0 - 1), t1, ref_t1, 100 * (t1 / ref_t1 - 1));
     if (n_prompts == 32) {
-        CHECK(fabs(t0 / ref_t0 - 1) <= 0.03, "tau at T=0 %.3f is not within 3%% of %.3f", t0, ref_t0);
+        CHECK(fabs(t0 / ref_t0 - 1) <= 0.05, "tau at T=0 %.3f is not within 5%% of %.3f", t0, ref_t0);
         CHECK(fabs(t1 / ref_t1 - 1) <= 0.05, "tau at T=1 %.3f is not within 5%% of %.3f", t1, ref_t1);
     }
     ds_drafter_free(d);

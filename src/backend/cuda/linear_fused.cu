@@ -155,26 +155,60 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
         orow[k] = w ? __fmul_rn(xr[k], ds_cu_load(w, wdtype, k)) : xr[k];
 }
 
-/* y[r] = y[r] * rs[r] (+ bias): the 1 / rms after the products, then the bias, as the narrow kernels' epilogue. */
-__global__ void scale_rows_kernel(float *y, int64_t ys, int64_t rows, int64_t cols, const float *rs, const void *bias,
-                                  int bdtype) {
+/* The 1 / rms after the products, for up to DS_MMA_MAX_SEG outputs in one launch (blockIdx.z picks one):
+ * y[r] = y[r] * rs[r] (+ bias), as the narrow kernels' epilogue. */
+struct scale_set {
+    float *y[DS_MMA_MAX_SEG];
+    int64_t ys[DS_MMA_MAX_SEG], cols[DS_MMA_MAX_SEG];
+    const void *bias[DS_MMA_MAX_SEG];
+    int bdtype[DS_MMA_MAX_SEG];
+};
+
+__global__ void scale_rows_kernel(scale_set set, int64_t rows, const float *rs) {
     ds_cu_grid_wait();
+    const int i = (int)blockIdx.z;
+    float *y = set.y[i];
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < set.cols[i];
              c += (int64_t)gridDim.x * blockDim.x) {
-            float v = __fmul_rn(y[r * ys + c], rs[r]);
-            if (bias) v = __fadd_rn(v, ds_cu_load(bias, bdtype, c));
-            y[r * ys + c] = v;
+            float v = __fmul_rn(y[r * set.ys[i] + c], rs[r]);
+            if (set.bias[i]) v = __fadd_rn(v, ds_cu_load(set.bias[i], set.bdtype[i], c));
+            y[r * set.ys[i] + c] = v;
         }
 }
 
-static void scale_rows(ds_cuda_backend *cb, const char *op, ds_tensor y, const float *rs, ds_tensor bias) {
-    if (y.rows <= 0) return;
-    const unsigned bx = (unsigned)((y.cols + 255) / 256 < 64 ? (y.cols + 255) / 256 : 64);
-    const unsigned by = (unsigned)(y.rows < 65535 ? y.rows : 65535);
-    ds_cu_launch(scale_rows_kernel, dim3(bx, by), 256, cb->stream, (float *)y.data, y.stride, y.rows, y.cols, rs,
-                 bias.data, (int)bias.dtype);
+static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
+
+static void scale_rows(ds_cuda_backend *cb, const char *op, int n, const ds_tensor *ys, const float *rs,
+                       const ds_tensor *biases) {
+    if (n <= 0 || ys[0].rows <= 0) return;
+    scale_set set = {};
+    int64_t widest = 0;
+    for (int i = 0; i < n; i++) {
+        set.y[i] = (float *)ys[i].data;
+        set.ys[i] = ys[i].stride;
+        set.cols[i] = ys[i].cols;
+        set.bias[i] = biases[i].data;
+        set.bdtype[i] = (int)biases[i].dtype;
+        if (ys[i].cols > widest) widest = ys[i].cols;
+    }
+    const unsigned bx = (unsigned)((widest + 255) / 256 < 64 ? (widest + 255) / 256 : 64);
+    ds_cu_launch(scale_rows_kernel, dim3(bx, rows_grid(ys[0].rows), (unsigned)n), 256, cb->stream, set, ys[0].rows,
+                 rs);
     ds_cu_launched(cb, op);
+}
+
+/* out = act(gate * rs[r]) * (up * rs[r]): the 1 / rms after the products and the GLU in one launch, rounding as
+ * the narrow kernels' epilogue does (silu_mul, ds_cu_gelu_tanh_mul). */
+__global__ void glu_scaled_kernel(float *out, int64_t os, const float *gate, int64_t gs, const float *up, int64_t us,
+                                  int64_t rows, int64_t cols, const float *rs, int act) {
+    ds_cu_grid_wait();
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float g = __fmul_rn(gate[r * gs + c], rs[r]), u = __fmul_rn(up[r * us + c], rs[r]);
+        out[r * os + c] = act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(g, u) : silu_mul(g, u);
+    }
 }
 
 /* The normed copy: DS_X_BF16 with K % 32 == 0, x * w and each row's 1 / rms into *rs (applied after the products:
@@ -221,10 +255,8 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
         ds_cu_linear_multi(be, n, outs, xn, ws, biases);
         return;
     }
-    for (int i = 0; i < n; i++) {
-        ds_cu_linear(be, outs[i], xn, ws[i], ds_no_tensor());
-        scale_rows(cb, "rmsnorm_linear_multi", outs[i], rs, biases[i]);
-    }
+    for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], xn, ws[i], ds_no_tensor());
+    scale_rows(cb, "rmsnorm_linear_multi", n, outs, rs, biases);
 }
 
 static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, ds_tensor x, ds_tensor nw,
@@ -259,10 +291,10 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
     ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
     ds_cu_linear(be, out, xn, wg, ds_no_tensor());
     ds_cu_linear(be, up, xn, wu, ds_no_tensor());
-    scale_rows(cb, op, out, rs, ds_no_tensor());
-    scale_rows(cb, op, up, rs, ds_no_tensor());
-    if (act == DS_GLU_GELU_TANH) ds_cu_geglu_tanh(be, out, out, up);
-    else ds_cu_swiglu(be, out, out, up);
+    ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), rows_grid(out.rows)), 256, cb->stream,
+                 (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data, up.stride,
+                 out.rows, out.cols, rs, act);
+    ds_cu_launched(cb, op);
 }
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
