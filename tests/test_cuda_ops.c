@@ -284,8 +284,8 @@ static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
         compare(og[i], oc[i], 2e-5, what);
     }
     /* Residual in place, as the model uses it. */
-    ds_linear_residual(gpu, res.g, att.g, wo.g, ds_no_tensor(), res.g, ds_no_tensor(), tmpk.g);
-    ds_linear_residual(cpu, res.c, att.c, wo.c, ds_no_tensor(), res.c, ds_no_tensor(), tmpk.c);
+    ds_linear_residual(gpu, res.g, att.g, wo.g, ds_no_tensor(), res.g, tmpk.g);
+    ds_linear_residual(cpu, res.c, att.c, wo.c, ds_no_tensor(), res.c, tmpk.c);
     snprintf(what, sizeof what, "linear_residual %s M=%lld", ds_dtype_name(dt), (long long)M);
     compare(res.g, res.c, 2e-5, what);
     ds_linear_swiglu(gpu, h.g, x.g, wg.g, wu.g, tmp.g);
@@ -335,12 +335,12 @@ static void test_fused_row_invariance(void) {
     for (int64_t i = 0; i < MAXM; i++) {
         gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
         gpu->ops->linear_residual(gpu, ds_rows(r1.g, i, 1), ds_rows(att.g, i, 1), wo.g, ds_no_tensor(),
-                                  ds_rows(r1.g, i, 1), ds_no_tensor());
+                                  ds_rows(r1.g, i, 1));
     }
     gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
-    gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g, ds_no_tensor());
-    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 0, 8), ds_rows(att.g, 0, 8), wo.g, ds_no_tensor(), ds_rows(r8.g, 0, 8), ds_no_tensor());
-    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 8, 5), ds_rows(att.g, 8, 5), wo.g, ds_no_tensor(), ds_rows(r8.g, 8, 5), ds_no_tensor());
+    gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g);
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 0, 8), ds_rows(att.g, 0, 8), wo.g, ds_no_tensor(), ds_rows(r8.g, 0, 8));
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 8, 5), ds_rows(att.g, 8, 5), wo.g, ds_no_tensor(), ds_rows(r8.g, 8, 5));
     /* The fused-norm variant too: each row's rms must not depend on the others. */
     pair nw = weight(DS_BF16, 1, K), n1 = act(MAXM, N, NULL), nm = act(MAXM, N, NULL);
     for (int64_t i = 0; i < MAXM; i++)
@@ -382,62 +382,6 @@ static void test_fused_row_invariance(void) {
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
-}
-
-/* The hand-off (matmul_ring.cu, DS_X_BF16): a residual launch of 5-8 rows told the next fused norm's weight also
- * writes bf16(x * w) and x's 16-column tiles' sums of squares, and the normed launch right after takes them
- * instead of reading x. Both results must be the bits of the same calls without the hint (the prologue's path,
- * which test_normed_x_paths ties to the CPU's), with a copy of the stream to a tap in between (kept) or a write
- * to it (voided: the normed launch reads the new x). Each case also says whether the hand-off was taken. */
-static void test_handoff(void) {
-    const int64_t N = 288, K = 4096;
-    pair wg = weight(DS_BF16, N, K), wu = weight(DS_BF16, N, K), wo = weight(DS_BF16, K, N), nw = weight(DS_BF16, 1, K);
-    pair att = act_rand(8, N, 1.0f), base = act_rand(8, K, 1.0f), tap = act(8, K, NULL);
-    pair r[2] = {act(8, K, NULL), act(8, K, NULL)}, h[2] = {act(8, N, NULL), act(8, N, NULL)};
-    pair u[2] = {act(8, N, NULL), act(8, N, NULL)};
-    const ds_tensor w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()};
-    const char *name[4] = {"swiglu", "multi", "swiglu after a tap copy", "swiglu after a write to x"};
-    int taken = 0, cases = 0;
-    for (int64_t M = 5; M <= 8; M += 3)
-        for (int v = 0; v < 4; v++) {
-            int64_t got[2];
-            for (int i = 0; i < 2; i++) { /* i = 0: no hint; 1: the hint (the hand-off) */
-                const ds_tensor x = ds_rows(r[i].g, 0, M);
-                gpu->ops->copy(gpu, r[i].g, base.g);
-                const int64_t before = ds_backend_region_stats(gpu).handoffs;
-                gpu->ops->linear_residual(gpu, x, ds_rows(att.g, 0, M), wo.g, ds_no_tensor(), x,
-                                          i ? nw.g : ds_no_tensor());
-                if (v == 2) gpu->ops->copy(gpu, ds_rows(tap.g, 0, M), x);
-                if (v == 3) gpu->ops->scale(gpu, x, 0.75f);
-                if (v == 1) {
-                    const ds_tensor o[2] = {ds_rows(h[i].g, 0, M), ds_rows(u[i].g, 0, M)};
-                    gpu->ops->rmsnorm_linear_multi(gpu, 2, o, x, nw.g, 1e-6f, w2, b2);
-                } else {
-                    gpu->ops->rmsnorm_linear_swiglu(gpu, ds_rows(h[i].g, 0, M), x, nw.g, 1e-6f, wg.g, wu.g);
-                }
-                got[i] = ds_backend_region_stats(gpu).handoffs - before;
-            }
-            CHECK(got[0] == 0, "M=%lld %s: a hand-off taken without the hint", (long long)M, name[v]);
-            const int want = DS_X_BF16_ON && v != 3; /* (the fp32-x build has no hand-off) */
-            CHECK(got[1] == want, "M=%lld %s: %lld hand-offs taken, expected %d", (long long)M, name[v],
-                  (long long)got[1], want);
-            taken += (int)got[1], cases++;
-            float *ra = fetch(gpu, r[0].g), *rb = fetch(gpu, r[1].g), *ha = fetch(gpu, h[0].g), *hb = fetch(gpu, h[1].g);
-            float *ua = fetch(gpu, u[0].g), *ub = fetch(gpu, u[1].g);
-            CHECK(!memcmp(ra, rb, (size_t)(M * K) * 4), "M=%lld %s: the residual stream differs with the hint",
-                  (long long)M, name[v]);
-            CHECK(!memcmp(ha, hb, (size_t)(M * N) * 4), "M=%lld %s: the normed output differs with the hand-off",
-                  (long long)M, name[v]);
-            if (v == 1)
-                CHECK(!memcmp(ua, ub, (size_t)(M * N) * 4), "M=%lld %s: output 1 differs with the hand-off",
-                      (long long)M, name[v]);
-            free(ra), free(rb), free(ha), free(hb), free(ua), free(ub);
-        }
-    check_gpu_ok("hand-off");
-    printf("  hand-off: %d of %d cases took it (the write to x voids it), every output bitwise equal without it\n",
-           taken, cases);
-    pair *all[] = {&wg, &wu, &wo, &nw, &att, &base, &tap, &r[0], &r[1], &h[0], &h[1], &u[0], &u[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
 }
 
@@ -1166,12 +1110,12 @@ static void test_model_shapes_bandwidth(void) {
                     gpu->ops->rmsnorm_linear_multi(gpu, 3, outs, xh, nw.g, 1e-6f, ws, bs);
                 } else if (op == 1 || op == 4) {
                     gpu->ops->linear_residual(gpu, ds_rows(res.g, 0, M), xh, o[c], ds_no_tensor(),
-                                              ds_rows(res.g, 0, M), ds_no_tensor());
+                                              ds_rows(res.g, 0, M));
                 } else if (op == 2) {
                     gpu->ops->rmsnorm_linear_swiglu(gpu, hh, xh, nw.g, 1e-6f, g[c], u[c]);
                 } else {
                     gpu->ops->linear_residual(gpu, ds_rows(res.g, 0, M), xf, d[c], ds_no_tensor(),
-                                              ds_rows(res.g, 0, M), ds_no_tensor());
+                                              ds_rows(res.g, 0, M));
                 }
             }
             check_gpu_ok("bandwidth");
@@ -1642,7 +1586,7 @@ static void teardown(void) {
 
 #define CUDA_TESTS                                                                                             \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,         \
-        test_fused_row_invariance, test_handoff, test_normed_x_paths, test_attention, test_norm_rope_attention,              \
+        test_fused_row_invariance, test_normed_x_paths, test_attention, test_norm_rope_attention,              \
         test_rmsnorm, test_rope, test_rmsnorm_rope, test_key_layers, test_elementwise, test_argmax, test_markov_greedy,         \
         test_sample_probs, test_sample_draw, test_sample_verify, test_sample_markov, test_errors,              \
         test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed, teardown

@@ -125,8 +125,6 @@ typedef struct {
                              regions, region outputs): a greedy DSpark round with graphs on makes one */
     int64_t weight_copies;     /* weights the backend also holds in a layout of its own (CUDA: the ring's boxes) */
     int64_t weight_copy_bytes; /* the device memory those copies take */
-    int64_t handoffs; /* normed launches issued (a recording's once) that took a residual launch's hand-off (CUDA:
-                         matmul_ring.cu) */
 } ds_region_stats;
 
 typedef struct {
@@ -180,13 +178,8 @@ typedef struct {
      * through the ds_* helpers below). A backend provides them where one
      * pass beats several, as on a GPU where each op is a launch. Each must
      * keep the row invariance above. */
-    /* out = res + x @ w^T (+ bias); out may be res. next_norm (may be
-     * absent): the RMSNorm weight of the fused normed op that reads out next
-     * (a residual stream's next norm). Only a hint, which changes no bit: a
-     * backend may prepare that op's input while it writes out (the CUDA
-     * backend's hand-off, matmul_ring.cu). */
-    void (*linear_residual)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res,
-                            ds_tensor next_norm);
+    /* out = res + x @ w^T (+ bias); out may be res. */
+    void (*linear_residual)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
     /* out = silu(x @ wg^T) * (x @ wu^T). */
     void (*linear_swiglu)(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
     /* outs[i] = x @ ws[i]^T (+ biases[i]) for i < n <= DS_LINEAR_MULTI_MAX: projections of one input. */
@@ -334,9 +327,9 @@ static inline ds_tensor ds_no_tensor(void) {
 /* The fused ops, or their unfused sequence where a backend has none. tmp:
  * scratch of out's shape (unused by a backend that fuses). */
 static inline void ds_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias,
-                                      ds_tensor res, ds_tensor next_norm, ds_tensor tmp) {
+                                      ds_tensor res, ds_tensor tmp) {
     if (be->ops->linear_residual) {
-        be->ops->linear_residual(be, out, x, w, bias, res, next_norm);
+        be->ops->linear_residual(be, out, x, w, bias, res);
         return;
     }
     be->ops->linear(be, tmp, x, w, bias);
@@ -432,7 +425,7 @@ static inline void ds_region_end(ds_backend *be) {
     if (be->ops->region_end) be->ops->region_end(be);
 }
 static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
-    ds_region_stats s = {false, 0, 0, 0, 0, 0, 0, 0, 0};
+    ds_region_stats s = {false, 0, 0, 0, 0, 0, 0, 0};
     if (be->ops->region_stats) be->ops->region_stats(be, &s);
     return s;
 }

@@ -40,8 +40,7 @@ static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         /* The block's K/V go right after the context rows and are overwritten next round. */
         ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, attn);
-        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G,
-                                l + 1 < c->n_layers ? q->st.layers[l + 1].in_norm : ds_no_tensor());
+        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
     }
     be->ops->rmsnorm(be, d->block_hidden, x, q->final_norm, c->hidden, c->eps);
 }

@@ -45,9 +45,7 @@ static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, ds_rows(q->s.attn, 0, n));
-        /* The last layer's x goes to the head's standalone norm: no fused op reads it next. */
-        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n,
-                                l + 1 < c->n_layers ? q->st.layers[l + 1].in_norm : ds_no_tensor());
+        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);
     }
     ds_target_head(t, x, q->final_norm, c->eps, q->lm_head, n, n_logits);

@@ -214,10 +214,10 @@ void ds_qwen3_attention(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3
 }
 
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
-                             ds_qwen3_scratch *s, int rows, ds_tensor next_norm) {
+                             ds_qwen3_scratch *s, int rows) {
     ds_tensor attn = ds_rows(s->attn, 0, rows), tmp = ds_rows(s->tmp, 0, rows), xn = ds_rows(s->xn, 0, rows);
     ds_tensor gate = ds_rows(s->gate, 0, rows), up = ds_rows(s->up, 0, rows);
-    ds_linear_residual(be, x, attn, L->o_proj, L->o_bias, x, L->post_norm, tmp);
+    ds_linear_residual(be, x, attn, L->o_proj, L->o_bias, x, tmp);
     ds_rmsnorm_linear_swiglu(be, gate, x, L->post_norm, c->eps, L->gate, L->up, xn, up);
-    ds_linear_residual(be, x, gate, L->down, ds_no_tensor(), x, next_norm, tmp);
+    ds_linear_residual(be, x, gate, L->down, ds_no_tensor(), x, tmp);
 }

@@ -71,11 +71,9 @@ void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds
  * them. */
 void ds_qwen3_attention(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x, ds_tensor xn,
                         ds_tensor kc, ds_tensor vc, ds_qwen3_scratch *s, const ds_attn_params *ap, ds_tensor attn);
-/* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x).
- * next_norm (may be absent): the norm the next fused op applies to x, the
- * next layer's input norm (a hint for the backend, ds_linear_residual). */
+/* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
-                             ds_qwen3_scratch *s, int rows, ds_tensor next_norm);
+                             ds_qwen3_scratch *s, int rows);
 /* Loads a weight of the given shape into a backend tensor. */
 ds_error *ds_load_weight(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                          ds_tensor *out);

@@ -408,8 +408,6 @@ done:
         cJSON_AddNumberToObject(g, "replays", (double)rs.replays);
         cJSON_AddNumberToObject(g, "regions_op_by_op", (double)rs.eager);
         cJSON_AddNumberToObject(g, "graphs_held", (double)rs.graphs);
-        /* CUDA: normed launches that took a residual launch's hand-off (recorded ones once) */
-        cJSON_AddNumberToObject(g, "handoffs", (double)rs.handoffs);
         cJSON *wc = cJSON_AddObjectToObject(root, "weight_copies"); /* CUDA: the ring's box copies */
         cJSON_AddNumberToObject(wc, "tensors", (double)rs.weight_copies);
         cJSON_AddNumberToObject(wc, "bytes", (double)rs.weight_copy_bytes);

@@ -76,8 +76,7 @@ typedef enum {
 void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                           const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res);
 /* The fused ops of ds_backend_ops (cpu_linear_fused.c). */
-void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res,
-                            ds_tensor next_norm);
+void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
 void ds_cpu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
 void ds_cpu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                          const ds_tensor *biases);

@@ -31,10 +31,7 @@ static bool temp_like(ds_backend *be, const char *op, ds_tensor like, ds_tensor 
     return true;
 }
 
-/* next_norm: a hint the CPU has no use for (its fused norms read x whole). */
-void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res,
-                            ds_tensor next_norm) {
-    (void)next_norm;
+void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res) {
     if (NARROW(x)) {
         ds_cpu_linear_narrow(be, 1, &out, x, &w, &bias, DS_EPI_RESIDUAL, res);
         return;

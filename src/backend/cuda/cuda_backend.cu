@@ -102,7 +102,6 @@ static ds_error *cu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t 
     size_t bytes = (size_t)(rows * cols) * ds_dtype_size(dtype);
     void *p = NULL;
     cb->gen++; /* a new buffer may take a freed one's address: recordings are made again */
-    cb->writes++;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 256);
     if (e != cudaSuccess)
         return ds_errorf("cuda backend: cannot allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
@@ -155,7 +154,6 @@ static void cu_upload(ds_backend *be, ds_tensor dst, const float *src) {
     if (dst.rows <= 0 || dst.cols <= 0 || !ds_cu_outside_region(cb, "upload")) return;
     /* From pageable memory the call returns once src has been staged: the
      * caller may reuse it at once. */
-    cb->writes++;
     ds_cu_ok(cb, "upload",
              cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src, (size_t)dst.cols * 4, (size_t)dst.cols * 4,
                                (size_t)dst.rows, cudaMemcpyHostToDevice, cb->stream));
@@ -175,23 +173,15 @@ static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
 static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
     ds_cuda_backend *cb = ds_cu(be);
     if (dst.rows <= 0 || dst.cols <= 0 || dst.data == src.data) return;
-    /* A copy of the residual stream to a tap between a residual launch and the normed one after it keeps the
-     * hand-off (matmul_ring.cu) if it writes nowhere near the stream's rows. */
-    const unsigned long long before = cb->writes;
-    const char *d0 = (const char *)dst.data, *d1 = d0 + (size_t)((dst.rows - 1) * dst.stride + dst.cols) * 4;
-    const char *x0 = (const char *)cb->hand.x, *x1 = x0 + (size_t)((cb->hand.rows - 1) * cb->hand.stride + cb->hand.cols) * 4;
-    const bool keep = cb->hand.x && cb->hand.at == before && (d1 <= x0 || d0 >= x1);
     static int kernel = -1; /* DS_CUDA_COPY_KERNEL=0: the copy engine (a memcpy node in captured steps) */
     if (kernel < 0) kernel = ds_cu_env_on("DS_CUDA_COPY_KERNEL");
     if (kernel) {
         ds_cu_copy_kernel(be, dst, src);
-    } else {
-        cb->writes++;
-        ds_cu_ok(cb, "copy",
-                 cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src.data, (size_t)src.stride * 4,
-                                   (size_t)dst.cols * 4, (size_t)dst.rows, cudaMemcpyDeviceToDevice, cb->stream));
+        return;
     }
-    if (keep) cb->hand.at = cb->writes;
+    ds_cu_ok(cb, "copy",
+             cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src.data, (size_t)src.stride * 4,
+                               (size_t)dst.cols * 4, (size_t)dst.rows, cudaMemcpyDeviceToDevice, cb->stream));
 }
 
 static ds_error *cu_check(ds_backend *be) {
@@ -218,7 +208,6 @@ static void cu_destroy(ds_backend *be) {
     if (cb->tmp2) cudaFree(cb->tmp2);
     if (cb->idx) cudaFree(cb->idx);
     if (cb->ring_ctr) cudaFree(cb->ring_ctr);
-    if (cb->hand_xs) cudaFree(cb->hand_xs);
     ds_cu_tmaps_free(cb);
     ds_cu_boxes_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -318,15 +307,6 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
         return ds_errorf("cuda backend: cannot allocate the matmul's tile counters on device %d: %s", device,
                          cudaGetErrorString(e));
     }
-    /* The hand-off between residual and normed launches (matmul_ring.cu): xs, then the tile sums. */
-    const size_t hand_xs = (size_t)DS_CU_HAND_ROWS * DS_CU_HAND_COLS * 2;
-    if ((e = cudaMalloc(&cb->hand_xs, hand_xs + (size_t)DS_CU_HAND_ROWS * (DS_CU_HAND_COLS / 16) * 4)) != cudaSuccess) {
-        cb->hand_xs = NULL;
-        cu_destroy(&cb->base);
-        return ds_errorf("cuda backend: cannot allocate the matmuls' hand-off buffer on device %d: %s", device,
-                         cudaGetErrorString(e));
-    }
-    cb->hand_ss = (float *)((char *)cb->hand_xs + hand_xs);
     const char *trace = getenv("DS_CUDA_RING_TRACE");
     if (trace && *trace) {
         ds_error *te = ds_cu_ring_trace_open(cb, trace);

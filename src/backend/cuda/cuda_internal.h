@@ -60,18 +60,6 @@ typedef struct {
     struct ds_cu_graph *entry;
 } ds_cu_region;
 
-/* A residual launch's hand-off to the normed launch after it (matmul_mma.h's ds_mma_handoff): whose output it is
- * and for which norm, good while no launch or write has come since (at == writes). */
-typedef struct {
-    const void *x;
-    int64_t stride;
-    int rows, cols;
-    const void *nw;
-    unsigned long long at;
-} ds_cu_handoff_rec;
-#define DS_CU_HAND_ROWS 8      /* the most rows a hand-off holds */
-#define DS_CU_HAND_COLS 16384  /* ... and columns */
-
 /* Tile counter pairs of the ring matmul, used in turn (matmul_ring.cu). */
 #define DS_CU_RING_CTRS 64
 
@@ -98,10 +86,6 @@ typedef struct {
     struct ds_cu_boxes *boxes; /* box-contiguous weight copies (weight_boxes.cu, DS_CUDA_RING_BOXES), or NULL */
     int *ring_ctr;             /* the ring matmul's tile counters: DS_CU_RING_CTRS pairs (next tile, blocks done) */
     unsigned ring_seq;         /* ring launches so far: launch i uses pair i % DS_CU_RING_CTRS */
-    uint16_t *hand_xs;         /* the hand-off's bf16(x * w) [DS_CU_HAND_ROWS][cols], then its tile sums (hand_ss) */
-    float *hand_ss;            /* [DS_CU_HAND_ROWS][cols / 16] */
-    ds_cu_handoff_rec hand;    /* the last hand-off written */
-    unsigned long long writes; /* kernel launches and host writes so far (ds_cu_launched, cu_copy, uploads) */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
     /* Step regions and their CUDA graphs (graphs.cu). */
     bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */
@@ -156,10 +140,7 @@ void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) __att
 /* Records e (if not cudaSuccess); returns true on success. */
 bool ds_cu_ok(ds_cuda_backend *cb, const char *op, cudaError_t e);
 /* Checks the last launch. */
-static inline bool ds_cu_launched(ds_cuda_backend *cb, const char *op) {
-    cb->writes++; /* (a hand-off is good for the very next launch only) */
-    return ds_cu_ok(cb, op, cudaGetLastError());
-}
+static inline bool ds_cu_launched(ds_cuda_backend *cb, const char *op) { return ds_cu_ok(cb, op, cudaGetLastError()); }
 /* Device scratch of at least `bytes`; NULL (and a recorded failure) if it cannot grow. */
 void *ds_cu_scratch(ds_cuda_backend *cb, const char *op, size_t bytes);
 /* Device int32 buffer of at least n entries (argmax results). */
@@ -329,8 +310,7 @@ void ds_cu_softcap(ds_backend *be, ds_tensor x, float cap);
 void ds_cu_round_bf16(ds_backend *be, ds_tensor x);
 void ds_cu_copy_kernel(ds_backend *be, ds_tensor dst, ds_tensor src);
 void ds_cu_argmax(ds_backend *be, ds_tensor x, int32_t *out);
-void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res,
-                           ds_tensor next_norm);
+void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu);
 void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                         const ds_tensor *biases);

@@ -115,10 +115,9 @@ static void p_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
     PROF("argmax", prof_of(be)->inner->argmax(be, x, out));
     prof_flush(be);
 }
-static void p_linear_residual(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor w, ds_tensor b, ds_tensor r,
-                              ds_tensor nn) {
+static void p_linear_residual(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor w, ds_tensor b, ds_tensor r) {
     PROF(WIDE(x.rows) ? "linear_residual (wide)" : "linear_residual",
-         prof_of(be)->inner->linear_residual(be, o, x, w, b, r, nn));
+         prof_of(be)->inner->linear_residual(be, o, x, w, b, r));
 }
 static void p_linear_swiglu(ds_backend *be, ds_tensor o, ds_tensor x, ds_tensor g, ds_tensor u) {
     PROF(WIDE(x.rows) ? "linear_swiglu (wide)" : "linear_swiglu", prof_of(be)->inner->linear_swiglu(be, o, x, g, u));

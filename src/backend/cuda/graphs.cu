@@ -154,7 +154,6 @@ static bool run_eager(ds_cuda_backend *cb, ds_step *step) {
 bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step) {
     ds_cuda_backend *cb = ds_cu(be);
     cb->reg = ds_cu_region{};
-    cb->hand = ds_cu_handoff_rec{}; /* a replay launches nothing the host counts: no hand-off crosses a region */
     /* Op by op with host values: graphs off, a pending failure, or a shape
      * past what one recording takes (prefill: cuBLAS and by-value chunks). */
     if (!cb->graphs_on || cb->err || key->rows < 1 || key->rows > DS_CU_NARROW_M || step->n_ids < 0 ||
@@ -235,7 +234,6 @@ bool ds_cu_region_begin(ds_backend *be, const ds_region_key *key, ds_step *step)
 
 void ds_cu_region_end(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
-    cb->hand = ds_cu_handoff_rec{};
     ds_cu_region r = cb->reg;
     if (!r.active) {
         cb->reg = ds_cu_region{};

@@ -54,8 +54,7 @@ void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor 
         for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], x, ws[i], biases[i]);
 }
 
-void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res,
-                           ds_tensor next_norm) {
+void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res) {
     ds_cuda_backend *cb = ds_cu(be);
     if (x.rows <= 0 || w.rows <= 0) return;
     if (!ds_cu_linear_ok(cb, "linear_residual", out, x, w, bias)) return;
@@ -70,10 +69,6 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
         a.seg[0] = seg_of(out, w, bias);
         a.seg[0].res = (const float *)res.data;
         a.seg[0].rs = res.stride;
-        if (next_norm.data && next_norm.rows == 1 && next_norm.cols == out.cols) { /* the ring may hand out off */
-            a.hand.nw = next_norm.data;
-            a.hand.nw_dtype = (int)next_norm.dtype;
-        }
         ds_cu_mma_launch(cb, "linear_residual", DS_MMA_RESIDUAL, &a, x);
         return;
     }

@@ -27,21 +27,9 @@ typedef struct {
     int block_end;          /* set by the launcher: 16-row tiles of segments 0..this one */
 } ds_mma_seg;
 
-/* DS_X_BF16: a residual launch's hand-off to the normed launch that follows it (matmul_ring.cu): the producer
- * writes, beside its output y (the residual stream), xs = bf16(y * nw) and each row's sums of squares of y's
- * 16-column tiles (matmul_mma_frag.cuh's tile order); the consumer takes xs in its stages and its 1 / rms from
- * ss, and reads none of y. */
-typedef struct {
-    uint16_t *xs;   /* [rows][K] (K = the residual's output columns), NULL: no hand-off */
-    float *ss;      /* [rows][K / 16] */
-    const void *nw; /* the producer: the next norm's weight */
-    int nw_dtype;
-} ds_mma_handoff;
-
 typedef struct {
     ds_mma_seg seg[DS_MMA_MAX_SEG];
     int nseg;
-    ds_mma_handoff hand; /* residual (pairs): write it; normed: read it (matmul_ring.cu decides) */
     /* RMSNorm of x fused in front (NULL: none): every segment then sees
      * x / rms(x) * norm_w, computed from x's K columns in the kernel. */
     const void *norm_w;

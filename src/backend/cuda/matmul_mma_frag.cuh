@@ -86,41 +86,13 @@ __device__ __forceinline__ void ss_tile_add(const float f[8], float *slot) {
     const float v = sq_tree8(f);
     *slot = __fadd_rn(*slot, __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1)));
 }
-/* A row's 1 / rms from its SS_SLOTS slots, lane l holding slot l: every lane of a warp calls it and gets the same
- * value (lane l adds lane l ^ off's sum: slot l + off into slot l for l < off). */
-__device__ __forceinline__ float slot_rs(float v, int K, float eps) {
+/* Row m's 1 / rms from its SS_SLOTS slots (slots[l * stride + m]), lane l taking slot l: every lane of a warp
+ * calls it and gets the same value (lane l adds lane l ^ off's sum: slot l + off into slot l for l < off). */
+__device__ __forceinline__ float slots_rs(const float *slots, int stride, int m, int K, float eps) {
+    float v = slots[(threadIdx.x & 31) * stride + m];
 #pragma unroll
     for (int lg = 4; lg >= 0; lg--) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1 << lg));
     return 1.0f / sqrtf(v / (float)K + eps);
-}
-/* Row m's 1 / rms from slots[l * stride + m]. */
-__device__ __forceinline__ float slots_rs(const float *slots, int stride, int m, int K, float eps) {
-    return slot_rs(slots[(threadIdx.x & 31) * stride + m], K, eps);
-}
-/* Row m's 1 / rms from a residual launch's hand-off: its 16-column tiles' sums ss[m * K / 16 + j], slot l adding
- * tiles l, l + 32, ... in order (every lane of the warp calls it). */
-__device__ __forceinline__ float tiles_rs(const float *ss, int m, int K, float eps) {
-    const float *row = ss + (int64_t)m * (K / 16);
-    float slot = 0.0f;
-    for (int j = threadIdx.x & 31; j < K / 16; j += SS_SLOTS) slot = __fadd_rn(slot, row[j]);
-    return slot_rs(slot, K, eps);
-}
-
-/* The hand-off's part of one output y (row m, column n) of a residual epilogue (ds_mma_handoff): xs = bf16(y * nw)
- * and, from the 16 consecutive lanes that hold a tile's 16 columns of row m (lane r of the 16: column 16 i + r),
- * the tile's sum of squares in sq_tree8's order (pairs, fours, halves, then the two halves), by lane r = 0. Every
- * lane of the warp calls it (live: y is an output; otherwise y = 0 and nothing is written). */
-__device__ __forceinline__ void handoff_store(const ds_mma_handoff &h, float y, bool live, int m, int n, int K) {
-    const unsigned all = 0xffffffffu;
-    const int r = threadIdx.x & 15;
-    const float next = __shfl_down_sync(all, y, 1);
-    const float pair = fmaf(next, next, __fmul_rn(y, y));             /* r even: (y_r^2 + y_r+1^2) */
-    const float four = __fadd_rn(pair, __shfl_down_sync(all, pair, 2)); /* r % 4 == 0 */
-    const float half = __fadd_rn(four, __shfl_down_sync(all, four, 4)); /* r % 8 == 0: sq_tree8 */
-    const float tile = __fadd_rn(half, __shfl_down_sync(all, half, 8)); /* r == 0 */
-    if (!live) return;
-    h.xs[(int64_t)m * K + n] = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(y, ds_cu_load(h.nw, h.nw_dtype, n))));
-    if (r == 0) h.ss[(int64_t)m * (K / 16) + n / 16] = tile;
 }
 
 /* 8 values of x row `row` as 4 hi and 4 lo pairs. NORM (rows < M only):
@@ -200,41 +172,40 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
  * 4g' + t' is output r = 8h + g', mm = 2t' + e; NWS values v per warp, of
  * which this tile's are the first NW) and, with NORM, the warps' sums of
  * squares ss_part[w * ss_stride + m] (DS_X_BF16: row m's 1 / rms, ss_part[m]). Threads tid = 0 .. nthreads-1 of the
- * block share the 128 outputs. HAND (a residual epilogue whose tid and nthreads are whole warps, rows_here 16):
- * where hand->xs is set, also the hand-off (handoff_store; K there: S.n). */
-template <int NW, int MODE, bool NORM, int NWS = NW, bool HAND = false>
+ * block share the 128 outputs. xcopy (a timing probe, matmul_ring.cu's
+ * DS_CUDA_RING_PROBE_XHALF=1; NULL otherwise): output (m, n) also as bf16 at
+ * xcopy[m * xcopy_stride + n]. */
+template <int NW, int MODE, bool NORM, int NWS = NW>
 __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
                                                int ss_stride, int n0, int j, int M, int K, float eps, int tid,
-                                               int nthreads, const ds_mma_handoff *hand = nullptr) {
+                                               int nthreads, uint16_t *xcopy = nullptr, int xcopy_stride = 0) {
     const int rows_here = min(MMA_ROWS, S.n - n0);
     for (int o = tid; o < MMA_ROWS * 8; o += nthreads) {
-        const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm, n = n0 + r;
-        const bool live = r < rows_here && m < M;
-        float y = 0.0f;
-        if (live) {
-            const int l = (r & 7) * 4 + (mm >> 1), reg = (r >> 3) * 2 + (mm & 1);
-            float sum[NW];
+        const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm;
+        if (r >= rows_here || m >= M) continue;
+        const int l = (r & 7) * 4 + (mm >> 1), reg = (r >> 3) * 2 + (mm & 1);
+        float sum[NW];
 #pragma unroll
-            for (int v = 0; v < NW; v++) {
-                float a = red[(v * 4 + reg) * 32 + l];
+        for (int v = 0; v < NW; v++) {
+            float a = red[(v * 4 + reg) * 32 + l];
 #pragma unroll
-                for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NWS + v) * 4 + reg) * 32 + l]);
-                sum[v] = a;
-            }
-            if (NORM) {
-                const float rs = DS_X_BF16_ON ? ss_part[m] : rows_rs(ss_part, ss_stride, m, K, eps);
-#pragma unroll
-                for (int v = 0; v < NW; v++) sum[v] *= rs;
-            }
-            y = sum[0];
-            if (MODE != DS_MMA_SWIGLU && S.bias) y = __fadd_rn(y, ds_cu_load(S.bias, S.bias_dtype, n));
-            if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(S.res[(int64_t)m * S.rs + n], y);
-            if (MODE == DS_MMA_SWIGLU)
-                y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1])
-                                              : silu_mul(sum[0], sum[NW - 1]);
-            S.out[(int64_t)m * S.os + n] = y;
+            for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, red[((w * NWS + v) * 4 + reg) * 32 + l]);
+            sum[v] = a;
         }
-        if (HAND && hand->xs) handoff_store(*hand, y, live, m, n, S.n); /* (one call site: it shuffles) */
+        if (NORM) {
+            const float rs = DS_X_BF16_ON ? ss_part[m] : rows_rs(ss_part, ss_stride, m, K, eps);
+#pragma unroll
+            for (int v = 0; v < NW; v++) sum[v] *= rs;
+        }
+        const int n = n0 + r;
+        float y = sum[0];
+        if (MODE != DS_MMA_SWIGLU && S.bias) y = __fadd_rn(y, ds_cu_load(S.bias, S.bias_dtype, n));
+        if (MODE == DS_MMA_RESIDUAL) y = __fadd_rn(S.res[(int64_t)m * S.rs + n], y);
+        if (MODE == DS_MMA_SWIGLU)
+            y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1]) : silu_mul(sum[0], sum[NW - 1]);
+        S.out[(int64_t)m * S.os + n] = y;
+        if (xcopy && n < xcopy_stride)
+            xcopy[(int64_t)m * xcopy_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }
 }
 

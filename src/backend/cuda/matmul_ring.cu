@@ -90,10 +90,6 @@
  * 4.455-4.467 ms, the other row counts unchanged (session 21). */
 #define RING_XC_RESIDUAL_MIN_RING (96 * 1024)
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
-/* The hand-off (hand_given) from this many rows on: where the normed prologue reads x of 5-8 rows. H200, 8B
- * shape, as a probe (session 26, DS_CUDA_RING_PROBE_XHALF=3): verify of 5-7 rows -0.07 to -0.11 ms, of 8 rows
- * 4.434 -> 4.316-4.326 ms. */
-#define RING_XS_ROWS 5
 /* The same where x is normed: only the 4 lanes of row g load x's row g, so
  * at K = 4096 a lane's 8 chunks were two round trips at RING_XB, each
  * queued behind the SM's weight stream (QKV's and gate/up's first product
@@ -136,9 +132,9 @@ typedef struct {
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
 #if DS_RING_PROBE_X
-    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=2 (timing probe, wrong results): see ring_settings */
+    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=1|2|3 (timing probe, wrong results): see ring_settings */
+    uint16_t *xprobe; /* =1, 3: the bf16 copy of x ([8][RING_XC_MAX_K]) residual launches write, normed ones read */
 #endif
-    bool xs;         /* a normed launch of several rows taking the residual launch's hand-off: see ds_cu_ring_launch */
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
 /* The probe's mode and copy (0 and NULL unless compiled in). */
@@ -149,7 +145,16 @@ __host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
     return (void)p, 0;
 #endif
 }
-#define RING_XBOX_B (8 * RING_BOX * 2) /* XS: an x box of bf16 (the hand-off's xs) */
+/* =3: this normed launch takes x's slice in its stages as bf16, from the residual launches' copy. */
+__host__ __device__ __forceinline__ bool ring_probe_xs(const ring_plan &p) { return ring_probe_x(p) == 3; }
+#define RING_XBOX_B (8 * RING_BOX * 2) /* probe 3: an x box of bf16 */
+__host__ __device__ __forceinline__ uint16_t *ring_probe_copy(const ring_plan &p) {
+#if DS_RING_PROBE_X
+    return p.xprobe;
+#else
+    return (void)p, nullptr;
+#endif
+}
 
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
  * segment, then x. One tensor copy moves a 16 x 256 weight box (8 KB): bulk
@@ -293,9 +298,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     /* CH chunks a consumer warp a stage (WIDE: 2, XC with one weight only): chunks w and w + 16 of a
      * 1024-k stage, in that order, as they follow each other in the warp's order. */
     constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
-    constexpr int XNB = XS ? BOXES : RING_BOXES; /* x's boxes a stage (XS: the hand-off's bf16 xs, as wide) */
-    static_assert(CH == 1 || ((XC || XS) && NW == 1), "wide stages carry one weight and no x (XS: bf16 x)");
-    static_assert(!XS || (NORM && !XC && !PAIR), "XS: normed launches that take a residual launch's hand-off");
+    constexpr int XNB = XS ? BOXES : RING_BOXES; /* x's boxes a stage (XS: DS_CUDA_RING_PROBE_XHALF=3) */
+    static_assert(CH == 1 || ((XC || XS) && NW == 1), "wide stages carry one weight and no x (probe 3: bf16 x)");
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + KS - 1) / KS;
@@ -403,6 +407,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
 
     /* The consumers. */
+    uint16_t *xcopy = MODE == DS_MMA_RESIDUAL && (ring_probe_x(p) == 1 || ring_probe_x(p) == 3) && M <= 8
+                          ? ring_probe_copy(p)
+                          : nullptr;
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
@@ -420,10 +427,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     const int xofs = p.x_off + box * RING_XBOX + g * RING_BOX * 4 + in_box * 128 + t * 32;
     const int nofs = p.nw_off + (warp * 32 + 8 * t) * p.nw_size;
     uint32_t *xc = (uint32_t *)(smem + p.xc_off);
-    if (XS && warp < M) { /* warp m: row m's 1 / rms from the hand-off's tile sums (the first epilogue's sync orders it) */
-        const float rs = tiles_rs(s.hand.ss, warp, K, s.eps);
-        if (lane == 0) ss_part[RING_RS_OFF + warp] = rs;
-    }
     if (XC) { /* the prologue: x's groups of 8 (group q: chunk q / 4, lane t = q % 4, k = 8q), split once */
         if (NORM) {
             /* Lane t of warp w sums the squares of its chunks w, w + 16, ... in order, as the other kernel's
@@ -436,6 +439,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
              * tiles in order, every lane in the shuffles (rows past M as zeros). */
             const int chunks = K >> 5;
             const float *xg = x + (int64_t)g * p.x_stride;
+            const uint16_t *xpg = /* DS_CUDA_RING_PROBE_XHALF=1's rows */
+                ring_probe_x(p) == 1 ? ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K : nullptr;
             uint32_t *xcg = xc + g * p.xc_row;
             float slot = 0.0f;
             for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
@@ -447,7 +452,8 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (g >= M)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 0.0f;
-                        else if (ring_probe_x(p) == 2) /* the probe */
+                        else if (ring_probe_x(p) == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes */
+                        else if (ring_probe_x(p) == 2)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* (none of x) */
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
@@ -556,7 +562,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         h.wa[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs);
                         h.wb[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs8);
                     }
-            if (!XC && XS) { /* the hi fragments as they lie in the boxes (chunk warp + 16 j: box + 2 j) */
+            if (!XC && XS) { /* probe 3: the hi fragments as they lie in the boxes (chunk warp + 16 j: box + 2 j) */
 #pragma unroll
                 for (int j = 0; j < CH; j++) {
                     const uint4 hi = h.mine[j] && g < M
@@ -622,9 +628,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             /* RED2: the partial sums of alternate tiles in two places, so that one sync orders them. */
             const int half = p.red2 ? tiles_done & 1 : 0;
             float *rd = red + half * p.red_floats,
-                  *ssp = ss_part + (NORM && !XC && !XS ? half * MMA_WARPS * 8 : NORM && DS_X_BF16_ON ? RING_RS_OFF : 0);
+                  *ssp = ss_part + (NORM && !XC ? half * MMA_WARPS * 8 : NORM && DS_X_BF16_ON ? RING_RS_OFF : 0);
             tiles_done++;
-            if (NORM && !XC && !XS) mma_store_ss(ss, ssp + 8 * warp, g);
+            if (NORM && !XC) mma_store_ss(ss, ssp + 8 * warp, g);
 #pragma unroll
             for (int v = 0; v < NW; v++)
 #pragma unroll
@@ -632,10 +638,12 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             consumers_sync();
             if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
                 const int u = threadIdx.x >= MMA_WARPS * 16;
-                mma_store_rows<1, MODE, NORM, 2, MODE == DS_MMA_RESIDUAL>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, &s.hand);
+                mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, xcopy,
+                                                 RING_XC_MAX_K);
             } else {
-                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32, xcopy,
+                                               RING_XC_MAX_K);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -701,16 +709,30 @@ static void plan_sums(ring_plan *p, int nw) {
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
  * skip the products (2: and the stage loads), to tell how much of a
  * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
- * DS_CUDA_RING_PROBE_XHALF=2, a timing probe with WRONG results: the
- * normed prologue reads none of x (ones instead), the most any cheaper read
- * could save (session 24: verify of 8 rows 4.295 vs 4.447 ms). It needs a
- * build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
- * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, probes changed the
+ * DS_CUDA_RING_PROBE_XHALF=1|2|3, timing probes with WRONG results, for the
+ * normed prologue (bf16 x), which reads 128 KB of fp32 x from L2 in every
+ * block at 8 rows: =2 reads none of x (ones instead), the most any cheaper
+ * read could save (session 24: verify of 8 rows 4.295 vs 4.447 ms); =1
+ * has the residual launches (o_proj, down) also write their output rows as
+ * bf16 into one buffer, from which the normed prologue reads its x rows:
+ * half the bytes, as from a bf16 copy of the residual stream, and like x
+ * in L2 when read (the values are bf16(x) wherever that launch follows a
+ * residual one: every normed launch but layer 0's QKV). Read as bf16 from
+ * x itself, half the words were NaN or inf and slowed everything after;
+ * read from a buffer written once, AR slowed by 4 % (session 24: its lines
+ * are gone from L2 by the next launch, x's are fresh; session 26, with the
+ * residual launches writing it: AR +4.0 %, verify of 8 rows 4.499 vs 4.404).
+ * =3 (session 26) is the consumer's half of a normed launch without any
+ * prologue: normed launches of 5+ rows take x's slice in every stage as
+ * bf16 from the residual launches' copy (wide 1024-k stages where one weight:
+ * QKV, the LM head; XS kernels), with no norm weight, no 1 / rms and no split
+ * (as if the copy held bf16(x * w) and the 1 / rms were applied to the sums
+ * after the products). Verify of 8 rows 4.326 vs 4.434 ms (4.316 without the
+ * flight cap; =2 4.266): ~70 % of what =2 bounds.
+ * Both need a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
+ * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, they changed the
  * ring kernels' registers (residual 66 -> 72), which the default build must
- * not pay for. (Its =1, the prologue reading a bf16 copy of x, was slower,
- * and =3 became the hand-off: bench/RESULTS.md, session 26.)
- * DS_CUDA_RING_XS=0 turns the hand-off off (hand_given),
- * DS_CUDA_RING_XS_ROWS=R writes it from R rows on. */
+ * not pay for a probe. */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -727,8 +749,6 @@ typedef struct {
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
     int xhalf;
-    bool xs;       /* DS_CUDA_RING_XS=0: no hand-off (normed launches of several rows read x in their prologue) */
-    int xs_rows;   /* DS_CUDA_RING_XS_ROWS=R: the fewest rows a hand-off is written for (default RING_XS_ROWS) */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -769,8 +789,6 @@ static const ring_settings *ring_env(void) {
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
-        r.xs = ds_cu_env_on("DS_CUDA_RING_XS");
-        r.xs_rows = (v = getenv("DS_CUDA_RING_XS_ROWS")) && atoi(v) >= 1 ? atoi(v) : RING_XS_ROWS;
         read = true;
     }
     return &r;
@@ -866,13 +884,13 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
-    /* (XS = the template's condition: no XS kernel is built for the calls that never take it) */
-    else if (NORM && MODE == DS_MMA_PLAIN && p.xs && p.wide)
-        ring_start<MODE, NORM, false, false, NORM && MODE == DS_MMA_PLAIN ? 2 : 1, NORM && MODE == DS_MMA_PLAIN>(
-            cb, op, a, p, maps, x, grid, bytes, ctr);
-    else if (NORM && MODE != DS_MMA_RESIDUAL && p.xs)
-        ring_start<MODE, NORM, false, false, 1, NORM && MODE != DS_MMA_RESIDUAL>(cb, op, a, p, maps, x, grid, bytes,
-                                                                                 ctr);
+#if DS_RING_PROBE_X /* (XS = NORM: no XS kernel is built for the unnormed calls, which never take it) */
+    else if (NORM && ring_probe_xs(p) && p.wide && MODE != DS_MMA_SWIGLU)
+        ring_start<MODE, NORM, false, false, NORM && MODE != DS_MMA_SWIGLU ? 2 : 1, NORM>(cb, op, a, p, maps, x, grid,
+                                                                                          bytes, ctr);
+    else if (NORM && ring_probe_xs(p))
+        ring_start<MODE, NORM, false, false, 1, NORM>(cb, op, a, p, maps, x, grid, bytes, ctr);
+#endif
     else
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
@@ -885,7 +903,7 @@ static int xc_norm_bytes(const ds_mma_args *a, int K, const ring_plan &p) {
 /* The launch's layout for x of M rows: x split once per block (XC) or in the stages, pairs, the stages'
  * width, the slots; red2: two places for the partial sums. False where the ring does not take the call. */
 static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
-                        ds_tensor x, int tiles, bool red2, bool xs, ring_plan *out, bool *xc_out, int *nw_out) {
+                        ds_tensor x, int tiles, bool red2, ring_plan *out, bool *xc_out, int *nw_out) {
     ring_plan p = {};
     const int M = (int)x.rows, K = (int)x.cols;
     if (a->norm_w) {
@@ -901,9 +919,21 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.red2 = red2;
     p.skip = env->skip;
 #if DS_RING_PROBE_X
-    p.xhalf = env->xhalf == 2 ? 2 : 0;
+    p.xhalf = env->xhalf;
+    p.xprobe = NULL;
+    if (p.xhalf == 3 && !(a->norm_w && M >= 5)) /* probe 3: residual calls write the copy, the rest as by default */
+        p.xhalf = mode == DS_MMA_RESIDUAL && !a->norm_w ? 1 : 0;
+    if (p.xhalf == 1 || p.xhalf == 3) { /* made once, at the first launch (outside any recording), never freed */
+        static uint16_t *probe;
+        const size_t bytes = (size_t)8 * RING_XC_MAX_K * 2;
+        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess ||
+                       cudaMemset(probe, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess))
+            probe = NULL, p.xhalf = 0;
+        if (p.xhalf == 3 && K > RING_XC_MAX_K) p.xhalf = 1;
+        p.xprobe = probe;
+    }
 #endif
-    p.xs = xs;
+    const bool xs = ring_probe_xs(p); /* probe 3: x (bf16) in the stages of a normed call (false unless compiled in) */
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
@@ -957,26 +987,6 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     return true;
 }
 
-/* The hand-off (ds_mma_handoff, DS_X_BF16): a residual launch of RING_XS_ROWS+ rows whose output the next launch
- * norms (the caller names its norm weight: a->hand.nw) writes xs = bf16(y * w) and y's tile sums of squares; that
- * normed launch then takes xs in its stages (XS kernels, wide where one weight) and each row's 1 / rms from the
- * sums, with no prologue: at 8 rows the prologue of every block read all of x (128 KB, fp32) from L2 before its
- * first product. The same bits: the prologue computes bf16(x * w) and the tile order's sums too. Only the pairs'
- * epilogue (o_proj and down at 5-8 rows) writes it; anything else leaves the normed launch to its prologue. */
-static bool hand_given(const ring_settings *env, const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
-                       ds_tensor x, const ring_plan &p) {
-    const ds_mma_seg &s = a->seg[0];
-    return DS_X_BF16_ON && env->xs && cb->hand_xs && mode == DS_MMA_RESIDUAL && a->hand.nw && !a->norm_w &&
-           p.pair && a->nseg == 1 && x.rows >= env->xs_rows && s.n % RING_BOX == 0 && s.n <= DS_CU_HAND_COLS && x.rows <= DS_CU_HAND_ROWS &&
-           (a->hand.nw_dtype == DS_BF16 || a->hand.nw_dtype == DS_F32);
-}
-/* This normed launch reads x as the launch just before it left it, and that launch handed x off for this norm. */
-static bool hand_taken(const ring_settings *env, const ds_cuda_backend *cb, const ds_mma_args *a, ds_tensor x) {
-    const ds_cu_handoff_rec &h = cb->hand;
-    return DS_X_BF16_ON && env->xs && a->norm_w && h.x && h.x == x.data && h.stride == x.stride &&
-           h.rows == x.rows && h.cols == x.cols && h.nw == a->norm_w && h.at == cb->writes;
-}
-
 bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
     const ring_settings *env = ring_env();
     const int M = (int)x.rows, K = (int)x.cols;
@@ -993,25 +1003,17 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     ring_plan p;
     bool xc;
     int nw;
-    const bool xs = hand_taken(env, cb, a, x);
-    if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, xs, &p, &xc, &nw)) return false;
-    /* DS_X_BF16: a norm needs its rows' 1 / rms, which XC's prologue (a whole row) or the hand-off has here;
+    if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, &p, &xc, &nw)) return false;
+    /* DS_X_BF16: a norm needs its 1 / rms before the split, which only XC's prologue (a whole row) has here;
      * otherwise the per-tile kernel, which makes a pass over x first. */
-    if (DS_X_BF16_ON && a->norm_w && !xc && !p.xs) return false;
+    if (DS_X_BF16_ON && a->norm_w && !xc && !ring_probe_xs(p)) return false;
     if (env->red2 && M > 1 && M <= env->red2_rows) {
         ring_plan q;
         bool xq;
         int nq;
-        if (ring_layout(env, cb, mode, a, x, tiles, true, xs, &q, &xq, &nq) && xq == xc && q.pair == p.pair &&
+        if (ring_layout(env, cb, mode, a, x, tiles, true, &q, &xq, &nq) && xq == xc && q.pair == p.pair &&
             q.wide == p.wide && q.slots == p.slots)
             p = q;
-    }
-    ds_mma_args args = *a; /* with the hand-off's buffers where this launch writes or reads it */
-    args.hand.xs = NULL;
-    const bool give = hand_given(env, cb, mode, a, x, p);
-    if (give || p.xs) {
-        args.hand.xs = give ? cb->hand_xs : NULL;
-        args.hand.ss = cb->hand_ss;
     }
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
@@ -1020,8 +1022,8 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
             if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
                             v ? &maps.up : &maps.w[i]))
                 return true;
-    if (p.xs) { /* the hand-off's xs, in boxes of 8 rows */
-        if (!tensor_map(cb, op, cb->hand_xs, M, K, K, DS_BF16, &maps.x, 8)) return true;
+    if (!xc && ring_probe_xs(p)) { /* probe 3: the copy, in boxes of 8 rows */
+        if (!tensor_map(cb, op, ring_probe_copy(p), M, K, RING_XC_MAX_K, DS_BF16, &maps.x, 8)) return true;
     } else if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     /* Weights with a box copy (weight_boxes.cu) stream it, where every stage's boxes lie inside K. */
     if (ds_cu_boxes_on() && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
@@ -1037,20 +1039,17 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     if (env->dyn && cb->ring_ctr) ctr = cb->ring_ctr + 2 * (int)(cb->ring_seq++ % DS_CU_RING_CTRS);
     switch (mode) {
     case DS_MMA_PLAIN:
-        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr)
-             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr);
+        norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_PLAIN, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     case DS_MMA_RESIDUAL:
-        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr)
-             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr);
+        norm ? ring_start_xc<DS_MMA_RESIDUAL, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_RESIDUAL, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     default:
-        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr)
-             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, &args, p, maps, x, grid, bytes, xc, ctr);
+        norm ? ring_start_xc<DS_MMA_SWIGLU, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)
+             : ring_start_xc<DS_MMA_SWIGLU, false>(cb, op, a, p, maps, x, grid, bytes, xc, ctr);
         break;
     }
-    if (p.xs) cb->stats.handoffs++;
-    if (give) /* good for the launch after this one: the normed one that reads the residual stream */
-        cb->hand = ds_cu_handoff_rec{a->seg[0].out, a->seg[0].os, M, a->seg[0].n, a->hand.nw, cb->writes};
     return true;
 }
