@@ -13,6 +13,8 @@
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
 #   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
+#   BASE_REV=935d2bd BASE_FILES="src/backend/cuda/matmul_ring.cu" bash bench/ab_cuda.sh  # the base's files from a rev
+#   (or BASE_FROM=DIR: from DIR/<file>, e.g. a carried .devdata/base made by `git archive REV FILES | tar -x -C DIR`)
 #
 # CMAKE_EXTRA: more cmake flags for the working tree's build only, e.g. BASE_FILES=- CMAKE_EXTRA=-DDS_X_BF16=ON
 # benches the default build ("base") against the DS_X_BF16 one.
@@ -36,7 +38,10 @@ CM="-DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG"
 if [ -n "${BASE_FILES:-}" ]; then
     rm -rf /tmp/base && mkdir -p /tmp/base
     tar --exclude=./build-cuda --exclude=./.git -cf - . | tar -C /tmp/base -xf -
-    for f in $BASE_FILES; do [ "$f" = - ] || git show HEAD:"$f" >/tmp/base/"$f"; done
+    for f in $BASE_FILES; do
+        [ "$f" = - ] || { [ -n "${BASE_FROM:-}" ] && cp "$BASE_FROM/$f" /tmp/base/"$f"; } ||
+            git show "${BASE_REV:-HEAD}":"$f" >/tmp/base/"$f"
+    done
     (cd /tmp/base && cmake -S . -B build-cuda $CM >$R/build_base.log 2>&1 &&
         cmake --build build-cuda -j6 --target dspark_cli >>$R/build_base.log 2>&1
      echo $? >$R/build_base.rc) &
