@@ -78,11 +78,12 @@ bench() { # name binary env
 import json, sys
 j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
 c = {r['context_rows']: r['ms'] for r in j['drafter'].get('draft_with_context_ms', [])}
-print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s%s%s' % ('$1', ar, v[1], v[8],
+print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s%s%s  prefill %.0f tok/s' % ('$1', ar, v[1], v[8],
       j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar,
       ('  (with 4 context rows %.3f = %.3f AR)' % (c[4] + v[8], (c[4] + v[8]) / ar)) if 4 in c else '',
       '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR',
-      ('  verify 1..%d: ' % max(v) + ' '.join('%.3f' % v[n] for n in sorted(v))) if '${VERIFY_ALL:-}' else ''))" |
+      ('  verify 1..%d: ' % max(v) + ' '.join('%.3f' % v[n] for n in sorted(v))) if '${VERIFY_ALL:-}' else '',
+      j['prefill']['tokens_per_s']))" |
         tee -a $R/bench.txt
 }
 # The base runs first in odd rounds and last in even ones: session 16's calls 5-6 (in 5 the base was the new
