@@ -79,6 +79,16 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
     ds_cu_add(be, out, res, tmp);
 }
 
+/* The unfused GLU's two products: x @ wg^T into out, x @ wu^T into a temporary, returned (no data: failed). */
+static ds_tensor glu_products(ds_backend *be, const char *op, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
+    float *t = (float *)ds_cu_tmp(ds_cu(be), op, (size_t)(out.rows * out.cols) * sizeof(float));
+    if (!t) return ds_no_tensor();
+    ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_cu_linear(be, out, x, wg, ds_no_tensor());
+    ds_cu_linear(be, up, x, wu, ds_no_tensor());
+    return up;
+}
+
 /* out = act(x @ wg^T) * (x @ wu^T), act SiLU or GELU-tanh: the gated
  * epilogue of the tensor-core launch, or two projections and the
  * element-wise op (which rounds as the epilogue does). */
@@ -97,13 +107,10 @@ static void linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, d
         ds_cu_mma_launch(cb, op, DS_MMA_SWIGLU, &a, x);
         return;
     }
-    float *t = (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float));
-    if (!t) return;
-    ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false};
-    ds_cu_linear(be, out, x, wg, ds_no_tensor());
-    ds_cu_linear(be, tmp, x, wu, ds_no_tensor());
-    if (act == DS_GLU_GELU_TANH) ds_cu_geglu_tanh(be, out, out, tmp);
-    else ds_cu_swiglu(be, out, out, tmp);
+    const ds_tensor up = glu_products(be, op, out, x, wg, wu);
+    if (!up.data) return;
+    if (act == DS_GLU_GELU_TANH) ds_cu_geglu_tanh(be, out, out, up);
+    else ds_cu_swiglu(be, out, out, up);
 }
 
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
@@ -286,11 +293,8 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         linear_glu(be, op, act, out, xn, wg, wu);
         return;
     }
-    float *t = (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float));
-    if (!t) return;
-    ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
-    ds_cu_linear(be, out, xn, wg, ds_no_tensor());
-    ds_cu_linear(be, up, xn, wu, ds_no_tensor());
+    const ds_tensor up = glu_products(be, op, out, xn, wg, wu);
+    if (!up.data) return;
     ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), rows_grid(out.rows)), 256, cb->stream,
                  (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data, up.stride,
                  out.rows, out.cols, rs, act);
