@@ -15,6 +15,8 @@
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
 #   BASE_REV=935d2bd BASE_FILES="src/backend/cuda/matmul_ring.cu" bash bench/ab_cuda.sh  # the base's files from a rev
 #   (or BASE_FROM=DIR: from DIR/<file>, e.g. a carried .devdata/base made by `git archive REV FILES | tar -x -C DIR`)
+# The device's .git is the session's first commit (session 27), not the local HEAD: without BASE_FROM, the base's
+# files come from there.
 #
 # CMAKE_EXTRA: more cmake flags for the working tree's build only, e.g. BASE_FILES=- CMAKE_EXTRA=-DDS_X_BF16=ON
 # benches the default build ("base") against the DS_X_BF16 one.
