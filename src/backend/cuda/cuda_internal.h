@@ -296,6 +296,10 @@ __device__ __forceinline__ float ds_cu_rbf16(float f) {
 
 /* Op entry points (backend.h signatures). */
 void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+/* DS_X_BF16's prompt-sized product of an x already rounded to bf16 ([M, w.cols] contiguous; the fused norms' copy,
+ * linear_fused.cu) with bf16 w: out = xh @ w^T (+ bias) on cuBLAS, no split launch. False (recorded) on failure. */
+bool ds_cu_linear_wide_bf16x(ds_cuda_backend *cb, const char *op, ds_tensor out, const uint16_t *xh, int64_t M,
+                             ds_tensor w, ds_tensor bias);
 void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p);
 void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int dim, float eps);
 void ds_cu_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x, ds_tensor w, float eps,

@@ -138,9 +138,13 @@ static bool norm_aligned(ds_tensor nw) { return (uintptr_t)nw.data % 16 == 0; }
  * multiplies it: the prompt's rows here, a verify's in the ring (the CPU's fused norms too: cpu_norm.c). One block
  * a row: warp 0's lane l sums slot l's tiles, the warp adds the slots (slots_rs). */
 #define NORM_ORDER_THREADS 256
+__device__ __forceinline__ void store_as(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store_as(uint16_t *p, float v) { *p = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+/* T: float, or uint16_t for bf16 x * w (what the products take anyway: wide_bf16). */
+template <typename T>
 __global__ void __launch_bounds__(NORM_ORDER_THREADS)
-    norm_unscaled_kernel(float *out, int64_t os, float *rs, const float *x, int64_t xs, const void *w, int wdtype,
-                         int K, float eps) {
+    norm_unscaled_kernel(T *out, int64_t os, float *rs, const float *x, int64_t xs, const void *w, int wdtype, int K,
+                         float eps) {
     ds_cu_grid_wait();
     __shared__ float slots[SS_SLOTS];
     const float *xr = x + (int64_t)blockIdx.x * xs;
@@ -157,9 +161,9 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
         const float r = slots_rs(slots, 1, 0, K, eps);
         if (threadIdx.x == 0) rs[blockIdx.x] = r;
     }
-    float *orow = out + (int64_t)blockIdx.x * os;
+    T *orow = out + (int64_t)blockIdx.x * os;
     for (int k = threadIdx.x; k < K; k += NORM_ORDER_THREADS) /* x * w, as split_x8 and the CPU round it */
-        orow[k] = w ? __fmul_rn(xr[k], ds_cu_load(w, wdtype, k)) : xr[k];
+        store_as(orow + k, w ? __fmul_rn(xr[k], ds_cu_load(w, wdtype, k)) : xr[k]);
 }
 
 /* The 1 / rms after the products, for up to DS_MMA_MAX_SEG outputs in one launch (blockIdx.z picks one):
@@ -230,7 +234,7 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
     xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
     if (*scaled) {
         float *r = p + x.rows * x.cols;
-        ds_cu_launch(norm_unscaled_kernel, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
+        ds_cu_launch(norm_unscaled_kernel<float>, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
                      xn.stride, r, (const float *)x.data, x.stride, nw.data, (int)nw.dtype, (int)x.cols, eps);
         ds_cu_launched(cb, op);
         *rs = r;
@@ -238,6 +242,36 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
         ds_cu_rmsnorm(&cb->base, xn, x, nw, (int)x.cols, eps);
     }
     return xn;
+}
+
+/* DS_X_BF16, a prompt's rows (past the narrow kernels) and bf16 weights: the normed copy can be the bf16 values
+ * the products take, so that cuBLAS reads it as it is (ds_cu_linear_wide_bf16x): no split launch per weight. */
+static bool wide_bf16(ds_tensor x, int n, const ds_tensor *ws) {
+    if (!DS_X_BF16_ON || x.cols % 32 || x.rows <= DS_CU_NARROW_M || x.rows > INT32_MAX) return false;
+    for (int i = 0; i < n; i++)
+        if (ws[i].dtype != DS_BF16) return false;
+    return true;
+}
+
+/* wide_bf16's copy: bf16(x * w) [rows, K] contiguous, each row's 1 / rms into *rs; NULL (recorded) on failure. */
+static const uint16_t *normed_bf16(ds_cuda_backend *cb, const char *op, ds_tensor x, ds_tensor nw, float eps,
+                                   const float **rs) {
+    const size_t xh_bytes = (size_t)(x.rows * x.cols) * 2;
+    char *p = (char *)ds_cu_tmp2(cb, op, xh_bytes + (size_t)x.rows * sizeof(float));
+    if (!p) return NULL;
+    float *r = (float *)(p + xh_bytes); /* (K % 32 == 0: 4-byte aligned) */
+    ds_cu_launch(norm_unscaled_kernel<uint16_t>, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (uint16_t *)p,
+                 x.cols, r, (const float *)x.data, x.stride, nw.data, (int)nw.dtype, (int)x.cols, eps);
+    if (!ds_cu_launched(cb, op)) return NULL;
+    *rs = r;
+    return (const uint16_t *)p;
+}
+
+static void glu_scaled(ds_cuda_backend *cb, const char *op, int act, ds_tensor out, ds_tensor up, const float *rs) {
+    ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), rows_grid(out.rows)), 256, cb->stream,
+                 (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data, up.stride,
+                 out.rows, out.cols, rs, act);
+    ds_cu_launched(cb, op);
 }
 
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
@@ -255,6 +289,15 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
     }
     if (!ok) return;
     const float *rs;
+    if (wide_bf16(x, n, ws)) {
+        const uint16_t *xh = normed_bf16(cb, "rmsnorm_linear_multi", x, nw, eps, &rs);
+        if (!xh) return;
+        for (int i = 0; i < n; i++)
+            if (!ds_cu_linear_wide_bf16x(cb, "rmsnorm_linear_multi", outs[i], xh, x.rows, ws[i], ds_no_tensor()))
+                return;
+        scale_rows(cb, "rmsnorm_linear_multi", n, outs, rs, biases);
+        return;
+    }
     bool scaled;
     ds_tensor xn = normed_copy(cb, "rmsnorm_linear_multi", x, nw, eps, &rs, &scaled);
     if (!xn.data) return;
@@ -286,6 +329,17 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         return;
     }
     const float *rs;
+    const ds_tensor gu[2] = {wg, wu};
+    if (wide_bf16(x, 2, gu)) {
+        const uint16_t *xh = normed_bf16(cb, op, x, nw, eps, &rs);
+        float *t = xh ? (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float)) : NULL;
+        if (!t) return;
+        const ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
+        if (ds_cu_linear_wide_bf16x(cb, op, out, xh, x.rows, wg, ds_no_tensor()) &&
+            ds_cu_linear_wide_bf16x(cb, op, up, xh, x.rows, wu, ds_no_tensor()))
+            glu_scaled(cb, op, act, out, up, rs);
+        return;
+    }
     bool scaled;
     ds_tensor xn = normed_copy(cb, op, x, nw, eps, &rs, &scaled);
     if (!xn.data) return;
@@ -294,11 +348,7 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         return;
     }
     const ds_tensor up = glu_products(be, op, out, xn, wg, wu);
-    if (!up.data) return;
-    ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), rows_grid(out.rows)), 256, cb->stream,
-                 (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data, up.stride,
-                 out.rows, out.cols, rs, act);
-    ds_cu_launched(cb, op);
+    if (up.data) glu_scaled(cb, op, act, out, up, rs);
 }
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,

@@ -183,7 +183,7 @@ __global__ void add_bias_kernel(float *out, int64_t os, const void *bias, int bd
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) out[m * os + n] += b;
 }
 
-/* hi[r][c] = bf16(x[r][c]), lo[r][c] = bf16(x[r][c] - hi[r][c]) (contiguous [M, K]). */
+/* hi[r][c] = bf16(x[r][c]), lo[r][c] = bf16(x[r][c] - hi[r][c]) (contiguous [M, K]; DS_X_BF16: hi only). */
 __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t xs, int64_t M,
                                   int64_t K) {
     ds_cu_grid_wait();
@@ -192,7 +192,7 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
         const float v = x[(i / K) * xs + i % K];
         const __nv_bfloat16 h = __float2bfloat16_rn(v);
         hi[i] = h;
-        lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+        if (!DS_X_BF16_ON) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
     }
 }
 
@@ -201,27 +201,49 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
  * accumulation, two cuBLAS bf16 GEMMs instead of widening every weight to
  * fp32 for sgemm (which read the weights three times and ran on the CUDA
  * cores). */
-static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w) {
-    const int64_t M = x.rows, K = x.cols, N = w.rows;
-    __nv_bfloat16 *hi = (__nv_bfloat16 *)ds_cu_scratch(cb, "linear", (size_t)(2 * M * K) * sizeof(__nv_bfloat16));
-    if (!hi) return false;
-    __nv_bfloat16 *lo = hi + M * K;
-    const int64_t blocks = (M * K + 255) / 256;
-    ds_cu_launch(split_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo,
-                 (const float *)x.data, x.stride, M, K);
-    if (!ds_cu_launched(cb, "linear")) return false;
+static bool gemm_bf16(ds_cuda_backend *cb, const char *op, ds_tensor out, const void *hi, const void *lo, int64_t M,
+                      int64_t K, ds_tensor w) {
+    const int64_t N = w.rows;
     const float one = 1.0f, zero = 0.0f;
-    for (int part = 0; part < (DS_X_BF16_ON ? 1 : 2); part++) { /* DS_X_BF16: x's hi half only */
+    for (int part = 0; part < (lo ? 2 : 1); part++) {
         cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w.data,
                                          CUDA_R_16BF, (int)w.stride, part ? lo : hi, CUDA_R_16BF, (int)K,
                                          part ? &one : &zero, out.data, CUDA_R_32F, (int)out.stride,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) {
-            ds_cu_fail(cb, "linear", "cublasGemmEx bf16 %lldx%lldx%lld failed (status %d)", (long long)M, (long long)N,
+            ds_cu_fail(cb, op, "cublasGemmEx bf16 %lldx%lldx%lld failed (status %d)", (long long)M, (long long)N,
                        (long long)K, (int)st);
             return false;
         }
     }
+    return true;
+}
+
+static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w) {
+    const int64_t M = x.rows, K = x.cols;
+    const int64_t halves = DS_X_BF16_ON ? 1 : 2; /* DS_X_BF16: x's hi half only */
+    __nv_bfloat16 *hi = (__nv_bfloat16 *)ds_cu_scratch(cb, "linear", (size_t)(halves * M * K) * sizeof(__nv_bfloat16));
+    if (!hi) return false;
+    __nv_bfloat16 *lo = DS_X_BF16_ON ? NULL : hi + M * K;
+    const int64_t blocks = (M * K + 255) / 256;
+    ds_cu_launch(split_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo,
+                 (const float *)x.data, x.stride, M, K);
+    if (!ds_cu_launched(cb, "linear")) return false;
+    return gemm_bf16(cb, "linear", out, hi, lo, M, K, w);
+}
+
+static void add_bias(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor bias) {
+    if (!bias.data) return;
+    dim3 grid((unsigned)((out.cols + 255) / 256), (unsigned)(out.rows < 65535 ? out.rows : 65535));
+    ds_cu_launch(add_bias_kernel, grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype,
+                 out.rows, out.cols);
+    ds_cu_launched(cb, op);
+}
+
+bool ds_cu_linear_wide_bf16x(ds_cuda_backend *cb, const char *op, ds_tensor out, const uint16_t *xh, int64_t M,
+                             ds_tensor w, ds_tensor bias) {
+    if (!gemm_bf16(cb, op, out, xh, NULL, M, w.cols, w)) return false;
+    add_bias(cb, op, out, bias);
     return true;
 }
 
@@ -266,14 +288,8 @@ static bool linear_wide_sgemm(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, d
 }
 
 static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
-    const int64_t M = x.rows, N = w.rows;
     if (!(w.dtype == DS_BF16 ? linear_wide_bf16(cb, out, x, w) : linear_wide_sgemm(cb, out, x, w))) return;
-    if (bias.data) {
-        dim3 grid((unsigned)((N + 255) / 256), (unsigned)(M < 65535 ? M : 65535));
-        ds_cu_launch(add_bias_kernel, grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype, M,
-                     N);
-        ds_cu_launched(cb, "linear");
-    }
+    add_bias(cb, "linear", out, bias);
 }
 
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
