@@ -172,13 +172,11 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
  * 4g' + t' is output r = 8h + g', mm = 2t' + e; NWS values v per warp, of
  * which this tile's are the first NW) and, with NORM, the warps' sums of
  * squares ss_part[w * ss_stride + m] (DS_X_BF16: row m's 1 / rms, ss_part[m]). Threads tid = 0 .. nthreads-1 of the
- * block share the 128 outputs. xcopy (a timing probe, matmul_ring.cu's
- * DS_CUDA_RING_PROBE_XHALF=1; NULL otherwise): output (m, n) also as bf16 at
- * xcopy[m * xcopy_stride + n]. */
+ * block share the 128 outputs. */
 template <int NW, int MODE, bool NORM, int NWS = NW>
 __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
                                                int ss_stride, int n0, int j, int M, int K, float eps, int tid,
-                                               int nthreads, uint16_t *xcopy = nullptr, int xcopy_stride = 0) {
+                                               int nthreads) {
     const int rows_here = min(MMA_ROWS, S.n - n0);
     for (int o = tid; o < MMA_ROWS * 8; o += nthreads) {
         const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm;
@@ -204,8 +202,6 @@ __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float 
         if (MODE == DS_MMA_SWIGLU)
             y = S.act == DS_GLU_GELU_TANH ? ds_cu_gelu_tanh_mul(sum[0], sum[NW - 1]) : silu_mul(sum[0], sum[NW - 1]);
         S.out[(int64_t)m * S.os + n] = y;
-        if (xcopy && n < xcopy_stride)
-            xcopy[(int64_t)m * xcopy_stride + n] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
     }
 }
 

@@ -132,12 +132,11 @@ typedef struct {
     int red_floats;  /* one place's partial sums */
     int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
 #if DS_RING_PROBE_X
-    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=1|2|3 (timing probe, wrong results): see ring_settings */
-    uint16_t *xprobe; /* =1, 3: the bf16 copy of x ([8][RING_XC_MAX_K]) residual launches write, normed ones read */
+    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=2 (timing probe, wrong results): see ring_settings */
 #endif
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
 } ring_plan;
-/* The probe's mode and copy (0 and NULL unless compiled in). */
+/* The probe's mode (0 unless compiled in). */
 __host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
 #if DS_RING_PROBE_X
     return p.xhalf;
@@ -145,17 +144,6 @@ __host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
     return (void)p, 0;
 #endif
 }
-/* =3: this normed launch takes x's slice in its stages as bf16, from the residual launches' copy. */
-__host__ __device__ __forceinline__ bool ring_probe_xs(const ring_plan &p) { return ring_probe_x(p) == 3; }
-#define RING_XBOX_B (8 * RING_BOX * 2) /* probe 3: an x box of bf16 */
-__host__ __device__ __forceinline__ uint16_t *ring_probe_copy(const ring_plan &p) {
-#if DS_RING_PROBE_X
-    return p.xprobe;
-#else
-    return (void)p, nullptr;
-#endif
-}
-
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
  * segment, then x. One tensor copy moves a 16 x 256 weight box (8 KB): bulk
  * copies of single rows (0.5-1 KB) ran at 1-2.6 TB/s, bound by the copies
@@ -253,13 +241,11 @@ __device__ __forceinline__ int ring_claim(int *ctr, int tile) {
 }
 
 /* A stage's x boxes (x may come from the previous kernel). */
-template <bool XS, int NB = RING_BOXES>
 __device__ __forceinline__ void issue_x(const ring_plan &p, const ring_maps &maps, int k0, uint32_t full, uint32_t st,
                                         uint64_t keep) {
 #pragma unroll
-    for (int b = 0; b < NB; b++)
-        tensor_load(st + p.x_off + b * (XS ? RING_XBOX_B : RING_XBOX), &maps.x, k0 + b * RING_BOX, 0,
-                    full, keep);
+    for (int b = 0; b < RING_BOXES; b++)
+        tensor_load(st + p.x_off + b * RING_XBOX, &maps.x, k0 + b * RING_BOX, 0, full, keep);
 }
 
 /* 8 values of the norm weight (bf16 or fp32, nw_size bytes each) from shared memory, as fp32. */
@@ -288,7 +274,7 @@ __device__ __forceinline__ int xc_word(int k) { return DS_X_BF16_ON ? k / 2 : k;
  * stages, and every tile reads them from shared memory: stages then carry
  * weights only, and a consumer's work per stage is two loads and the
  * products. Otherwise x's slice rides in each stage and is split per tile. */
-template <int MODE, bool NORM, bool XC, bool PAIR, int CH, bool XS = false>
+template <int MODE, bool NORM, bool XC, bool PAIR, int CH>
 __global__ void __launch_bounds__(RING_THREADS, 1)
     linear_ring_kernel(const __grid_constant__ ds_mma_args s, ring_plan p, const __grid_constant__ ring_maps maps,
                        const float *__restrict__ x, int M, int K, int *ctr, unsigned long long *trace) {
@@ -298,8 +284,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     /* CH chunks a consumer warp a stage (WIDE: 2, XC with one weight only): chunks w and w + 16 of a
      * 1024-k stage, in that order, as they follow each other in the warp's order. */
     constexpr int KS = RING_KS * CH, BOXES = RING_BOXES * CH;
-    constexpr int XNB = XS ? BOXES : RING_BOXES; /* x's boxes a stage (XS: DS_CUDA_RING_PROBE_XHALF=3) */
-    static_assert(CH == 1 || ((XC || XS) && NW == 1), "wide stages carry one weight and no x (probe 3: bf16 x)");
+    static_assert(CH == 1 || (XC && NW == 1), "wide stages carry one weight and no x");
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stages = (K + KS - 1) / KS;
@@ -326,7 +311,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
         const uint32_t stage_tx =
-            NW * BOXES * RING_WBOX + (XC ? 0 : XS ? BOXES * RING_XBOX_B : RING_BOXES * RING_XBOX);
+            NW * BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
         if (XC && NORM) { /* the whole norm weight, first in line: the prologue needs it as soon as x is there */
             const uint32_t nb = smem_addr(smem + RING_NWBAR);
             bar_expect(nb, K * p.nw_size);
@@ -348,12 +333,12 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             const uint32_t full = full0 + 8 * c.slot, st = ring0 + c.slot * p.stage_bytes;
             if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1); /* the slot's previous use is read */
             /* At most `flight` stages in flight: stage it - flight has landed. */
-            if ((XC || (XS && waited)) && p.flight && it >= p.flight) { /* (XS: a stage lands once its x is asked) */
+            if (XC && p.flight && it >= p.flight) {
                 const int j = it - p.flight;
                 bar_wait(full0 + 8 * (j % p.slots), (j / p.slots) & 1);
             }
             slot_tile[c.slot] = tile; /* published by the arrive below */
-            bar_expect(full, stage_tx + (XC || !NORM || XS ? 0 : c.kn * p.nw_size));
+            bar_expect(full, stage_tx + (XC || !NORM ? 0 : c.kn * p.nw_size));
 #pragma unroll
             for (int v = 0; v < NW; v++) {
                 const uint16_t *bx = v && !PAIR ? maps.bx_up : maps.bx[seg];
@@ -370,7 +355,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                                     c.k0 + b * RING_BOX, row, full, stream);
             }
             /* The norm weight is a weight too: requested with them, not queued behind them after the wait. */
-            if (NORM && !XC && !XS)
+            if (NORM && !XC)
                 bulk_load(st + p.nw_off, (const char *)s.norm_w + (int64_t)c.k0 * p.nw_size, c.kn * p.nw_size, full);
             if (tr && it == p.slots - 1) { /* the ring requested once through: when did it land? */
                 tr[RT_ISSUED] = ds_cu_gtimer();
@@ -380,18 +365,18 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                 }
             }
             if (waited) {
-                if (!XC) issue_x<XS, XNB>(p, maps, c.k0, full, st, keep);
+                if (!XC) issue_x(p, maps, c.k0, full, st, keep);
             } else if (it == p.slots - 1) {
                 ds_cu_grid_wait();
                 for (int j = 0; j <= it; j++)
-                    issue_x<XS, XNB>(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+                    issue_x(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
                 waited = true;
             }
         }
         if (!waited) { /* fewer stages than slots */
             ds_cu_grid_wait();
             for (int j = 0; j < it; j++)
-                issue_x<XS, XNB>(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
+                issue_x(p, maps, (j % stages) * KS, full0 + 8 * j, ring0 + j * p.stage_bytes, keep);
         }
         /* The end, as a stage of its own: the consumers find tile -1 where the next tile would begin. */
         if (it >= p.slots) bar_wait(empty0 + 8 * c.slot, c.phase ^ 1);
@@ -407,9 +392,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
     }
 
     /* The consumers. */
-    uint16_t *xcopy = MODE == DS_MMA_RESIDUAL && (ring_probe_x(p) == 1 || ring_probe_x(p) == 3) && M <= 8
-                          ? ring_probe_copy(p)
-                          : nullptr;
     ds_cu_grid_wait(); /* the residual comes from the previous kernel */
     if (tr && threadIdx.x == 0) tr[RT_WAIT] = ds_cu_gtimer();
     int tiles_done = 0;
@@ -439,8 +421,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
              * tiles in order, every lane in the shuffles (rows past M as zeros). */
             const int chunks = K >> 5;
             const float *xg = x + (int64_t)g * p.x_stride;
-            const uint16_t *xpg = /* DS_CUDA_RING_PROBE_XHALF=1's rows */
-                ring_probe_x(p) == 1 ? ring_probe_copy(p) + (int64_t)g * RING_XC_MAX_K : nullptr;
             uint32_t *xcg = xc + g * p.xc_row;
             float slot = 0.0f;
             for (int c0 = warp; c0 < chunks; c0 += MMA_WARPS * RING_XB_NORM) {
@@ -452,8 +432,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (g >= M)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 0.0f;
-                        else if (ring_probe_x(p) == 1) ds_cu_load8<DS_BF16>(xpg, k, xf[i]); /* the probes */
-                        else if (ring_probe_x(p) == 2)
+                        else if (ring_probe_x(p) == 2) /* the probe */
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* (none of x) */
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
@@ -562,24 +541,14 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         h.wa[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs);
                         h.wb[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs8);
                     }
-            if (!XC && XS) { /* probe 3: the hi fragments as they lie in the boxes (chunk warp + 16 j: box + 2 j) */
-#pragma unroll
-                for (int j = 0; j < CH; j++) {
-                    const uint4 hi = h.mine[j] && g < M
-                                         ? *(const uint4 *)(st + p.x_off + (box + 2 * j) * RING_XBOX_B +
-                                                            g * RING_BOX * 2 + in_box * 64 + t * 16)
-                                         : make_uint4(0, 0, 0, 0);
-                    h.xh[j][0][0] = hi.x, h.xh[j][0][1] = hi.y, h.xh[j][0][2] = hi.z, h.xh[j][0][3] = hi.w;
-                    h.xl[j][0][0] = h.xl[j][0][1] = h.xl[j][0][2] = h.xl[j][0][3] = 0u;
-                }
-            } else if (!XC && h.mine[0] && g < M) {
+            if (!XC && h.mine[0] && g < M) {
                 const float4 *xp = (const float4 *)(st + xofs);
                 ds_cu_unpack_f32x8(xp[0], xp[1], h.f);
             } else if (!XC) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) h.f[i] = 0.0f;
             }
-            if (NORM && !XC && h.mine[0] && !XS) unpack_norm8(st + nofs, p.nw_size, h.nf);
+            if (NORM && !XC && h.mine[0]) unpack_norm8(st + nofs, p.nw_size, h.nf);
         }
         __syncwarp();
         if (lane == 0) bar_arrive(empty0 + 8 * cc.slot); /* the slot's data is in registers */
@@ -616,7 +585,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
         for (int j = 0; j < CH; j++) {
             if (!cur.mine[j] || p.skip) continue;
-            if (!XC && !XS) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0][0], cur.xl[0][0]);
+            if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0][0], cur.xl[0][0]);
 #pragma unroll
             for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], cur.wa[j][v], cur.wb[j][v], cur.xh[j], cur.xl[j]);
         }
@@ -639,11 +608,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
                 const int u = threadIdx.x >= MMA_WARPS * 16;
                 mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, xcopy,
-                                                 RING_XC_MAX_K);
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
             } else {
-                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32, xcopy,
-                                               RING_XC_MAX_K);
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -709,30 +676,17 @@ static void plan_sums(ring_plan *p, int nw) {
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
  * skip the products (2: and the stage loads), to tell how much of a
  * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
- * DS_CUDA_RING_PROBE_XHALF=1|2|3, timing probes with WRONG results, for the
- * normed prologue (bf16 x), which reads 128 KB of fp32 x from L2 in every
- * block at 8 rows: =2 reads none of x (ones instead), the most any cheaper
- * read could save (session 24: verify of 8 rows 4.295 vs 4.447 ms); =1
- * has the residual launches (o_proj, down) also write their output rows as
- * bf16 into one buffer, from which the normed prologue reads its x rows:
- * half the bytes, as from a bf16 copy of the residual stream, and like x
- * in L2 when read (the values are bf16(x) wherever that launch follows a
- * residual one: every normed launch but layer 0's QKV). Read as bf16 from
- * x itself, half the words were NaN or inf and slowed everything after;
- * read from a buffer written once, AR slowed by 4 % (session 24: its lines
- * are gone from L2 by the next launch, x's are fresh; session 26, with the
- * residual launches writing it: AR +4.0 %, verify of 8 rows 4.499 vs 4.404).
- * =3 (session 26) is the consumer's half of a normed launch without any
- * prologue: normed launches of 5+ rows take x's slice in every stage as
- * bf16 from the residual launches' copy (wide 1024-k stages where one weight:
- * QKV, the LM head; XS kernels), with no norm weight, no 1 / rms and no split
- * (as if the copy held bf16(x * w) and the 1 / rms were applied to the sums
- * after the products). Verify of 8 rows 4.326 vs 4.434 ms (4.316 without the
- * flight cap; =2 4.266): ~70 % of what =2 bounds.
- * Both need a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
- * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, they changed the
+ * DS_CUDA_RING_PROBE_XHALF=2, a timing probe with WRONG results: the
+ * normed prologue, which reads x's rows (fp32) from L2 in every block,
+ * reads none of x (ones instead), the most any cheaper read could save
+ * (session 24, the two-pass prologue: verify of 8 rows 4.295 vs 4.447 ms).
+ * It needs a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
+ * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, probes changed the
  * ring kernels' registers (residual 66 -> 72), which the default build must
- * not pay for a probe. */
+ * not pay for. Its =1 (the prologue reads a bf16 copy of x) and =3 (normed
+ * launches of 5+ rows take bf16 x in their stages, no prologue) were
+ * measured and dropped, and =3 as a real hand-off from the residual
+ * launches too (bench/RESULTS.md, sessions 26 and 27). */
 typedef struct {
     bool on, dyn;
     int flight;    /* most stages in flight (XC; 0: no cap) */
@@ -815,9 +769,9 @@ void ds_cu_tmaps_free(ds_cuda_backend *cb) {
 }
 
 /* A [rows, cols] tensor (row stride `stride` elements) in boxes of
- * box_rows x RING_BOX. False (failure recorded) if the driver refuses. */
+ * 16 (bf16) or 8 (fp32) rows x RING_BOX. False (failure recorded) if the driver refuses. */
 static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int64_t rows, int64_t cols,
-                       int64_t stride, int dtype, CUtensorMap *out, int box_rows = 0) {
+                       int64_t stride, int dtype, CUtensorMap *out) {
     if (!cb->tmaps) {
         cb->tmaps = (ds_cu_tmaps *)calloc(1, sizeof *cb->tmaps);
         if (!cb->tmaps) {
@@ -837,15 +791,14 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
     if (!cb->tmaps->encode) return false;
     const size_t h = ((uintptr_t)ptr >> 8 ^ (uintptr_t)rows * 31 ^ (uintptr_t)cols * 17) % TMAP_CACHE;
     tmap_entry *e = &cb->tmaps->e[h];
-    if (e->ptr == ptr && e->rows == rows && e->cols == cols && e->stride == stride && e->dtype == dtype &&
-        !box_rows) {
+    if (e->ptr == ptr && e->rows == rows && e->cols == cols && e->stride == stride && e->dtype == dtype) {
         *out = e->map;
         return true;
     }
     const bool bf16 = dtype == DS_BF16;
     const size_t es = bf16 ? 2 : 4;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)stride * es};
-    const cuuint32_t box[2] = {RING_BOX, (cuuint32_t)(box_rows ? box_rows : bf16 ? MMA_ROWS : 8)}, estr[2] = {1, 1};
+    const cuuint32_t box[2] = {RING_BOX, (cuuint32_t)(bf16 ? MMA_ROWS : 8)}, estr[2] = {1, 1};
     CUresult r = cb->tmaps->encode(out, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
                                    (void *)ptr, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                    CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -855,15 +808,15 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
                    (long long)rows, (long long)cols, bf16 ? "bf16" : "fp32", (int)r);
         return false;
     }
-    if (!box_rows) *e = tmap_entry{ptr, rows, cols, stride, dtype, *out};
+    *e = tmap_entry{ptr, rows, cols, stride, dtype, *out};
     return true;
 }
 
-template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1, bool XS = false>
+template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
     static int allowed = 0; /* dynamic shared memory this instantiation may use */
-    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH, XS>;
+    auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH>;
     if (bytes > allowed) {
         if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
             return;
@@ -884,13 +837,6 @@ static void ring_start_xc(ds_cuda_backend *cb, const char *op, const ds_mma_args
         ring_start<MODE, NORM, true, false, MODE != DS_MMA_SWIGLU ? 2 : 1>(cb, op, a, p, maps, x, grid, bytes, ctr);
     else if (xc)
         ring_start<MODE, NORM, true>(cb, op, a, p, maps, x, grid, bytes, ctr);
-#if DS_RING_PROBE_X /* (XS = NORM: no XS kernel is built for the unnormed calls, which never take it) */
-    else if (NORM && ring_probe_xs(p) && p.wide && MODE != DS_MMA_SWIGLU)
-        ring_start<MODE, NORM, false, false, NORM && MODE != DS_MMA_SWIGLU ? 2 : 1, NORM>(cb, op, a, p, maps, x, grid,
-                                                                                          bytes, ctr);
-    else if (NORM && ring_probe_xs(p))
-        ring_start<MODE, NORM, false, false, 1, NORM>(cb, op, a, p, maps, x, grid, bytes, ctr);
-#endif
     else
         ring_start<MODE, NORM, false>(cb, op, a, p, maps, x, grid, bytes, ctr);
 }
@@ -919,21 +865,8 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.red2 = red2;
     p.skip = env->skip;
 #if DS_RING_PROBE_X
-    p.xhalf = env->xhalf;
-    p.xprobe = NULL;
-    if (p.xhalf == 3 && !(a->norm_w && M >= 5)) /* probe 3: residual calls write the copy, the rest as by default */
-        p.xhalf = mode == DS_MMA_RESIDUAL && !a->norm_w ? 1 : 0;
-    if (p.xhalf == 1 || p.xhalf == 3) { /* made once, at the first launch (outside any recording), never freed */
-        static uint16_t *probe;
-        const size_t bytes = (size_t)8 * RING_XC_MAX_K * 2;
-        if (!probe && (cudaMalloc((void **)&probe, bytes) != cudaSuccess ||
-                       cudaMemset(probe, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess))
-            probe = NULL, p.xhalf = 0;
-        if (p.xhalf == 3 && K > RING_XC_MAX_K) p.xhalf = 1;
-        p.xprobe = probe;
-    }
+    p.xhalf = env->xhalf == 2 ? 2 : 0;
 #endif
-    const bool xs = ring_probe_xs(p); /* probe 3: x (bf16) in the stages of a normed call (false unless compiled in) */
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
@@ -944,7 +877,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
     const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
-    const bool xc = !xs && M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 &&
+    const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 &&
                     x.stride % 4 == 0 && xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
                     (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
     *xc_out = xc;
@@ -966,13 +899,13 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * (the barrier waits, the release, the loop) is paid per 32 KB instead of per 16 KB; only where the ring
      * still holds RING_WIDE_SLOTS such stages. */
     const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
-    const int room = (xc || xs ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
-    p.wide = env->wide && (xc || xs) && nw == 1 && !p.pair &&
+    const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
+    p.wide = env->wide && xc && nw == 1 && !p.pair &&
              room >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
     p.x_off = nw * boxes * RING_WBOX;
-    p.nw_off = p.x_off + (xc ? 0 : xs ? boxes * RING_XBOX_B : RING_BOXES * RING_XBOX);
-    p.stage_bytes = round_up(p.nw_off + (xc || xs ? 0 : RING_KS * p.nw_size), 128);
+    p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
+    p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
     p.x_stride = (int)x.stride;
     p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
@@ -980,7 +913,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
      * stage a ring's depth back may already be rearmed for a later one. */
     const int flight = M == 1 ? env->flight : env->flight_wide;
-    p.flight = (xc || xs) && flight < p.slots ? flight : 0;
+    p.flight = xc && flight < p.slots ? flight : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     *out = p;
@@ -1006,7 +939,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, &p, &xc, &nw)) return false;
     /* DS_X_BF16: a norm needs its 1 / rms before the split, which only XC's prologue (a whole row) has here;
      * otherwise the per-tile kernel, which makes a pass over x first. */
-    if (DS_X_BF16_ON && a->norm_w && !xc && !ring_probe_xs(p)) return false;
+    if (DS_X_BF16_ON && a->norm_w && !xc) return false;
     if (env->red2 && M > 1 && M <= env->red2_rows) {
         ring_plan q;
         bool xq;
@@ -1022,9 +955,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
             if (!tensor_map(cb, op, v ? a->seg[i].w2 : a->seg[i].w, a->seg[i].n, K, a->seg[i].ws, DS_BF16,
                             v ? &maps.up : &maps.w[i]))
                 return true;
-    if (!xc && ring_probe_xs(p)) { /* probe 3: the copy, in boxes of 8 rows */
-        if (!tensor_map(cb, op, ring_probe_copy(p), M, K, RING_XC_MAX_K, DS_BF16, &maps.x, 8)) return true;
-    } else if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
+    if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     /* Weights with a box copy (weight_boxes.cu) stream it, where every stage's boxes lie inside K. */
     if (ds_cu_boxes_on() && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
         for (int i = 0; i < a->nseg; i++) maps.bx[i] = ds_cu_boxes_of(cb, a->seg[i].w, a->seg[i].n, K, a->seg[i].ws);
