@@ -31,6 +31,8 @@ extern "C" {
 /* Matmuls of at most this many rows use the row-invariant narrow kernel;
  * wider ones (prefill) go through cuBLAS. The CPU backend's threshold. */
 #define DS_CU_NARROW_M 32
+/* A grid's y extent for a kernel that walks rows from blockIdx.y in strides of gridDim.y (at most 65535). */
+static inline unsigned ds_cu_rows_grid(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
 
 /* Step regions (graphs.cu): the device copy of a region's ds_step, laid
  * out as [n_keys | walk (DS_CU_WALK) | ids | pos | out], int32. The walk is

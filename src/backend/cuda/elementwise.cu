@@ -31,7 +31,7 @@ static void ew(ds_backend *be, const char *name, int op, ds_tensor out, ds_tenso
     ds_cuda_backend *cb = ds_cu(be);
     if (out.rows <= 0 || out.cols <= 0) return;
     const int threads = 256;
-    dim3 grid((unsigned)((out.cols + threads - 1) / threads), (unsigned)(out.rows < 65535 ? out.rows : 65535));
+    dim3 grid((unsigned)((out.cols + threads - 1) / threads), ds_cu_rows_grid(out.rows));
     ds_cu_launch(ew_kernel, grid, threads, cb->stream, op, (float *)out.data, out.stride, (const float *)a.data,
                  a.stride, (const float *)b.data, b.stride, out.rows, out.cols, s);
     ds_cu_launched(cb, name);

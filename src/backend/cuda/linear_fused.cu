@@ -188,8 +188,6 @@ __global__ void scale_rows_kernel(scale_set set, int64_t rows, const float *rs) 
         }
 }
 
-static unsigned rows_grid(int64_t rows) { return (unsigned)(rows < 65535 ? rows : 65535); }
-
 static void scale_rows(ds_cuda_backend *cb, const char *op, int n, const ds_tensor *ys, const float *rs,
                        const ds_tensor *biases) {
     if (n <= 0 || ys[0].rows <= 0) return;
@@ -204,8 +202,8 @@ static void scale_rows(ds_cuda_backend *cb, const char *op, int n, const ds_tens
         if (ys[i].cols > widest) widest = ys[i].cols;
     }
     const unsigned bx = (unsigned)((widest + 255) / 256 < 64 ? (widest + 255) / 256 : 64);
-    ds_cu_launch(scale_rows_kernel, dim3(bx, rows_grid(ys[0].rows), (unsigned)n), 256, cb->stream, set, ys[0].rows,
-                 rs);
+    ds_cu_launch(scale_rows_kernel, dim3(bx, ds_cu_rows_grid(ys[0].rows), (unsigned)n), 256, cb->stream, set,
+                 ys[0].rows, rs);
     ds_cu_launched(cb, op);
 }
 
@@ -268,9 +266,9 @@ static const uint16_t *normed_bf16(ds_cuda_backend *cb, const char *op, ds_tenso
 }
 
 static void glu_scaled(ds_cuda_backend *cb, const char *op, int act, ds_tensor out, ds_tensor up, const float *rs) {
-    ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), rows_grid(out.rows)), 256, cb->stream,
-                 (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data, up.stride,
-                 out.rows, out.cols, rs, act);
+    ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), ds_cu_rows_grid(out.rows)), 256,
+                 cb->stream, (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data,
+                 up.stride, out.rows, out.cols, rs, act);
     ds_cu_launched(cb, op);
 }
 

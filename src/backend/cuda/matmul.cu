@@ -234,7 +234,7 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
 
 static void add_bias(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor bias) {
     if (!bias.data) return;
-    dim3 grid((unsigned)((out.cols + 255) / 256), (unsigned)(out.rows < 65535 ? out.rows : 65535));
+    dim3 grid((unsigned)((out.cols + 255) / 256), ds_cu_rows_grid(out.rows));
     ds_cu_launch(add_bias_kernel, grid, 256, cb->stream, (float *)out.data, out.stride, bias.data, bias.dtype,
                  out.rows, out.cols);
     ds_cu_launched(cb, op);
