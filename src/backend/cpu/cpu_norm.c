@@ -4,11 +4,14 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/vmath.h"
 
-/* 1 / rms of a row in the GPU's order (matmul_mma_frag.cuh, dim a multiple
- * of 32): warp w of 16, lane t of 4 chains fmaf over its chunks w, w + 16,
- * ... (8 values at 8t each), the lanes are added (t0 + t1) + (t2 + t3), the
- * warps in order. The DS_X_BF16 build rounds (x * r) * w to bf16, so an r
- * one ulp off the GPU's moves some values by a whole bf16 step. */
+/* 1 / rms of a row in the order the GPU's fused norms took before the tile
+ * order (the fp32-x build's, matmul_mma_frag.cuh, dim a multiple of 32):
+ * warp w of 16, lane t of 4 chains fmaf over its chunks w, w + 16, ... (8
+ * values at 8t each), the lanes are added (t0 + t1) + (t2 + t3), the warps
+ * in order. The DS_X_BF16 build's standalone norm still takes it (the fused
+ * ones take ds_cpu_rms_inv_tiles); no GPU kernel computes a standalone norm
+ * in this order now, so moving it to nr_block_inv_rms's is open (it moves
+ * test_pico's numbers). */
 static float rms_inv_gpu_order(const float *x, int dim, float eps) {
     float tot = 0.0f;
     for (int w = 0; w < 16; w++) {

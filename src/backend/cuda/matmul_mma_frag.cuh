@@ -59,8 +59,7 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t *hi, uint3
 #endif
 }
 
-/* The squares of 8 values of x added to *ss in order (the fp32-x build's order of a fused norm's sums of squares,
- * and of the wide path's normed copy in the DS_X_BF16 build's standalone norm, rmsnorm_mma_order). */
+/* The squares of 8 values of x added to *ss in order (the fp32-x build's order of a fused norm's sums of squares). */
 __device__ __forceinline__ void x_sum_squares(const float f[8], float *ss) {
 #pragma unroll
     for (int i = 0; i < 8; i++) *ss = fmaf(f[i], f[i], *ss);

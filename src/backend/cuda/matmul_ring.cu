@@ -310,8 +310,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         uint64_t stream, keep;
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
-        const uint32_t stage_tx =
-            NW * BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
+        const uint32_t stage_tx = NW * BOXES * RING_WBOX + (XC ? 0 : RING_BOXES * RING_XBOX);
         if (XC && NORM) { /* the whole norm weight, first in line: the prologue needs it as soon as x is there */
             const uint32_t nb = smem_addr(smem + RING_NWBAR);
             bar_expect(nb, K * p.nw_size);
