@@ -367,6 +367,15 @@ static void test_bench_cli(void) {
                       cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
                   "draft_with_context_ms[%d]", n - 1);
         }
+        /* the round as the greedy loop runs it, with n = 1..gamma+1 context rows */
+        const cJSON *lr = cJSON_GetObjectItemCaseSensitive(dr, "loop_round_ms");
+        CHECK(cJSON_GetArraySize(lr) == G + 1, "loop_round_ms: %d entries, gamma %d", cJSON_GetArraySize(lr), G);
+        for (int n = 1; n <= cJSON_GetArraySize(lr); n++) {
+            const cJSON *it = cJSON_GetArrayItem(lr, n - 1);
+            CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&
+                      cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
+                  "loop_round_ms[%d]", n - 1);
+        }
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(run, "tau_measured")) >= 1, "tau_measured");
         const cJSON *p0 = cJSON_GetArrayItem(pj, 0);
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "tau")) == 3 &&
@@ -377,6 +386,9 @@ static void test_bench_cli(void) {
                             cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "verify_gamma_plus_1_ms")),
                      got = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "round_ms"));
         CHECK(fabs(got - want) < 1e-9 * want, "projection round_ms %g, want %g", got, want);
+        const double want_loop = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(lr, 2), "ms")),
+                     got_loop = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "loop_round_ms"));
+        CHECK(fabs(got_loop - want_loop) < 1e-9 * want_loop, "projection loop_round_ms %g, want %g", got_loop, want_loop);
     }
     cJSON_Delete(j);
     free(txt);
