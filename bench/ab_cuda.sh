@@ -80,9 +80,11 @@ bench() { # name binary env
 import json, sys
 j = json.load(sys.stdin); v = {r['rows']: r['ms'] for r in j['verify']}; ar = j['ar_decode']['ms_per_token']
 c = {r['context_rows']: r['ms'] for r in j['drafter'].get('draft_with_context_ms', [])}
-print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s%s%s  prefill %.0f tok/s' % ('$1', ar, v[1], v[8],
+lr = {r['context_rows']: r['ms'] for r in j['drafter'].get('loop_round_ms', [])}
+print('%-10s AR %.3f  verify-1 %.3f verify-8 %.3f  draft %.3f  round %.3f = %.3f AR%s%s%s%s  prefill %.0f tok/s' % ('$1', ar, v[1], v[8],
       j['drafter']['draft_round_ms'], j['drafter']['round_ms'], j['drafter']['round_ms'] / ar,
       ('  (with 4 context rows %.3f = %.3f AR)' % (c[4] + v[8], (c[4] + v[8]) / ar)) if 4 in c else '',
+      ('  loop round 1 / 4 context rows %.3f / %.3f = %.3f / %.3f AR' % (lr[1], lr[4], lr[1] / ar, lr[4] / ar)) if 4 in lr else '',
       '' if j.get('drafted_run', {}).get('tokens_equal_ar', True) else '  DRAFTED != AR',
       ('  verify 1..%d: ' % max(v) + ' '.join('%.3f' % v[n] for n in sorted(v))) if '${VERIFY_ALL:-}' else '',
       j['prefill']['tokens_per_s']))" |
@@ -98,18 +100,21 @@ done
 t bench
 # Each variant's medians over its rounds, and its AR against the first variant's (base first where there is one).
 python3 - $R/bench.txt <<'PY'
-import collections, statistics, sys
+import collections, re, statistics, sys
 runs = collections.OrderedDict()
 for l in open(sys.argv[1]):
     f = l.split()
     if len(f) > 12 and f[1] == "AR":
-        runs.setdefault(f[0], []).append((float(f[2]), float(f[6]), float(f[8]), float(f[12])))
+        lp = re.search(r"loop round 1 / 4 context rows \S+ / \S+ = \S+ / (\S+) AR", l)
+        runs.setdefault(f[0], []).append((float(f[2]), float(f[6]), float(f[8]), float(f[12]),
+                                          float(lp.group(1)) if lp else float("nan")))
 if len(runs) > 1:
     first = statistics.median(r[0] for r in next(iter(runs.values())))
-    print("medians    AR     vs first  verify-8  draft  draft+verify-8 (AR steps)")
+    print("medians    AR     vs first  verify-8  draft  draft+verify-8 (AR steps)  loop round, 4 context rows (AR steps)")
     for name, rs in runs.items():
-        m = [statistics.median(r[i] for r in rs) for i in range(4)]
-        print("%-10s %.3f  %+6.2f %%   %.3f    %.3f  %.3f" % (name, m[0], 100 * (m[0] / first - 1), m[1], m[2], m[3]))
+        m = [statistics.median(r[i] for r in rs) for i in range(5)]
+        print("%-10s %.3f  %+6.2f %%   %.3f    %.3f  %.3f                      %.3f" % (name, m[0], 100 * (m[0] / first - 1),
+                                                                                     m[1], m[2], m[3], m[4]))
 PY
 if [ -n "${TRACE_ENV:-}" ]; then
     env $(echo "$TRACE_ENV" | tr , ' ') DS_CUDA_RING_TRACE=$R/trace.txt timeout 120 ./$B/dspark bench --backend cuda \
@@ -117,6 +122,8 @@ if [ -n "${TRACE_ENV:-}" ]; then
     python3 bench/ring_timeline.py $R/trace.txt --attention-blocks
     # a decode step's and a verify step's critical path by kind of launch
     for m in 1 8; do echo "critical path, $m row(s):"; python3 bench/ring_timeline.py $R/trace.txt --rows $m --summary; done
+    echo "critical path, a draft (a verify's LM head to the drafter's):"
+    python3 bench/ring_timeline.py $R/trace.txt --draft --summary
     rm -f $R/trace.txt
 fi
 [ -z "${OUT:-}" ] || tar -C /tmp -cJf "$OUT/ab.tar.xz" ab

@@ -31,6 +31,10 @@ of its first stages and how long it waited for them in all.
 --attention-blocks prints, instead, two attention launches per row count (1,
 7, 8) and a q/k norm launch before one, per block: quantiles of entry,
 wait, prologue, key loop, drain and end, us from the matmul before them.
+--draft takes, instead of a decode step, a drafted run's last draft: the
+launches after a verify's LM head (8 rows) up to the drafter's LM head (7
+rows), any row count (the context append's, the block's); --summary then
+names each kind with its rows.
 --summary prints, instead of the table, the step's critical path by kind of
 launch (matmul K/tiles, attn, norm): per launch the time from the previous
 launch's last block end to this one's (its span), split into the wait for
@@ -47,6 +51,7 @@ ap.add_argument("--first", type=int, default=0)
 ap.add_argument("--count", type=int, default=1000)
 ap.add_argument("--by-entry", action="store_true")
 ap.add_argument("--summary", action="store_true")
+ap.add_argument("--draft", action="store_true")
 ap.add_argument("--attention-blocks", action="store_true")
 a = ap.parse_args()
 
@@ -86,23 +91,35 @@ if a.attention_blocks:  # two attention launches per row count 1 / 7 / 8, per bl
                         q([(t[6] - t[1]) / 1e3 for t in B]), q([(t[16] - t[1]) / 1e3 for t in B]),
                         q([(t[17] - t[1]) / 1e3 for t in B]), q([(t[18] - t[1]) / 1e3 for t in B])))
     raise SystemExit(0)
-launches = [s for s in everything if meta[s][0] == a.rows]
+if a.draft:  # a verify's LM head (8 rows) -> the next drafter LM head (7 rows), every launch between them
+    most = max(meta[s][2] for s in everything if meta[s][1] > 0)
+    heads = [i for i, s in enumerate(everything) if meta[s][1] > 0 and meta[s][2] == most]
+    pairs = [(h0, h1) for h0, h1 in zip(heads, heads[1:])
+             if meta[everything[h0]][0] == 8 and meta[everything[h1]][0] == 7]
+    if not pairs:
+        raise SystemExit("no verify LM head (8 rows) followed by a drafter LM head (7 rows)")
+    h0, h1 = pairs[-1]
+    launches = step = everything[h0:h1 + 1]
+    a.rows = 7
+else:
+    launches = [s for s in everything if meta[s][0] == a.rows]
 if not launches:
     raise SystemExit("no traced launch with %d rows" % a.rows)
 most = max(meta[s][2] for s in launches if meta[s][1] > 0)
 heads = [i for i, s in enumerate(launches) if meta[s][1] > 0 and meta[s][2] == most]
-if len(heads) < 2:
+if len(heads) < 2 and not a.draft:
     raise SystemExit("fewer than two LM heads traced: decode more tokens")
 # The last pair of LM heads whose step's launches ran with nothing of other row counts among them (a drafted
 # run's 1-row drafter calls sit between far-apart 1-row heads, with verifies and blocks among them: no step).
 where = {s: i for i, s in enumerate(everything)}
-for h0, h1 in reversed(list(zip(heads, heads[1:]))):
-    step = launches[h0 + 1:h1 + 1]
-    # (two heads with nothing between them, as a prefill's chunk ends may give, are no step)
-    if len(step) > 2 and where[step[-1]] - where[step[0]] == len(step) - 1:
-        break
-else:
-    raise SystemExit("no two LM heads of %d rows with only %d-row launches between them" % (a.rows, a.rows))
+if not a.draft:
+    for h0, h1 in reversed(list(zip(heads, heads[1:]))):
+        step = launches[h0 + 1:h1 + 1]
+        # (two heads with nothing between them, as a prefill's chunk ends may give, are no step)
+        if len(step) > 2 and where[step[-1]] - where[step[0]] == len(step) - 1:
+            break
+    else:
+        raise SystemExit("no two LM heads of %d rows with only %d-row launches between them" % (a.rows, a.rows))
 t0 = min(t[0] for t in blocks[step[0]])
 us = lambda x: (x - t0) / 1e3
 print("step of %d launches, %.1f us; rows %d" % (len(step), us(max(t[3] for t in blocks[step[-1]])), a.rows))
@@ -111,6 +128,8 @@ if a.summary:
     for prev, s in zip(step, step[1:]):
         m, k, tiles = meta[s]
         name = "attn" if k == -1 else "norm" if k == -2 else "%d/%d" % (k, tiles)
+        if a.draft:
+            name += " x%d" % m
         prev_end = max(t[3] for t in blocks[prev])
         end, wait = max(t[3] for t in blocks[s]), max(t[1] for t in blocks[s])
         kinds.setdefault(name, []).append(((end - prev_end) / 1e3, (wait - prev_end) / 1e3, (end - wait) / 1e3))
