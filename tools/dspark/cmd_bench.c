@@ -163,6 +163,35 @@ static ds_error *timed_forward(bench_state *b, const int32_t *ids, int n, int po
     return NULL;
 }
 
+/* One timed drafter round with n context rows (the taps of n rows after
+ * the prompt, left by a forward), synchronized: the drafter's round alone,
+ * or (loop) as the greedy generation loop runs it (spec/generate.c): the
+ * drafted tokens kept on the backend, then the verify of γ+1 rows with the
+ * acceptance there, one wait and one copy for both. */
+static ds_error *context_round(bench_state *b, int P, int n, bool loop, ds_rng *rng, double *secs) {
+    ds_drafter *d = b->d;
+    ds_target *t = b->t;
+    const int G = d->gamma;
+    const int32_t anchor = b->prompt[P + n];
+    const ds_sampling greedy = {.top_p = 1.0f};
+    ds_proposal prop;
+    const double t0 = now_s();
+    d->keep_on_backend = loop;
+    ds_error *e = ds_drafter_round(d, t->taps, P, n, anchor, P + n, &greedy, 0, rng, &prop);
+    d->keep_on_backend = false;
+    if (!e && loop) {
+        int32_t block[DS_MAX_GAMMA + 1], best[DS_MAX_GAMMA + 1];
+        int m, acc;
+        memcpy(block, prop.tokens, (size_t)G * sizeof *block);
+        block[G] = prop.n;
+        e = ds_target_verify_greedy(t, anchor, block, G, prop.n_kept, prop.n_kept > G ? G : prop.n, P + n, best, &m,
+                                    &acc);
+    }
+    if (!e) e = ds_backend_check(b->be);
+    *secs = now_s() - t0;
+    return e;
+}
+
 static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     ds_target *t = b->t;
     const int P = o->prompt_len, R = o->reps;
@@ -320,59 +349,25 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
      * the rows its verify committed (the target's taps of those n rows: fc,
      * hidden_norm and every layer's K/V), in the same region as the block:
      * the drafter's round with n context rows, after a verify of n rows at
-     * the prompt's end (which leaves their taps), n = 1..γ+1. */
-    double with_ctx[DS_MAX_GAMMA + 2] = {0};
-    cJSON *wc = cJSON_AddArrayToObject(dr, "draft_with_context_ms");
-    for (int n = 1; n <= G + 1 && n <= t->max_logit_rows && !e; n++) {
-        e = ds_target_forward(t, b->prompt + P, n, P, n);
-        for (int r = -1; r < R && !e; r++) { /* r = -1: untimed (records the region on the GPU) */
-            double t0 = now_s();
-            e = ds_drafter_round(d, t->taps, P, n, b->prompt[P + n], P + n, &greedy, 0, &rng, &prop);
-            if (!e) e = ds_backend_check(b->be);
-            if (r >= 0) tm[r] = now_s() - t0;
-        }
-        if (e) break;
-        with_ctx[n] = median(tm, R);
-        cJSON *it = cJSON_CreateObject();
-        cJSON_AddNumberToObject(it, "context_rows", n);
-        cJSON_AddNumberToObject(it, "ms", with_ctx[n] * 1e3);
-        cJSON_AddItemToArray(wc, it);
-    }
-    if (e) goto done;
+     * the prompt's end (which leaves their taps), n = 1..γ+1; and the round
+     * as the greedy loop runs it (loop_round_ms). */
     const int n_ctx_max = G + 1 < t->max_logit_rows ? G + 1 : t->max_logit_rows;
-
-    /* The round as the greedy generation loop runs it (spec/generate.c):
-     * the drafter's round with n context rows, its tokens kept on the
-     * backend, then the verify of γ+1 rows with the acceptance there, and
-     * one wait and one copy for both; the two figures above are timed
-     * apart, each with its own wait and copy. */
-    double loop_round[DS_MAX_GAMMA + 2] = {0};
-    cJSON *lr = cJSON_AddArrayToObject(dr, "loop_round_ms");
+    double with_ctx[DS_MAX_GAMMA + 2] = {0}, loop_round[DS_MAX_GAMMA + 2] = {0};
+    cJSON *wc = cJSON_AddArrayToObject(dr, "draft_with_context_ms"), *lr = cJSON_AddArrayToObject(dr, "loop_round_ms");
     for (int n = 1; n <= n_ctx_max && !e; n++) {
         e = ds_target_forward(t, b->prompt + P, n, P, n);
-        for (int r = -1; r < R && !e; r++) { /* r = -1: untimed (records the regions) */
-            const int32_t anchor = b->prompt[P + n];
-            double t0 = now_s();
-            d->keep_on_backend = true;
-            e = ds_drafter_round(d, t->taps, P, n, anchor, P + n, &greedy, 0, &rng, &prop);
-            d->keep_on_backend = false;
-            if (!e) {
-                int32_t block[DS_MAX_GAMMA + 1], best[DS_MAX_GAMMA + 1];
-                int m, acc;
-                memcpy(block, prop.tokens, (size_t)G * sizeof *block);
-                block[G] = prop.n;
-                e = ds_target_verify_greedy(t, anchor, block, G, prop.n_kept, prop.n_kept > G ? G : prop.n, P + n, best,
-                                            &m, &acc);
-            }
-            if (r >= 0) tm[r] = now_s() - t0;
+        for (int loop = 0; loop < 2 && !e; loop++) {
+            for (int r = -1; r < R && !e; r++) /* r = -1: untimed (records the regions on the GPU) */
+                e = context_round(b, P, n, loop, &rng, r >= 0 ? &tm[r] : &s);
+            if (e) break;
+            double *v = loop ? loop_round : with_ctx;
+            v[n] = median(tm, R);
+            cJSON *it = cJSON_CreateObject();
+            cJSON_AddNumberToObject(it, "context_rows", n);
+            cJSON_AddNumberToObject(it, "ms", v[n] * 1e3);
+            cJSON_AddNumberToObject(it, "vs_ar_step", v[n] / ar_tok);
+            cJSON_AddItemToArray(loop ? lr : wc, it);
         }
-        if (e) break;
-        loop_round[n] = median(tm, R);
-        cJSON *it = cJSON_CreateObject();
-        cJSON_AddNumberToObject(it, "context_rows", n);
-        cJSON_AddNumberToObject(it, "ms", loop_round[n] * 1e3);
-        cJSON_AddNumberToObject(it, "vs_ar_step", loop_round[n] / ar_tok);
-        cJSON_AddItemToArray(lr, it);
     }
     if (e) goto done;
 
