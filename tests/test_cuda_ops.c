@@ -689,6 +689,13 @@ static void test_rmsnorm(void) {
         snprintf(what, sizeof what, "rmsnorm %lldx%lld dim %d %s", (long long)cs[i].rows, (long long)cs[i].cols,
                  cs[i].dim, hw ? ds_dtype_name(cs[i].wdt) : "no weight");
         compare(out.g, out.c, 2e-5, what);
+        if (DS_X_BF16_ON) { /* the CPU takes the GPU's order (cpu_norm.c): the same bits */
+            float *g = fetch(gpu, out.g), *c = fetch(cpu, out.c);
+            CHECK(!memcmp(g, c, (size_t)(cs[i].rows * cs[i].cols) * 4), "%s: the GPU's bits differ from the CPU's",
+                  what);
+            free(g);
+            free(c);
+        }
         /* In place, as the model does for q/k norms: the same bits as out of place. */
         gpu->ops->rmsnorm(gpu, x.g, x.g, hw ? w.g : ds_no_tensor(), cs[i].dim, 1e-6f);
         float *a = fetch(gpu, x.g), *b = fetch(gpu, out.g);

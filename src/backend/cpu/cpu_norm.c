@@ -4,27 +4,29 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/vmath.h"
 
-/* 1 / rms of a row in the order the GPU's fused norms took before the tile
- * order (the fp32-x build's, matmul_mma_frag.cuh, dim a multiple of 32):
- * warp w of 16, lane t of 4 chains fmaf over its chunks w, w + 16, ... (8
- * values at 8t each), the lanes are added (t0 + t1) + (t2 + t3), the warps
- * in order. The DS_X_BF16 build's standalone norm still takes it (the fused
- * ones take ds_cpu_rms_inv_tiles); no GPU kernel computes a standalone norm
- * in this order now, so moving it to nr_block_inv_rms's is open (it moves
- * test_pico's numbers). */
-static float rms_inv_gpu_order(const float *x, int dim, float eps) {
-    float tot = 0.0f;
-    for (int w = 0; w < 16; w++) {
-        float v[4];
-        for (int t = 0; t < 4; t++) {
-            v[t] = 0.0f;
-            for (int c = w; c < dim / 32; c += 16)
-                for (int i = 0; i < 8; i++) v[t] = fmaf(x[c * 32 + 8 * t + i], x[c * 32 + 8 * t + i], v[t]);
+/* DS_X_BF16: 1 / rms of a row in the order of the GPU's standalone norms
+ * (norm_rope_math.cuh's nr_block_inv_rms, T threads: 512 from dim 2048 on,
+ * else 128, as norm_rope.cu picks them; the per-head q / k norms' warp form
+ * is the same order): thread i chains fmaf over elements i, i + T, ...;
+ * each warp's 32 sums are butterflied (lane l adds lane l ^ off's, off = 16
+ * .. 1; lane 0's total), and the warps' totals are added in order. So the
+ * CPU and the GPU norm the same rows to the same bits. */
+static float rms_inv_block_order(const float *x, int dim, float eps) {
+    const int T = dim >= 2048 ? 512 : 128;
+    float total = 0.0f;
+    for (int w = 0; w < T / 32; w++) {
+        float v[32], u[32];
+        for (int l = 0; l < 32; l++) {
+            v[l] = 0.0f;
+            for (int i = 32 * w + l; i < dim; i += T) v[l] = fmaf(x[i], x[i], v[l]);
         }
-        const float lanes = (v[0] + v[1]) + (v[2] + v[3]);
-        tot = w ? tot + lanes : lanes;
+        for (int off = 16; off > 0; off >>= 1) {
+            for (int l = 0; l < 32; l++) u[l] = v[l] + v[l ^ off];
+            for (int l = 0; l < 32; l++) v[l] = u[l];
+        }
+        total = w ? total + v[0] : v[0];
     }
-    return 1.0f / sqrtf(tot / (float)dim + eps);
+    return 1.0f / sqrtf(total / (float)dim + eps);
 }
 
 /* DS_X_BF16: 1 / rms of a row for a fused norm, in the tile order of the GPU's
@@ -61,7 +63,7 @@ static float rms_inv(const float *x, int dim, float eps) {
 }
 
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
-    const float r = DS_X_BF16_ON && dim % 32 == 0 ? rms_inv_gpu_order(x, dim, eps) : rms_inv(x, dim, eps);
+    const float r = DS_X_BF16_ON ? rms_inv_block_order(x, dim, eps) : rms_inv(x, dim, eps);
     if (w)
         for (int i = 0; i < dim; i++) out[i] = x[i] * r * w[i];
     else
