@@ -91,28 +91,31 @@ if a.attention_blocks:  # two attention launches per row count 1 / 7 / 8, per bl
                         q([(t[6] - t[1]) / 1e3 for t in B]), q([(t[16] - t[1]) / 1e3 for t in B]),
                         q([(t[17] - t[1]) / 1e3 for t in B]), q([(t[18] - t[1]) / 1e3 for t in B])))
     raise SystemExit(0)
+def lm_heads(ls):
+    """Indices in ls of the LM heads: the matmul launches with the most tiles."""
+    most = max(meta[s][2] for s in ls if meta[s][1] > 0)
+    return [i for i, s in enumerate(ls) if meta[s][1] > 0 and meta[s][2] == most]
+
+
 if a.draft:  # a verify's LM head (8 rows) -> the next drafter LM head (7 rows), every launch between them
-    most = max(meta[s][2] for s in everything if meta[s][1] > 0)
-    heads = [i for i, s in enumerate(everything) if meta[s][1] > 0 and meta[s][2] == most]
+    heads = lm_heads(everything)
     pairs = [(h0, h1) for h0, h1 in zip(heads, heads[1:])
              if meta[everything[h0]][0] == 8 and meta[everything[h1]][0] == 7]
     if not pairs:
         raise SystemExit("no verify LM head (8 rows) followed by a drafter LM head (7 rows)")
     h0, h1 = pairs[-1]
-    launches = step = everything[h0:h1 + 1]
-    a.rows = 7
+    step = everything[h0:h1 + 1]
+    rows = "8 -> 7 (a draft)"
 else:
     launches = [s for s in everything if meta[s][0] == a.rows]
-if not launches:
-    raise SystemExit("no traced launch with %d rows" % a.rows)
-most = max(meta[s][2] for s in launches if meta[s][1] > 0)
-heads = [i for i, s in enumerate(launches) if meta[s][1] > 0 and meta[s][2] == most]
-if len(heads) < 2 and not a.draft:
-    raise SystemExit("fewer than two LM heads traced: decode more tokens")
-# The last pair of LM heads whose step's launches ran with nothing of other row counts among them (a drafted
-# run's 1-row drafter calls sit between far-apart 1-row heads, with verifies and blocks among them: no step).
-where = {s: i for i, s in enumerate(everything)}
-if not a.draft:
+    if not launches:
+        raise SystemExit("no traced launch with %d rows" % a.rows)
+    heads = lm_heads(launches)
+    if len(heads) < 2:
+        raise SystemExit("fewer than two LM heads traced: decode more tokens")
+    # The last pair of LM heads whose step's launches ran with nothing of other row counts among them (a drafted
+    # run's 1-row drafter calls sit between far-apart 1-row heads, with verifies and blocks among them: no step).
+    where = {s: i for i, s in enumerate(everything)}
     for h0, h1 in reversed(list(zip(heads, heads[1:]))):
         step = launches[h0 + 1:h1 + 1]
         # (two heads with nothing between them, as a prefill's chunk ends may give, are no step)
@@ -120,9 +123,10 @@ if not a.draft:
             break
     else:
         raise SystemExit("no two LM heads of %d rows with only %d-row launches between them" % (a.rows, a.rows))
+    rows = str(a.rows)
 t0 = min(t[0] for t in blocks[step[0]])
 us = lambda x: (x - t0) / 1e3
-print("step of %d launches, %.1f us; rows %d" % (len(step), us(max(t[3] for t in blocks[step[-1]])), a.rows))
+print("step of %d launches, %.1f us; rows %s" % (len(step), us(max(t[3] for t in blocks[step[-1]])), rows))
 if a.summary:
     kinds = collections.OrderedDict()
     for prev, s in zip(step, step[1:]):
