@@ -334,6 +334,17 @@ static void test_gemma4_tiny_generate(void) {
     close_pair(be, t, dr);
 }
 
+/* A bench array of one entry per context row count n = 1..gamma+1, each a positive time. */
+static void check_context_rows(const cJSON *arr, const char *name, int G) {
+    CHECK(cJSON_GetArraySize(arr) == G + 1, "%s: %d entries, gamma %d", name, cJSON_GetArraySize(arr), G);
+    for (int n = 1; n <= cJSON_GetArraySize(arr); n++) {
+        const cJSON *it = cJSON_GetArrayItem(arr, n - 1);
+        CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&
+                  cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
+              "%s[%d]", name, n - 1);
+    }
+}
+
 static void test_bench_cli(void) {
     char args[1024], out[512];
     char tb[64];
@@ -356,26 +367,13 @@ static void test_bench_cli(void) {
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(a, "pct_of_floor")) > 0, "pct_of_floor");
         CHECK(cJSON_GetArraySize(v) == 8, "verify rows 1..8: %d", cJSON_GetArraySize(v));
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "draft_round_ms")) > 0, "draft_round_ms");
-        /* the drafter's round with the context append of n = 1..gamma+1 rows */
-        const cJSON *wc = cJSON_GetObjectItemCaseSensitive(dr, "draft_with_context_ms");
         const int G = (int)cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(dr, "gamma"));
-        CHECK(cJSON_GetArraySize(wc) == G + 1, "draft_with_context_ms: %d entries, gamma %d", cJSON_GetArraySize(wc),
-              G);
-        for (int n = 1; n <= cJSON_GetArraySize(wc); n++) {
-            const cJSON *it = cJSON_GetArrayItem(wc, n - 1);
-            CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&
-                      cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
-                  "draft_with_context_ms[%d]", n - 1);
-        }
-        /* the round as the greedy loop runs it, with n = 1..gamma+1 context rows */
-        const cJSON *lr = cJSON_GetObjectItemCaseSensitive(dr, "loop_round_ms");
-        CHECK(cJSON_GetArraySize(lr) == G + 1, "loop_round_ms: %d entries, gamma %d", cJSON_GetArraySize(lr), G);
-        for (int n = 1; n <= cJSON_GetArraySize(lr); n++) {
-            const cJSON *it = cJSON_GetArrayItem(lr, n - 1);
-            CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "context_rows")) == n &&
-                      cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(it, "ms")) > 0,
-                  "loop_round_ms[%d]", n - 1);
-        }
+        /* the drafter's round with the context append of n = 1..gamma+1 rows, and the round as the greedy loop
+         * runs it */
+        const cJSON *wc = cJSON_GetObjectItemCaseSensitive(dr, "draft_with_context_ms"),
+                    *lr = cJSON_GetObjectItemCaseSensitive(dr, "loop_round_ms");
+        check_context_rows(wc, "draft_with_context_ms", G);
+        check_context_rows(lr, "loop_round_ms", G);
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(run, "tau_measured")) >= 1, "tau_measured");
         const cJSON *p0 = cJSON_GetArrayItem(pj, 0);
         CHECK(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(p0, "tau")) == 3 &&
