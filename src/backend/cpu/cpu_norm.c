@@ -2,17 +2,18 @@
 #include <math.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/norm_order.h"
 #include "base/vmath.h"
 
 /* DS_X_BF16: 1 / rms of a row in the order of the GPU's standalone norms
- * (norm_rope_math.cuh's nr_block_inv_rms, T threads: 512 from dim 2048 on,
- * else 128, as norm_rope.cu picks them; the per-head q / k norms' warp form
- * is the same order): thread i chains fmaf over elements i, i + T, ...;
- * each warp's 32 sums are butterflied (lane l adds lane l ^ off's, off = 16
- * .. 1; lane 0's total), and the warps' totals are added in order. So the
- * CPU and the GPU norm the same rows to the same bits. */
+ * (norm_order.h's T threads; norm_rope_math.cuh's nr_block_inv_rms, whose
+ * per-head warp form is the same order): thread i chains fmaf over
+ * elements i, i + T, ...; each warp's 32 sums are butterflied (lane l adds
+ * lane l ^ off's, off = 16 .. 1; lane 0's total), and the warps' totals are
+ * added in order. So the CPU and the GPU norm the same rows to the same
+ * bits. */
 static float rms_inv_block_order(const float *x, int dim, float eps) {
-    const int T = dim >= 2048 ? 512 : 128;
+    const int T = ds_norm_threads(dim);
     float total = 0.0f;
     for (int w = 0; w < T / 32; w++) {
         float v[32], u[32];

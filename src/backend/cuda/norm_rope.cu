@@ -4,8 +4,10 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/norm_rope_math.cuh"
 #include "backend/cuda/ring_trace.h"
+#include "backend/norm_order.h"
 
 #define NORM_THREADS NR_THREADS /* the per-head norm's order (norm_rope_math.cuh) */
+static_assert(NORM_THREADS == DS_NORM_THREADS, "narrow rows' norm order: norm_order.h");
 
 /* Block b normalizes group b % groups of row b / groups with T threads. */
 template <int T>
@@ -33,12 +35,11 @@ void ds_cu_rmsnorm(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, int 
     }
     if (w.data && !ds_cu_float_dtype(cb, "rmsnorm", w.dtype)) return;
     const int64_t groups = x.cols / dim;
-    /* Wide rows (a whole hidden state) get more threads: a decode step's
-     * norm is one block, bound by its own memory latency. By dim only, so
-     * a row's reduction order never depends on the rows beside it. */
-    if (dim >= 2048)
-        ds_cu_launch(rmsnorm_kernel<512>, (unsigned)(x.rows * groups), 512, cb->stream, (float *)out.data, out.stride,
-                     (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
+    /* The thread count, and so the order, by dim alone (norm_order.h). */
+    if (ds_norm_threads(dim) == DS_NORM_WIDE_THREADS)
+        ds_cu_launch(rmsnorm_kernel<DS_NORM_WIDE_THREADS>, (unsigned)(x.rows * groups), DS_NORM_WIDE_THREADS,
+                     cb->stream, (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype,
+                     groups, dim, eps);
     else
         ds_cu_launch(rmsnorm_kernel<NORM_THREADS>, (unsigned)(x.rows * groups), NORM_THREADS, cb->stream,
                      (float *)out.data, out.stride, (const float *)x.data, x.stride, w.data, w.dtype, groups, dim, eps);
@@ -78,10 +79,10 @@ void ds_cu_rmsnorm_add(ds_backend *be, ds_tensor out, ds_tensor res, ds_tensor x
     }
     if (w.data && !ds_cu_float_dtype(cb, "rmsnorm_add", w.dtype)) return;
     const int dim = (int)x.cols;
-    if (dim >= 2048) /* ds_cu_rmsnorm's choice of T for this dim */
-        ds_cu_launch(rmsnorm_add_kernel<512>, (unsigned)x.rows, 512, cb->stream, (float *)out.data, out.stride,
-                     (const float *)res.data, res.stride, (const float *)x.data, x.stride, w.data, w.dtype, dim, eps,
-                     scale);
+    if (ds_norm_threads(dim) == DS_NORM_WIDE_THREADS) /* as ds_cu_rmsnorm */
+        ds_cu_launch(rmsnorm_add_kernel<DS_NORM_WIDE_THREADS>, (unsigned)x.rows, DS_NORM_WIDE_THREADS, cb->stream,
+                     (float *)out.data, out.stride, (const float *)res.data, res.stride, (const float *)x.data,
+                     x.stride, w.data, w.dtype, dim, eps, scale);
     else
         ds_cu_launch(rmsnorm_add_kernel<NORM_THREADS>, (unsigned)x.rows, NORM_THREADS, cb->stream, (float *)out.data,
                      out.stride, (const float *)res.data, res.stride, (const float *)x.data, x.stride, w.data, w.dtype,
