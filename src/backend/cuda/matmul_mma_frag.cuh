@@ -171,14 +171,16 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
  * 4g' + t' is output r = 8h + g', mm = 2t' + e; NWS values v per warp, of
  * which this tile's are the first NW) and, with NORM, the warps' sums of
  * squares ss_part[w * ss_stride + m] (DS_X_BF16: row m's 1 / rms, ss_part[m]). Threads tid = 0 .. nthreads-1 of the
- * block share the 128 outputs. */
+ * block share the 128 outputs. by_lane: thread o takes lane o % 32's value of register o / 32, so that a warp
+ * reads 32 banks (r = o % 16, mm = o / 16 read 8 banks, 4 ways each at 8 rows); the same sums either way. */
 template <int NW, int MODE, bool NORM, int NWS = NW>
 __device__ __forceinline__ void mma_store_rows(const ds_mma_seg &S, const float *red, const float *ss_part,
                                                int ss_stride, int n0, int j, int M, int K, float eps, int tid,
-                                               int nthreads) {
+                                               int nthreads, bool by_lane = false) {
     const int rows_here = min(MMA_ROWS, S.n - n0);
     for (int o = tid; o < MMA_ROWS * 8; o += nthreads) {
-        const int r = o % MMA_ROWS, mm = o / MMA_ROWS, m = 8 * j + mm;
+        const int r = by_lane ? ((o & 31) >> 2) + 8 * (o >> 6) : o % MMA_ROWS;
+        const int mm = by_lane ? 2 * (o & 3) + ((o >> 5) & 1) : o / MMA_ROWS, m = 8 * j + mm;
         if (r >= rows_here || m >= M) continue;
         const int l = (r & 7) * 4 + (mm >> 1), reg = (r >> 3) * 2 + (mm & 1);
         float sum[NW];

@@ -135,6 +135,7 @@ typedef struct {
     int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=2 (timing probe, wrong results): see ring_settings */
 #endif
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
+    bool by_lane;    /* DS_CUDA_RING_STORE_LANE=1: the epilogue's threads take outputs by lane (mma_store_rows) */
 } ring_plan;
 /* The probe's mode (0 unless compiled in). */
 __host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
@@ -607,9 +608,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
                 const int u = threadIdx.x >= MMA_WARPS * 16;
                 mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16);
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, p.by_lane);
             } else {
-                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32);
+                mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32,
+                                               p.by_lane);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -675,6 +677,9 @@ static void plan_sums(ring_plan *p, int nw) {
  * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
  * skip the products (2: and the stage loads), to tell how much of a
  * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
+ * DS_CUDA_RING_STORE_LANE=1 has the tile epilogue's threads take the 128
+ * outputs by lane (mma_store_rows' by_lane: a warp reads 32 banks of the
+ * partial sums, not 8 four ways at 8 rows); the same bits.
  * DS_CUDA_RING_PROBE_XHALF=2, a timing probe with WRONG results: the
  * normed prologue, which reads x's rows (fp32) from L2 in every block,
  * reads none of x (ones instead), the most any cheaper read could save
@@ -702,6 +707,7 @@ typedef struct {
     int wide_slots; /* the fewest wide stages the ring must hold for them */
     int skip;
     int xhalf;
+    bool by_lane;  /* see ring_plan */
     int budget;    /* ring bytes cap */
     int min_tiles; /* < 0: one per SM */
 } ring_settings;
@@ -742,6 +748,7 @@ static const ring_settings *ring_env(void) {
         r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
         r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
         r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
+        r.by_lane = ds_cu_env_set("DS_CUDA_RING_STORE_LANE");
         read = true;
     }
     return &r;
@@ -863,6 +870,7 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     p.pipe = env->pipe;
     p.red2 = red2;
     p.skip = env->skip;
+    p.by_lane = env->by_lane;
 #if DS_RING_PROBE_X
     p.xhalf = env->xhalf == 2 ? 2 : 0;
 #endif
