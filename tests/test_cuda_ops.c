@@ -1021,6 +1021,88 @@ static void test_markov_greedy(void) {
     free(base), free(w1), free(w2), free(want), free(got), free(b1), free(b2);
 }
 
+/* markov_greedy_head (the LM head's int8 bounds and the walk computing only
+ * the rows in contention, head_bound.cu) against the full head on the GPU
+ * (linear, round_bf16, the pruned markov_greedy): the same tokens, which
+ * needs the bounds to hold and the candidates' logits to have the full
+ * head's bits. Heads: random (few candidates); a third of the rows one
+ * vector and the rest half of it (hundreds of exact ties in the base
+ * logits: many candidates, the bias and then the lowest id decide); a NaN
+ * in x (infinite bounds: every row computed; all logits NaN, token 0 as the
+ * host scan). The int8 copy must be made (one more weight copy in the
+ * region stats at the first call), and DS_CUDA_HEAD_BOUND=0 (the full head)
+ * must agree too. */
+static void test_markov_greedy_head(void) {
+    const int G = 7, V = 3000, K = 4096, r = 64; /* K: the 8B head's, 8 chunks an emulated warp */
+    float *w1 = malloc((size_t)V * r * sizeof *w1), *w2 = malloc((size_t)V * r * sizeof *w2);
+    float *hw = malloc((size_t)V * K * sizeof *hw), *x = malloc((size_t)G * K * sizeof *x);
+    uint16_t *b1 = malloc((size_t)V * r * 2), *b2 = malloc((size_t)V * r * 2), *bh = malloc((size_t)V * K * 2);
+    for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
+    for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 1024.0f;
+    ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
+    ds_markov_bound_host hb;
+    ds_error *e = ds_markov_bound_build(w2, DS_F32, V, r, DS_MARKOV_BOUND_K, &hb);
+    CHECK(!e, "markov bound: %s", e ? ds_error_message(e) : "");
+    if (e) {
+        ds_error_free(e);
+        return;
+    }
+    pair pp = act(hb.k, r, hb.proj), pc = act(V, hb.k, hb.coef), pr = act(1, V, hb.radius);
+    const ds_markov_bound bound = {pp.g, pc.g, pr.g};
+    const char *names[] = {"random head", "tied rows", "NaN in x"};
+    setenv("DS_CUDA_MARKOV_FUSED", "1", 1); /* V = 3000 would otherwise take a launch a step */
+    for (int data = 0; data < 3; data++) {
+        for (int i = 0; i < V * K; i++) hw[i] = ds_bf16_to_f32(ds_f32_to_bf16(frand() * 0.02f));
+        if (data == 1)
+            for (int n = 0; n < V; n++)
+                for (int i = 0; i < K; i++) hw[(size_t)n * K + i] = n % 3 ? 0.5f * hw[i] : hw[i];
+        for (int i = 0; i < G * K; i++) x[i] = frand() * 2.0f;
+        if (data == 2) x[3 * K + 17] = NAN;
+        ds_tensor th = gpu_bf16_weight(hw, V, K, bh);
+        pair px = act(G, K, x), pb = act(G, V, NULL), pe = act(G, r, NULL);
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            const int32_t anchor = 77;
+            int32_t want[8] = {0}, got[8] = {0}, full[8] = {0};
+            gpu->ops->linear(gpu, pb.g, px.g, th, ds_no_tensor());
+            if (bf16) gpu->ops->round_bf16(gpu, pb.g);
+            gpu->ops->markov_greedy(gpu, pb.g, ds_no_tensor(), tw1, tw2, &bound, bf16, anchor, pe.g, want);
+            ds_region_stats s0, s1;
+            gpu->ops->region_stats(gpu, &s0);
+            gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, got);
+            check_gpu_ok("markov_greedy_head");
+            gpu->ops->region_stats(gpu, &s1);
+            setenv("DS_CUDA_HEAD_BOUND", "0", 1);
+            gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, full);
+            unsetenv("DS_CUDA_HEAD_BOUND");
+            check_gpu_ok("markov_greedy_head (full head)");
+            int same = 0, same_full = 0;
+            for (int k = 0; k < G; k++) same += got[k] == want[k], same_full += full[k] == want[k];
+            /* a new head (a new tensor each data set): its copy is made at the first call */
+            const bool copied = bf16 || s1.weight_copy_bytes - s0.weight_copy_bytes >= (int64_t)V * K;
+            printf("  markov_greedy_head (%s, %s): %d/%d tokens equal the full head's (%d with DS_CUDA_HEAD_BOUND=0), "
+                   "int8 copy %s; tokens %d %d %d ...\n",
+                   names[data], bf16 ? "bf16" : "fp32", same, G, same_full, copied ? "made" : "MISSING", got[0],
+                   got[1], got[2]);
+            CHECK(same == G && same_full == G, "markov_greedy_head (%s, %s): %d / %d of %d tokens differ",
+                  names[data], bf16 ? "bf16" : "fp32", G - same, G - same_full, G);
+            CHECK(copied, "markov_greedy_head: no int8 copy of the head was made");
+            if (data == 2) CHECK(got[3] == 0, "markov_greedy_head: a NaN row's token is %d, not 0", got[3]);
+        }
+        release(&px);
+        release(&pb);
+        release(&pe);
+        gpu->ops->release(gpu, &th);
+    }
+    unsetenv("DS_CUDA_MARKOV_FUSED");
+    release(&pp);
+    release(&pc);
+    release(&pr);
+    ds_markov_bound_free(&hb);
+    gpu->ops->release(gpu, &tw1);
+    gpu->ops->release(gpu, &tw2);
+    free(w1), free(w2), free(hw), free(x), free(b1), free(b2), free(bh);
+}
+
 static void test_errors(void) {
     pair x = act_rand(2, 64, 1.0f);
     int32_t pos[2] = {0, 1};
@@ -1594,7 +1676,7 @@ static void teardown(void) {
 #define CUDA_TESTS                                                                                             \
     setup, test_memory, test_embed, test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,         \
         test_fused_row_invariance, test_normed_x_paths, test_attention, test_norm_rope_attention,              \
-        test_rmsnorm, test_rope, test_rmsnorm_rope, test_key_layers, test_elementwise, test_argmax, test_markov_greedy,         \
+        test_rmsnorm, test_rope, test_rmsnorm_rope, test_key_layers, test_elementwise, test_argmax, test_markov_greedy, test_markov_greedy_head,         \
         test_sample_probs, test_sample_draw, test_sample_verify, test_sample_markov, test_errors,              \
         test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed, teardown
 

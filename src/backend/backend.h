@@ -217,6 +217,15 @@ typedef struct {
      * (draft/markov.c) with the same results. */
     void (*markov_greedy)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                           const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+    /* markov_greedy (tokens only) with its base logits still to compute:
+     * base = x @ head^T, then round_bf16 with bf16, as linear and round_bf16
+     * would write them; base [x.rows, V] is scratch the backend may fill. The
+     * tokens are markov_greedy's; a backend may never write the whole of
+     * base, bounding the head's products instead and computing only the rows
+     * that may win (CUDA: head_bound.cu). Optional: NULL runs the three calls. */
+    void (*markov_greedy_head)(ds_backend *be, ds_tensor x, ds_tensor head, ds_tensor base, bool bf16, ds_tensor w1,
+                               ds_tensor w2, const ds_markov_bound *bound, int32_t anchor, ds_tensor emb,
+                               int32_t *tokens);
     /* The greedy round's decisions where the values are (optional: NULL
      * runs the ds_* helpers' host versions below). conf_cut: out[0] = the
      * first row r of x (one column, fp32) with x[r] < cut[0] (cut: [1, 1]

@@ -303,15 +303,19 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     if (!d->graph_safe || ds_region_begin(be, &key, st)) {
         if (n > 0) context_ops(d, taps, n, st->pos);
         d->ops->block(d, st->ids, st->pos + n);
-        be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
-        /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
-         * both bf16 results (as the target's logits). */
-        if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
-        if (d->logit_softcap > 0) {
-            be->ops->softcap(be, d->logits, d->logit_softcap);
+        if (walk && ds_markov_head_walk(d)) {
+            ds_markov_walk_head_queue(d, anchor, st->out); /* the LM head and the walk at once */
+        } else {
+            be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
+            /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
+             * both bf16 results (as the target's logits). */
             if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+            if (d->logit_softcap > 0) {
+                be->ops->softcap(be, d->logits, d->logit_softcap);
+                if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
+            }
+            if (walk) ds_markov_walk_queue(d, anchor, st->out);
         }
-        if (walk) ds_markov_walk_queue(d, anchor, st->out);
         if (chain && cut) {
             ds_markov_confidence_queue(d);
             ds_conf_cut(be, ds_rows(ds_cols(d->step_out, 0, 1), 0, G), d->conf_cut, st->out + G);

@@ -146,6 +146,12 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
  * (corrected logits kept, confidence). ds_markov_chain runs both. */
 bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s);
 void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
+/* The same walk with the LM head still to apply (backend markov_greedy_head:
+ * the backend may bound the head's products instead of writing them all),
+ * where the walk applies, only the tokens are wanted and the base logits need
+ * no soft-cap. */
+bool ds_markov_head_walk(const ds_drafter *d);
+void ds_markov_walk_head_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
 void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out);
 /* After a queued walk: the confidence logits of the block into column 0 of
  * d->step_out (rounded to bf16 with a bf16 checkpoint), queued on the

@@ -141,6 +141,19 @@ void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
                            markov ? &d->markov_bound : NULL, d->logits_bf16, anchor, emb, tokens);
 }
 
+bool ds_markov_head_walk(const ds_drafter *d) {
+    return d->be->ops->markov_greedy_head && d->markov == DS_MARKOV_VANILLA && !d->keep_logits &&
+           !(d->logit_softcap > 0);
+}
+
+void ds_markov_walk_head_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
+    ds_tensor emb = ds_cols(ds_rows(d->step_in, 0, G), H, r);
+    be->ops->markov_greedy_head(be, d->block_hidden, d->lm_head, d->logits, d->logits_bf16, d->markov_w1,
+                                d->markov_w2, &d->markov_bound, anchor, emb, tokens);
+}
+
 void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/head_bound.h"
 #include "backend/cuda/ring_trace.h"
 
 void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) {
@@ -144,6 +145,7 @@ static void cu_release(ds_backend *be, ds_tensor *t) {
     if (t->owned && t->data) {
         ds_cu(be)->gen++;
         ds_cu_boxes_drop(ds_cu(be), t->data);
+        ds_cu_head_drop(ds_cu(be), t->data);
         ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
     }
     *t = ds_no_tensor();
@@ -210,6 +212,7 @@ static void cu_destroy(ds_backend *be) {
     if (cb->ring_ctr) cudaFree(cb->ring_ctr);
     ds_cu_tmaps_free(cb);
     ds_cu_boxes_free(cb);
+    ds_cu_head_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->err) ds_error_free(cb->err);
@@ -248,6 +251,7 @@ static const ds_backend_ops cuda_ops = {
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .qk_norm_rope = ds_cu_qk_norm_rope,
     .markov_greedy = ds_cu_markov_greedy,
+    .markov_greedy_head = ds_cu_markov_greedy_head,
     .conf_cut = ds_cu_conf_cut,
     .accept_prefix = ds_cu_accept_prefix,
     .probs = ds_cu_probs,

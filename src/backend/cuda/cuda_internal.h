@@ -86,6 +86,7 @@ typedef struct {
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
     struct ds_cu_boxes *boxes; /* box-contiguous weight copies (weight_boxes.cu, DS_CUDA_RING_BOXES), or NULL */
+    struct ds_cu_head *head;   /* the drafter's LM head in int8 for its bounds (head_bound.cu), or NULL */
     int *ring_ctr;             /* the ring matmul's tile counters: DS_CU_RING_CTRS pairs (next tile, blocks done) */
     unsigned ring_seq;         /* ring launches so far: launch i uses pair i % DS_CU_RING_CTRS */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
@@ -325,6 +326,9 @@ void ds_cu_accept_prefix(ds_backend *be, const int32_t *draft, const int32_t *be
                          int32_t *out);
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                          const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens);
+void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_tensor base, bool bf16, ds_tensor w1,
+                              ds_tensor w2, const ds_markov_bound *bound, int32_t anchor, ds_tensor emb,
+                              int32_t *tokens);
 void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, ds_tensor nw, float eps,
                                 const ds_tensor *ws, const ds_tensor *biases);
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,

@@ -158,6 +158,11 @@ static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_
     PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
     prof_flush(be);
 }
+static void p_markov_head(ds_backend *be, ds_tensor x, ds_tensor h, ds_tensor b, bool bf, ds_tensor w1, ds_tensor w2,
+                          const ds_markov_bound *bnd, int32_t a, ds_tensor e, int32_t *t) {
+    PROF("markov_greedy_head", prof_of(be)->inner->markov_greedy_head(be, x, h, b, bf, w1, w2, bnd, a, e, t));
+    prof_flush(be);
+}
 static void p_probs(ds_backend *be, ds_tensor o, ds_tensor l, const ds_sampling *s) {
     PROF("probs", prof_of(be)->inner->probs(be, o, l, s));
 }
@@ -252,6 +257,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.qk_norm_rope_store = p_qk_norm_rope_store;
     ops.key_norm_rope_store_layers = p_key_layers;
     ops.markov_greedy = p_markov;
+    ops.markov_greedy_head = p_markov_head;
     ops.probs = p_probs;
     ops.sample = p_sample;
     ops.verify_sample = p_verify_sample;

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/head_bound.h"
 
 struct ds_cu_graph {
     ds_region_key key;
@@ -294,6 +295,10 @@ void ds_cu_region_stats(ds_backend *be, ds_region_stats *out) {
     out->graphs = 0;
     for (int i = 0; i < cb->n_graphs; i++) out->graphs += cb->graphs[i].exec != NULL;
     ds_cu_boxes_stats(cb, &out->weight_copies, &out->weight_copy_bytes);
+    if (cb->head && cb->head->q) { /* the drafter's LM head in int8 (head_bound.cu) */
+        out->weight_copies++;
+        out->weight_copy_bytes += cb->head->V * cb->head->K + cb->head->V * 3 * (int64_t)sizeof(float);
+    }
 }
 
 const int32_t *ds_cu_step_ptr(ds_cuda_backend *cb, const char *op, const int32_t *p, int64_t n) {

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/head_bound.h"
+#include "backend/cuda/matmul_mma_frag.cuh"
 
 /* emb[0..r) = table[*id] as fp32. */
 __global__ void gather_row_kernel(float *emb, const void *table, int dtype, int64_t ts, int r, const int32_t *id) {
@@ -102,7 +104,7 @@ __device__ __forceinline__ void step_rows(const void *w2, int64_t w2s, int r, co
 /* Every block starts its step: e = w1[prev] into shared memory (block 0
  * also keeps it in emb, the confidence head's input) and *y0 = the
  * corrected logit of column 0, where the argmax scan starts. */
-template <int DT>
+template <int DT, bool Q = false>
 __device__ __forceinline__ void step_begin(const float *base, const void *w1, int w1dt, int64_t w1s, const void *w2,
                                            int64_t w2s, int r, int64_t V, int bf16, int64_t prev, float *emb,
                                            float *e, float *y0) {
@@ -111,7 +113,7 @@ __device__ __forceinline__ void step_begin(const float *base, const void *w1, in
         if (blockIdx.x == 0) emb[i] = e[i];
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
+    if (!Q && threadIdx.x < 32) { /* Q (the head's bounds): column 0 is block 0's first candidate instead */
         const int64_t n0[1] = {0};
         float b[1];
         step_rows<DT, 1>(w2, w2s, r, e, threadIdx.x, n0, V, b);
@@ -119,12 +121,13 @@ __device__ __forceinline__ void step_begin(const float *base, const void *w1, in
     }
 }
 
-/* The blocks' bests (pv, pi: one per block) merged, from column 0's value y0, into thread 0's *bv, *bi. */
-__device__ __forceinline__ void merge_bests(float y0, const float *pv, const int *pi, float *sv, int *si, float *bv,
-                                            int *bi) {
-    *bv = y0;
-    *bi = 0;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+/* The blocks' bests (pv, pi: one per block) from block b0 on merged, from (v0, i0) (column 0's value and 0, or
+ * block 0's best), into thread 0's *bv, *bi. */
+__device__ __forceinline__ void merge_bests(float v0, int i0, int b0, const float *pv, const int *pi, float *sv,
+                                            int *si, float *bv, int *bi) {
+    *bv = v0;
+    *bi = i0;
+    for (int b = b0 + threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
         const float v = __ldcg(pv + b);
         const int c = __ldcg(pi + b);
         if (step_better(v, c, *bv, *bi)) *bv = v, *bi = c;
@@ -150,7 +153,7 @@ __device__ __forceinline__ void step_end(float bv, int bi, float y0, float *pv, 
     if (!*last) return;
     /* The last block: every other block's best is visible (fence, then ticket). */
     __threadfence();
-    merge_bests(y0, pv, pi, sv, si, &bv, &bi);
+    merge_bests(y0, 0, 0, pv, pi, sv, si, &bv, &bi);
     if (threadIdx.x == 0) {
         idx[1] = bi;
         *ticket = 0; /* ready for the next step's launch */
@@ -277,17 +280,128 @@ __device__ __forceinline__ void prune_base_load(float (&bs)[PRUNE_PER_THREAD], c
     }
 }
 
+/* Q mode (markov_greedy_head): the base logits are not written; each row
+ * has an interval of its raw logit (head_bound.h), and the rows in
+ * contention are computed exactly here, with the full head's bits. */
+struct head_walk {
+    const float *lo, *hi; /* [G, V] raw bounds (head_bound.cu) */
+    int64_t bstride;
+    const float *pv;  /* the bounds blocks' best lower bound per position */
+    const int *pi;
+    int pblocks;
+    const uint16_t *w; /* the bf16 head */
+    int64_t ws;
+    int K;
+    const float *x; /* the drafted rows (fp32, stride xs) */
+    int64_t xs;
+};
+#define HEAD_GROUP 16 /* candidates a block computes at once (an mma's 16 weight rows) */
+template <bool Q> struct head_shared {};
+template <> struct head_shared<true> {
+    float raw[PRUNE_ROWS]; /* the candidates' exact raw logits, then their corrected ones */
+    float red[MMA_WARPS][HEAD_GROUP];
+    /* per position: the row with the best lower bound (of the whole head), its base lower bound, coef and radius */
+    float nlo[8], ncf[8][DS_MARKOV_BOUND_K], nrd[8];
+    int nrow[8];
+};
+
+/* The raw logits' bits as the full head computes them: x (bf16 in DS_X_BF16)
+ * against the base rows at bf16's rounding of the logits (bf16) or as they are. */
+__device__ __forceinline__ float head_base(float raw, int bf16) { return bf16 ? ds_cu_rbf16(raw) : raw; }
+
+/* The exact raw logits of candidates cand[g0 .. g0 + n) (n <= 16, rows nb +
+ * cand[i]) against x (K fp32 values in shared memory), in
+ * matmul_mma_frag.cuh's order: emulated warp ew of MMA_WARPS takes the 32-wide
+ * chunks ew, ew + 16, ... (real warp w takes ew = w and w + STEP_WARPS), each
+ * an mma_chunk with the candidate in weight row g (or g + 8) and x in column
+ * 0, and the 16 partials are added in ew order (mma_store_rows). Every thread
+ * of the block calls it. */
+template <int R> /* R = 1: rows g only (n <= 8), both emulated warps' loads in flight at once; 2: rows g, g + 8 */
+__device__ __forceinline__ void head_exact_pass(const head_walk &hw, const float *xsm, int64_t ra, int64_t rb,
+                                                head_shared<true> &hs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    constexpr int H = MMA_WARPS / STEP_WARPS, HF = R == 1 ? H : 1; /* emulated warps a real one takes; in flight */
+    const int nch = hw.K / 32;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int h0 = 0; h0 < H; h0 += HF)
+        for (int c0 = 0; c0 < nch; c0 += MMA_WARPS * 8) {
+            uint4 A[HF][8], B[HF][8];
+#pragma unroll
+            for (int h = 0; h < HF; h++)
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int c = c0 + warp + STEP_WARPS * (h0 + h) + MMA_WARPS * u;
+                    A[h][u] = c < nch && ra >= 0 ? __ldg((const uint4 *)(hw.w + ra * hw.ws + 32 * c + 8 * t)) : zero;
+                    B[h][u] = R == 2 && c < nch && rb >= 0
+                                  ? __ldg((const uint4 *)(hw.w + rb * hw.ws + 32 * c + 8 * t)) : zero;
+                }
+#pragma unroll
+            for (int h = 0; h < HF; h++) {
+                const int ew = warp + STEP_WARPS * (h0 + h);
+                float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+                if (c0 > 0) acc[0][0] = hs.red[ew][g], acc[0][2] = hs.red[ew][g + 8]; /* K > 4096: carry on */
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int c = c0 + ew + MMA_WARPS * u;
+                    if (c >= nch) break;
+                    float f[8], nf[8], ss = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) f[i] = g == 0 ? xsm[32 * c + 8 * t + i] : 0.0f;
+                    uint32_t xh[1][4], xl[1][4];
+                    split_x8<false>(f, 0, 1, nf, &ss, xh[0], xl[0]);
+                    mma_chunk<1>(acc, A[h][u], B[h][u], xh, xl);
+                }
+                __syncwarp();
+                if (t == 0) hs.red[ew][g] = acc[0][0], hs.red[ew][g + 8] = acc[0][2]; /* (row g / g + 8, column 0) */
+                __syncwarp();
+            }
+        }
+}
+
+/* The exact raw logits of candidates cand[g0 .. g0 + n) (n <= 16, rows nb +
+ * cand[i]) against x (K fp32 values in shared memory), in
+ * matmul_mma_frag.cuh's order: emulated warp ew of MMA_WARPS takes the 32-wide
+ * chunks ew, ew + 16, ... (real warp w takes ew = w and w + STEP_WARPS), each
+ * an mma_chunk with the candidate in weight row g (or g + 8) and x in column
+ * 0, and the 16 partials are added in ew order (mma_store_rows). Every thread
+ * of the block calls it. */
+__device__ __forceinline__ void head_exact_rows(const head_walk &hw, const float *xsm, const int *cand, int g0, int n,
+                                                int64_t nb, head_shared<true> &hs) {
+    const int g = (threadIdx.x & 31) >> 2;
+    const int64_t ra = g < n ? nb + cand[g0 + g] : -1, rb = g + 8 < n ? nb + cand[g0 + g + 8] : -1;
+    if (n <= 8)
+        head_exact_pass<1>(hw, xsm, ra, rb, hs);
+    else
+        head_exact_pass<2>(hw, xsm, ra, rb, hs);
+    __syncthreads();
+    if (threadIdx.x < n) {
+        float a = hs.red[0][threadIdx.x];
+#pragma unroll
+        for (int w = 1; w < MMA_WARPS; w++) a = __fadd_rn(a, hs.red[w][threadIdx.x]);
+        hs.raw[g0 + threadIdx.x] = a;
+    }
+    __syncthreads();
+}
+
 /* A pruned step over the block's rows, once e = w1[prev] is in shared
  * memory and warp 0 is writing *y0 (step_begin): warps 1.. compute proj e
  * and |e|^2 (each row in a fixed order), the bounds leave the rows that
  * may win or tie, and those are computed exactly; the thread's best (value,
- * column), from column 0's, is returned for block_best. */
-template <int DT>
+ * column), from column 0's, is returned for block_best.
+ * Q: bs / bsh are the rows' base logits' lower / upper bounds, and the rows
+ * left are computed exactly (head_exact_rows) before their bias; column 0
+ * is block 0's first candidate (its value starts block 0's scan, as y0
+ * does otherwise), and L also takes the step's row with the best lower
+ * bound of the whole head (hs.nrow[s], a valid lower bound of the best), so
+ * that a block's candidates are those near the global best, not its own. */
+template <int DT, bool Q = false>
 __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const float (&bs)[PRUNE_PER_THREAD],
-                                                 const float *base, const void *w2, int64_t w2s, int r, int64_t V,
-                                                 int bf16, const float *e, const float *y0p,
-                                                 const float *__restrict__ proj, int k, int64_t nb,
-                                                 unsigned *rows_done, prune_shared &sh, float *bvo, int *bio) {
+                                                 const float (&bsh)[PRUNE_PER_THREAD], const float *base,
+                                                 const void *w2, int64_t w2s, int r, int64_t V, int bf16,
+                                                 const float *e, const float *y0p, const float *__restrict__ proj,
+                                                 int k, int64_t nb, unsigned *rows_done, prune_shared &sh,
+                                                 const head_walk &hw, const float *xsm, int s, head_shared<Q> &hs,
+                                                 float *bvo, int *bio) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = warp - 1; warp > 0 && j <= k; j += STEP_WARPS - 1) {
         const float *pj = j < k ? proj + (int64_t)j * r : e;
@@ -298,14 +412,25 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
         if (lane == 0) sh.pe[j] = acc;
     }
     __syncthreads();
-    const float y0 = *y0p;
+    const float y0 = Q ? -INFINITY : *y0p;
     float p[DS_MARKOV_BOUND_K];
 #pragma unroll
     for (int j = 0; j < DS_MARKOV_BOUND_K; j++) p[j] = j < k ? sh.pe[j] : 0.0f;
     const float ne = sqrtf(sh.pe[k]) * (1.0f + 1.0f / 1024.0f);
     float hi[PRUNE_PER_THREAD];
     float lmax = y0;
-    int bad = !isfinite(y0) || !isfinite(ne);
+    int bad = (!Q && !isfinite(y0)) || !isfinite(ne);
+    if constexpr (Q) {
+        if (threadIdx.x == 0 && hs.nrow[s] >= 0) { /* the global row's lower bound */
+            float c = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DS_MARKOV_BOUND_K; j++)
+                if (j < k) c = fmaf(hs.ncf[s][j], p[j], c);
+            const float rad = fmaf(hs.nrd[s], ne, fabsf(c) * 0x1p-22f);
+            const float l = corrected_logit(hs.nlo[s], c - rad, bf16);
+            if (isfinite(l)) lmax = fmaxf(lmax, l);
+        }
+    }
 #pragma unroll
     for (int q = 0; q < PRUNE_PER_THREAD; q++) {
         const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
@@ -317,7 +442,7 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
             if (j < k) c = fmaf(pr.cf[q][j], p[j], c);
         const float rad = fmaf(pr.rd[q], ne, fabsf(c) * 0x1p-22f);
         const float lo = corrected_logit(bs[q], c - rad, bf16);
-        hi[q] = corrected_logit(bs[q], c + rad, bf16);
+        hi[q] = corrected_logit(Q ? bsh[q] : bs[q], c + rad, bf16);
         bad |= !isfinite(lo) || !isfinite(hi[q]);
         lmax = fmaxf(lmax, lo);
     }
@@ -329,16 +454,20 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
     if (lane == 0) sh.wl[warp] = lmax, sh.wbad[warp] = bad;
     __syncthreads();
     for (int w = 0; w < STEP_WARPS; w++) lmax = fmaxf(lmax, sh.wl[w]), bad |= sh.wbad[w];
+    /* Q: block 0's column 0 holds slot 0 (thread 0 put it there before the first barrier) */
 #pragma unroll
     for (int q = 0; q < PRUNE_PER_THREAD; q++) {
         const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
-        if (n < V && (bad || hi[q] >= lmax)) sh.cand[atomicAdd(&sh.ncand, 1)] = (int)(n - nb);
+        if (n < V && (bad || hi[q] >= lmax) && !(Q && n == 0)) sh.cand[atomicAdd(&sh.ncand, 1)] = (int)(n - nb);
     }
     __syncthreads();
     float bv = y0;
-    int bi = 0;
+    int bi = Q ? 0x7fffffff : 0;
     const int cnt = sh.ncand;
     if (threadIdx.x == 0) atomicAdd(rows_done, (unsigned)cnt);
+    if constexpr (Q)
+        for (int g0 = 0; g0 < cnt; g0 += HEAD_GROUP)
+            head_exact_rows(hw, xsm, sh.cand, g0, min(HEAD_GROUP, cnt - g0), nb, hs);
     for (int c0 = warp * PRUNE_BATCH; c0 < cnt; c0 += STEP_WARPS * PRUNE_BATCH) {
         int64_t n[PRUNE_BATCH];
 #pragma unroll
@@ -348,8 +477,23 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
 #pragma unroll
         for (int q = 0; q < PRUNE_BATCH; q++) {
             if (n[q] < 0) break;
-            const float y = step_logit(base, b[q], n[q], bf16);
-            if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
+            if constexpr (Q) {
+                const float y = corrected_logit(head_base(hs.raw[c0 + q], bf16), b[q], bf16);
+                __syncwarp();
+                if (lane == 0) hs.raw[c0 + q] = y; /* each candidate's slot is its warp's alone */
+            } else {
+                const float y = step_logit(base, b[q], n[q], bf16);
+                if (step_better(y, (int)n[q], bv, bi)) bv = y, bi = (int)n[q];
+            }
+        }
+    }
+    if constexpr (Q) { /* the scan, from column 0's value in block 0 (a NaN there wins, as the host scan's) */
+        __syncthreads();
+        if (blockIdx.x == 0 && nb == 0) bv = hs.raw[0], bi = 0;
+        for (int i = threadIdx.x; i < cnt; i += PRUNE_THREADS) {
+            const float y = hs.raw[i];
+            const int c = (int)(nb + sh.cand[i]);
+            if (step_better(y, c, bv, bi)) bv = y, bi = c;
         }
     }
     *bvo = bv;
@@ -376,7 +520,9 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     step_begin<DT>(base, w1, w1dt, w1s, w2, w2s, r, V, bf16, idx[0], emb, e, &y0);
     float bv;
     int bi;
-    pruned_rows_best<DT>(pr, bs, base, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, &bv, &bi);
+    head_shared<false> hs0;
+    pruned_rows_best<DT>(pr, bs, bs, base, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, head_walk{},
+                         NULL, 0, hs0, &bv, &bi);
     step_end(bv, bi, y0, pv, pi, ticket, idx, sh.sv, sh.si, &last);
 }
 
@@ -395,31 +541,94 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
  * per-step slots (pv, pi: [G][blocks]): no slot is rewritten while
  * another block may still read it. Launched only when every block fits on
  * the GPU at once (walk_fits), else the barrier could wait forever. */
-template <int DT>
+template <int DT, bool Q>
 __global__ void __launch_bounds__(PRUNE_THREADS)
     markov_walk_kernel(const float *__restrict__ base, int64_t bstride, int G, const void *w1, int w1dt, int64_t w1s,
                        const void *w2, int64_t w2s, int r, int64_t V, int bf16, int32_t *idx, float *emb,
                        int64_t estride, float *pv, int *pi, unsigned *ticket, const float *__restrict__ proj,
                        const float *__restrict__ coef, const float *__restrict__ radius, int k, unsigned *rows_done,
-                       int32_t *dtok) {
-    extern __shared__ float e[];
+                       int32_t *dtok, head_walk hw) {
+    extern __shared__ float e[]; /* r floats; Q: then two x rows (K floats each: this step's, the next's) */
     __shared__ prune_shared sh;
+    __shared__ head_shared<Q> hs;
     __shared__ float y0;
     __shared__ int prev_s;
+    float *xsm = e + ((r + 3) & ~3);
     const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
     prune_rows pr; /* the previous token's independent part of each row's bound, before the wait */
     prune_rows_load(pr, coef, radius, k, nb, V);
     ds_cu_grid_wait();
-    float bs[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows */
-    prune_base_load(bs, base, nb, V);
+    float bs[PRUNE_PER_THREAD], bsh[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows (Q: bounds) */
+    const auto base_load = [&](int s) {
+        if constexpr (Q) {
+#pragma unroll
+            for (int q = 0; q < PRUNE_PER_THREAD; q++) {
+                const int64_t n = nb + threadIdx.x + q * PRUNE_THREADS;
+                bs[q] = n < V ? head_base(hw.lo[s * hw.bstride + n], bf16) : 0.0f;
+                bsh[q] = n < V ? head_base(hw.hi[s * hw.bstride + n], bf16) : 0.0f;
+            }
+        } else {
+            prune_base_load(bs, base + (int64_t)s * bstride, nb, V);
+        }
+    };
+    base_load(0);
+    const auto x_load = [&](int s) { /* the drafted row of step s into buffer s % 2 */
+        if constexpr (Q)
+            for (int i = threadIdx.x; i < hw.K; i += PRUNE_THREADS) xsm[(s & 1) * hw.K + i] = hw.x[s * hw.xs + i];
+    };
+    x_load(0);
+    if constexpr (Q) { /* each position's row with the best lower bound, and its bound's parts */
+        float bv[8];
+        int bi[8];
+#pragma unroll
+        for (int s = 0; s < 8; s++) bv[s] = -INFINITY, bi[s] = -1;
+        for (int b = threadIdx.x; b < hw.pblocks; b += PRUNE_THREADS) {
+            float v[8];
+            int c[8];
+#pragma unroll
+            for (int s = 0; s < 8; s++) v[s] = hw.pv[b * 8 + s], c[s] = hw.pi[b * 8 + s];
+#pragma unroll
+            for (int s = 0; s < 8; s++)
+                if (v[s] > bv[s]) bv[s] = v[s], bi[s] = c[s];
+        }
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv[s], off);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi[s], off);
+                if (ov > bv[s]) bv[s] = ov, bi[s] = oi;
+            }
+            if ((threadIdx.x & 31) == 0) hs.red[threadIdx.x >> 5][s] = bv[s];
+            if ((threadIdx.x & 31) == 0) ((int *)hs.red[STEP_WARPS + (threadIdx.x >> 5)])[s] = bi[s];
+        }
+        __syncthreads();
+        if (threadIdx.x < G) {
+            const int s = threadIdx.x;
+            float v = -INFINITY;
+            int bi = -1;
+            for (int w = 0; w < STEP_WARPS; w++)
+                if (hs.red[w][s] > v) v = hs.red[w][s], bi = ((const int *)hs.red[STEP_WARPS + w])[s];
+            hs.nrow[s] = bi;
+            if (bi >= 0) {
+                hs.nlo[s] = head_base(hw.lo[s * hw.bstride + bi], bf16);
+                hs.nrd[s] = radius[bi];
+                for (int j = 0; j < DS_MARKOV_BOUND_K; j++) hs.ncf[s][j] = j < k ? coef[(int64_t)bi * k + j] : 0.0f;
+            }
+        }
+    }
     int prev = idx[0];
     for (int s = 0; s < G; s++) {
         const float *bsrow = base + (int64_t)s * bstride;
-        if (threadIdx.x == 0) sh.ncand = 0;
-        step_begin<DT>(bsrow, w1, w1dt, w1s, w2, w2s, r, V, bf16, prev, emb + (int64_t)s * estride, e, &y0);
+        if (threadIdx.x == 0) {
+            sh.ncand = Q && blockIdx.x == 0 ? 1 : 0;
+            sh.cand[0] = 0;
+        }
+        step_begin<DT, Q>(bsrow, w1, w1dt, w1s, w2, w2s, r, V, bf16, prev, emb + (int64_t)s * estride, e, &y0);
         float bv;
         int bi;
-        pruned_rows_best<DT>(pr, bs, bsrow, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, &bv, &bi);
+        pruned_rows_best<DT, Q>(pr, bs, bsh, bsrow, w2, w2s, r, V, bf16, e, &y0, proj, k, nb, rows_done, sh, hw,
+                                xsm + (s & 1) * hw.K, s, hs, &bv, &bi);
         block_best(&bv, &bi, sh.sv, sh.si);
         float *pvs = pv + (size_t)s * gridDim.x;
         int *pis = pi + (size_t)s * gridDim.x;
@@ -429,13 +638,13 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
             /* the arrival releases the partial (no separate fence round trip) */
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ticket) : "memory");
             /* the next step's e is w1 of some block's best: have this one's in L2 by then */
-            if (s + 1 < G) {
+            if (s + 1 < G && bi >= 0 && bi < V) {
                 const int esz = w1dt == DS_F32 ? 4 : 2;
                 const char *row = (const char *)w1 + (int64_t)bi * w1s * esz;
                 for (int off = 0; off < r * esz; off += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
             }
         }
-        if (s + 1 < G) prune_base_load(bs, bsrow + bstride, nb, V); /* while the other blocks finish this step */
+        if (s + 1 < G) base_load(s + 1), x_load(s + 1); /* while the other blocks finish this step */
         if (threadIdx.x == 0) {
             const unsigned want = (unsigned)(s + 1) * gridDim.x;
             unsigned got;
@@ -444,8 +653,12 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
             while (got < want);
         }
         __syncthreads();
-        /* Every block merges the bests as the step kernels' last block does. */
-        merge_bests(y0, pvs, pis, sh.sv, sh.si, &bv, &bi);
+        /* Every block merges the bests as the step kernels' last block does (Q: from block 0's best, which
+         * starts at column 0's value). */
+        if (Q)
+            merge_bests(__ldcg(pvs), __ldcg(pis), 1, pvs, pis, sh.sv, sh.si, &bv, &bi);
+        else
+            merge_bests(y0, 0, 0, pvs, pis, sh.sv, sh.si, &bv, &bi);
         if (threadIdx.x == 0) {
             prev_s = bi;
             if (blockIdx.x == 0) {
@@ -500,6 +713,53 @@ static bool walk_fits(const ds_cuda_backend *cb, K kernel, unsigned blocks, size
     return (int64_t)per_sm * cb->sms >= (int64_t)blocks;
 }
 
+/* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
+ * kernel's ticket (zero between launches), idx[G+2] the rows the pruned
+ * steps computed: one upload sets them all, one download reads them.
+ * In a step region they are the step's walk (graphs.cu: the region's
+ * upload sets the anchor, step->ids[0], and zeros), and the tokens are
+ * copied to the step's outputs (*dtok), which come back at the region's end. */
+static bool walk_indices(ds_cuda_backend *cb, const char *op, int G, int32_t anchor, int32_t *tokens, int32_t **idx,
+                         int32_t **dtok) {
+    *dtok = NULL;
+    if (cb->reg.active) {
+        if (!(*dtok = (int32_t *)ds_cu_step_ptr(cb, op, tokens, G))) return false;
+        if (cb->reg.step->n_ids < 1 || anchor != cb->reg.step->ids[0]) {
+            ds_cu_fail(cb, op, "in a step region the anchor must be the step's ids[0]");
+            return false;
+        }
+        *idx = cb->d_step + 1;
+        return true;
+    }
+    if (!(*idx = ds_cu_indices(cb, op, G + 3))) return false;
+    int32_t init[DS_CU_ROWS + 3] = {anchor};
+    return ds_cu_ok(cb, op, cudaMemcpyAsync(*idx, init, (size_t)(G + 3) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                            cb->stream));
+}
+
+/* The walk's tokens: to the step region's outputs (dtok, unless a kernel wrote them there), or to the host. */
+static void walk_results(ds_cuda_backend *cb, const char *op, int G, const int32_t *idx, int32_t *dtok, bool prune,
+                         int64_t V, int32_t *tokens) {
+    if (cb->reg.active) {
+        if (dtok)
+            ds_cu_ok(cb, op, cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                             cb->stream));
+        return;
+    }
+    int32_t got[DS_CU_ROWS + 2];
+    cb->stats.d2h++;
+    if (!ds_cu_ok(cb, op, cudaMemcpyAsync(got, idx + 1, (size_t)(G + 2) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                          cb->stream)) ||
+        !ds_cu_ok(cb, op, cudaStreamSynchronize(cb->stream)))
+        return;
+    memcpy(tokens, got, (size_t)G * sizeof(int32_t));
+    if (prune) {
+        cb->markov_rows += (uint32_t)got[G + 1];
+        cb->markov_steps += (uint64_t)G;
+        cb->markov_vocab = V;
+    }
+}
+
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
                          const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
     ds_cuda_backend *cb = ds_cu(be);
@@ -528,29 +788,8 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_cu_fail(cb, "markov_greedy", "block of %d positions (at most %d)", G, DS_CU_ROWS);
         return;
     }
-    /* idx[0] = anchor, idx[1..G] = the drawn tokens, idx[G+1] the step
-     * kernel's ticket (zero between launches), idx[G+2] the rows the pruned
-     * steps computed: one upload sets them all, one download reads them.
-     * In a step region they are the step's walk (graphs.cu: the region's
-     * upload sets the anchor, step->ids[0], and zeros), and the tokens are
-     * copied to the step's outputs, which come back at the region's end. */
-    const bool region = cb->reg.active;
     int32_t *dtok = NULL, *idx;
-    if (region) {
-        if (!(dtok = (int32_t *)ds_cu_step_ptr(cb, "markov_greedy", tokens, G))) return;
-        if (cb->reg.step->n_ids < 1 || anchor != cb->reg.step->ids[0]) {
-            ds_cu_fail(cb, "markov_greedy", "in a step region the anchor must be the step's ids[0]");
-            return;
-        }
-        idx = cb->d_step + 1;
-    } else {
-        idx = ds_cu_indices(cb, "markov_greedy", G + 3);
-        if (!idx) return;
-        int32_t init[DS_CU_ROWS + 3] = {anchor};
-        if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(idx, init, (size_t)(G + 3) * sizeof(int32_t),
-                                                           cudaMemcpyHostToDevice, cb->stream)))
-            return;
-    }
+    if (!walk_indices(cb, "markov_greedy", G, anchor, tokens, &idx, &dtok)) return;
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
@@ -561,15 +800,16 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         const size_t smem = (size_t)r * sizeof(float);
 #define WALK(DT_)                                                                                                   \
     do {                                                                                                            \
-        if (walk_fits(cb, markov_walk_kernel<DT_>, blocks, smem)) {                                                 \
+        if (walk_fits(cb, markov_walk_kernel<DT_, false>, blocks, smem)) {                                          \
             char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)G * blocks * (sizeof(float) + sizeof(int))); \
             if (!part) return;                                                                                      \
-            ds_cu_launch_smem(markov_walk_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream,                     \
+            ds_cu_launch_smem(markov_walk_kernel<DT_, false>, blocks, PRUNE_THREADS, smem, cb->stream,              \
                               (const float *)base.data, base.stride, G, w1.data, (int)w1.dtype, w1.stride, w2.data,  \
                               w2.stride, r, V, (int)bf16, idx, (float *)emb.data, emb.stride, (float *)part,        \
                               (int *)(part + (size_t)G * blocks * sizeof(float)), ticket,                          \
                               (const float *)bound->proj.data, (const float *)bound->coef.data,                    \
-                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok);           \
+                              (const float *)bound->radius.data, (int)bound->proj.rows, rows_done, dtok,           \
+                              head_walk{});                                                                        \
             fused = true;                                                                                           \
         }                                                                                                           \
     } while (0)
@@ -633,24 +873,69 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
     }
-    if (region) {
-        if (dtok)
-            ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(dtok, idx + 1, (size_t)G * sizeof(int32_t),
-                                                          cudaMemcpyDeviceToDevice, cb->stream));
+    walk_results(cb, "markov_greedy", G, idx, dtok, prune, V, tokens);
+}
+
+/* backend.h markov_greedy_head: the walk reads the head's bounds
+ * (head_bound.cu) instead of its written logits, and computes the rows in
+ * contention itself (markov_walk_kernel's Q mode). Where that does not
+ * apply (no quantized copy, a head or walk of another shape, or
+ * DS_CUDA_HEAD_BOUND=0), the full head into base, then markov_greedy. */
+void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_tensor base, bool bf16, ds_tensor w1,
+                              ds_tensor w2, const ds_markov_bound *bound, int32_t anchor, ds_tensor emb,
+                              int32_t *tokens) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const int G = (int)x.rows;
+    const int64_t V = head.rows;
+    if (G <= 0 || V <= 0) return;
+    if (base.rows != G || base.cols != V || x.cols != head.cols) {
+        ds_cu_fail(cb, "markov_greedy_head", "shapes do not match: x %lldx%lld, head %lldx%lld, base %lldx%lld",
+                   (long long)x.rows, (long long)x.cols, (long long)V, (long long)head.cols, (long long)base.rows,
+                   (long long)base.cols);
         return;
     }
-    int32_t got[DS_CU_ROWS + 2];
-    cb->stats.d2h++;
-    if (!ds_cu_ok(cb, "markov_greedy", cudaMemcpyAsync(got, idx + 1, (size_t)(G + 2) * sizeof(int32_t),
-                                                       cudaMemcpyDeviceToHost, cb->stream)) ||
-        !ds_cu_ok(cb, "markov_greedy", cudaStreamSynchronize(cb->stream)))
+    const bool markov = w1.data != NULL;
+    const int r = markov ? (int)w1.cols : 0;
+    const unsigned blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
+    const size_t smem = ((size_t)((r + 3) & ~3) + 2 * (size_t)head.cols) * sizeof(float);
+    bool q = ds_cu_env_on("DS_CUDA_HEAD_BOUND") && markov && bound && w2.rows == V && w2.cols == r &&
+             emb.rows >= G && emb.cols == r && bound_fits(bound, V, r) && step_fits(w2, emb) && G <= 8 &&
+             x.dtype == DS_F32 && walk_fused(blocks) && ds_cu_float_dtype(cb, "markov_greedy_head", w1.dtype);
+    if (q)
+        q = w2.dtype == DS_BF16   ? walk_fits(cb, markov_walk_kernel<DS_BF16, true>, blocks, smem)
+            : w2.dtype == DS_F16 ? walk_fits(cb, markov_walk_kernel<DS_F16, true>, blocks, smem)
+                                 : walk_fits(cb, markov_walk_kernel<DS_F32, true>, blocks, smem);
+    const struct ds_cu_head *h = q ? ds_cu_head_of(cb, head) : NULL;
+    if (!h) {
+        ds_cu_linear(be, base, x, head, ds_no_tensor());
+        if (bf16) ds_cu_round_bf16(be, base);
+        ds_cu_markov_greedy(be, base, ds_no_tensor(), w1, w2, bound, bf16, anchor, emb, tokens);
         return;
-    memcpy(tokens, got, (size_t)G * sizeof(int32_t));
-    if (prune) {
-        cb->markov_rows += (uint32_t)got[G + 1];
-        cb->markov_steps += (uint64_t)G;
-        cb->markov_vocab = V;
     }
+    int32_t *dtok, *idx;
+    if (!walk_indices(cb, "markov_greedy_head", G, anchor, tokens, &idx, &dtok)) return;
+    unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
+    const size_t hb = (ds_cu_head_bounds_bytes(cb, V, head.cols) + 255) & ~(size_t)255;
+    char *ws = (char *)ds_cu_scratch(cb, "markov_greedy_head", hb + (size_t)G * blocks * (sizeof(float) + sizeof(int)));
+    if (!ws) return;
+    ds_cu_head_bounds hbnd;
+    if (!ds_cu_head_bounds_run(cb, h, x, ws, &hbnd)) return;
+    const head_walk hw = {hbnd.lo, hbnd.hi, hbnd.stride, hbnd.pv, hbnd.pi, hbnd.blocks, (const uint16_t *)head.data,
+                          head.stride, (int)head.cols, (const float *)x.data, x.stride};
+    float *pv = (float *)(ws + hb);
+    int *pi = (int *)(ws + hb + (size_t)G * blocks * sizeof(float));
+#define HWALK(DT_)                                                                                                  \
+    ds_cu_launch_smem(markov_walk_kernel<DT_, true>, blocks, PRUNE_THREADS, smem, cb->stream, (const float *)NULL,   \
+                      (int64_t)0, G, w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx,     \
+                      (float *)emb.data, emb.stride, pv, pi, ticket, (const float *)bound->proj.data,                \
+                      (const float *)bound->coef.data, (const float *)bound->radius.data, (int)bound->proj.rows,     \
+                      rows_done, dtok, hw)
+    if (w2.dtype == DS_BF16) HWALK(DS_BF16);
+    else if (w2.dtype == DS_F16) HWALK(DS_F16);
+    else HWALK(DS_F32);
+#undef HWALK
+    if (!ds_cu_launched(cb, "markov_greedy_head")) return;
+    walk_results(cb, "markov_greedy_head", G, idx, NULL, true, V, tokens);
 }
 
 /* The sampled walk (backend.h markov_sample): every step writes the whole
