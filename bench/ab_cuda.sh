@@ -5,7 +5,8 @@
 # (TESTS=1), then `dspark bench` twice per variant, alternating (each line
 # also kept in bench.txt: a long run's output tail may lose them), and with
 # TRACE_ENV a traced bench whose attention launches it summarizes per block
-# (quantiles of wait, prologue, key loop, drain; us from the launch before);
+# (quantiles of wait, prologue, key loop, drain; us from the launch before), the
+# critical paths of a decode, a verify and a draft, and the draft head's walk per step;
 # KEEP_TRACE=1 also brings the trace back (ab/trace.txt.xz in $OUT/ab.tar.xz).
 #
 #   bash bench/make_devdata.sh            # here, once per checkout
@@ -125,6 +126,8 @@ if [ -n "${TRACE_ENV:-}" ]; then
     for m in 1 8; do echo "critical path, $m row(s):"; python3 bench/ring_timeline.py $R/trace.txt --rows $m --summary; done
     echo "critical path, a draft (a verify's LM head to the drafter's):"
     python3 bench/ring_timeline.py $R/trace.txt --draft --summary
+    echo "the greedy draft's head (bounds kernel and walk, per step):"
+    python3 bench/ring_timeline.py $R/trace.txt --walk
     # KEEP_TRACE=1: the trace comes back in ab.tar.xz (ab/trace.txt.xz) for ring_timeline.py's other modes here
     if [ -n "${KEEP_TRACE:-}" ]; then xz -6 $R/trace.txt; else rm -f $R/trace.txt; fi
 fi

@@ -33,8 +33,14 @@ of its first stages and how long it waited for them in all.
 wait, prologue, key loop, drain and end, us from the matmul before them.
 --draft takes, instead of a decode step, a drafted run's last draft: the
 launches after a verify's LM head (8 rows) up to the drafter's LM head (7
-rows), any row count (the context append's, the block's); --summary then
+rows) or, where the draft's head is bounded, its walk; any row count (the context append's, the block's); --summary then
 names each kind with its rows.
+--walk prints, instead, the greedy draft's head (markov_greedy_head) over
+every traced draft: the bounds kernel (its blocks' wait and end), the
+boundary to the walk, the walk's prologue, and per step the medians over
+blocks of its three phases — e gathered + the bounds -> candidates listed,
+the candidates' exact rows + scan -> best posted (also the slowest block's),
+the grid barrier + merge -> token known — then the medians over drafts.
 --summary prints, instead of the table, the step's critical path by kind of
 launch (matmul K/tiles, attn, norm): per launch the time from the previous
 launch's last block end to this one's (its span), split into the wait for
@@ -53,6 +59,7 @@ ap.add_argument("--by-entry", action="store_true")
 ap.add_argument("--summary", action="store_true")
 ap.add_argument("--draft", action="store_true")
 ap.add_argument("--attention-blocks", action="store_true")
+ap.add_argument("--walk", action="store_true")
 a = ap.parse_args()
 
 blocks = collections.defaultdict(list)
@@ -91,6 +98,36 @@ if a.attention_blocks:  # two attention launches per row count 1 / 7 / 8, per bl
                         q([(t[6] - t[1]) / 1e3 for t in B]), q([(t[16] - t[1]) / 1e3 for t in B]),
                         q([(t[17] - t[1]) / 1e3 for t in B]), q([(t[18] - t[1]) / 1e3 for t in B])))
     raise SystemExit(0)
+if a.walk:  # ring_trace.h: RT_KIND_HEAD_WALK -3 / RT_KIND_HEAD_BOUNDS -4; step s's fields at 6 + 3 s
+    med = statistics.median
+    rows = collections.defaultdict(list)
+    for i, s in enumerate(everything):
+        if meta[s][1] != -3:
+            continue
+        B, G = blocks[s], meta[s][0]
+        j = max((k for k in range(i) if meta[everything[k]][1] == -4), default=None)
+        if j is not None:
+            HB = blocks[everything[j]]
+            b_end = max(t[3] for t in HB)
+            rows["bounds: wait -> last end"].append((b_end - med(t[1] for t in HB)) / 1e3)
+            rows["bounds end -> walk wait (last block)"].append((max(t[1] for t in B) - b_end) / 1e3)
+        rows["walk prologue (wait -> first)"].append(med((t[2] - t[1]) / 1e3 for t in B))
+        for st in range(min(G, 8)):
+            f = 6 + 3 * st
+            start = lambda t: t[2] if st == 0 else t[f - 1]
+            rows["step %d bounds" % st].append(med((t[f] - start(t)) / 1e3 for t in B))
+            rows["step %d exact rows (median)" % st].append(med((t[f + 1] - t[f]) / 1e3 for t in B))
+            rows["step %d exact rows (slowest)" % st].append(max((t[f + 1] - t[f]) / 1e3 for t in B))
+            rows["step %d barrier + merge" % st].append(med((t[f + 2] - t[f + 1]) / 1e3 for t in B))
+            rows["step %d whole" % st].append(med((t[f + 2] - start(t)) / 1e3 for t in B))
+        rows["walk: wait -> last end"].append((max(t[3] for t in B) - min(t[1] for t in B)) / 1e3)
+    if not rows:
+        raise SystemExit("no head walk traced (a greedy draft with the head bound: DS_CUDA_HEAD_BOUND)")
+    print("the greedy draft's head, us (median over %d drafts; each a median over blocks unless marked)" %
+          len(rows["walk prologue (wait -> first)"]))
+    for name, v in rows.items():
+        print("  %-40s %8.2f   (min %.2f, max %.2f)" % (name, med(v), min(v), max(v)))
+    raise SystemExit(0)
 def lm_heads(ls):
     """Indices in ls of the LM heads: the matmul launches with the most tiles."""
     most = max(meta[s][2] for s in ls if meta[s][1] > 0)
@@ -99,10 +136,13 @@ def lm_heads(ls):
 
 if a.draft:  # a verify's LM head (8 rows) -> the next drafter LM head (7 rows), every launch between them
     heads = lm_heads(everything)
-    pairs = [(h0, h1) for h0, h1 in zip(heads, heads[1:])
-             if meta[everything[h0]][0] == 8 and meta[everything[h1]][0] == 7]
+    # a draft ends at the drafter's LM head (7 rows), or at its head walk where the head is bounded (K -3)
+    ends = sorted({h for h in heads if meta[everything[h]][0] == 7} |
+                  {i for i, s in enumerate(everything) if meta[s][1] == -3})
+    pairs = [(h0, min(e for e in ends if e > h0)) for h0 in heads
+             if meta[everything[h0]][0] == 8 and any(e > h0 for e in ends)]
     if not pairs:
-        raise SystemExit("no verify LM head (8 rows) followed by a drafter LM head (7 rows)")
+        raise SystemExit("no verify LM head (8 rows) followed by a drafter LM head (7 rows) or head walk")
     h0, h1 = pairs[-1]
     step = everything[h0:h1 + 1]
     rows = "8 -> 7 (a draft)"
@@ -131,7 +171,7 @@ if a.summary:
     kinds = collections.OrderedDict()
     for prev, s in zip(step, step[1:]):
         m, k, tiles = meta[s]
-        name = "attn" if k == -1 else "norm" if k == -2 else "%d/%d" % (k, tiles)
+        name = {-1: "attn", -2: "norm", -3: "walk", -4: "bounds"}.get(k, "%d/%d" % (k, tiles))
         if a.draft:
             name += " x%d" % m
         prev_end = max(t[3] for t in blocks[prev])
@@ -156,7 +196,7 @@ for i, s in enumerate(step[a.first:a.first + a.count], a.first):
         loop = statistics.median(t[4] - t[2] for t in B) / 1e3 if attn else 0.0
         drain = statistics.median(t[3] - t[4] for t in B) / 1e3 if attn else 0.0
         print("%4d %6s %6d  %6.1f..%-7.1f %6.1f..%-7.1f %7.1f %6.1f..%-7.1f %7.2f %7.2f" % (
-            i, "attn" if attn else "norm", len(B), us(min(t[0] for t in B)), us(max(t[0] for t in B)),
+            i, {-1: "attn", -2: "norm", -3: "walk", -4: "bounds"}.get(k, "?"), len(B), us(min(t[0] for t in B)), us(max(t[0] for t in B)),
             us(min(t[1] for t in B)), us(max(t[1] for t in B)), first, us(min(t[3] for t in B)),
             us(max(t[3] for t in B)), loop, drain))
         continue

@@ -920,6 +920,33 @@ static void host_markov_walk(const float *base, const float *w1, const float *w2
     }
 }
 
+/* The principal-directions bound of w2 (V x r, fp32) as the drafter builds
+ * it (host), and on both backends (b: the GPU's tensors). */
+typedef struct {
+    ds_markov_bound_host host;
+    pair proj, coef, radius;
+    ds_markov_bound b;
+} test_bound;
+static bool test_bound_make(test_bound *tb, const float *w2, int V, int r) {
+    ds_error *e = ds_markov_bound_build(w2, DS_F32, V, r, DS_MARKOV_BOUND_K, &tb->host);
+    CHECK(!e, "markov bound: %s", e ? ds_error_message(e) : "");
+    if (e) {
+        ds_error_free(e);
+        return false;
+    }
+    tb->proj = act(tb->host.k, r, tb->host.proj);
+    tb->coef = act(V, tb->host.k, tb->host.coef);
+    tb->radius = act(1, V, tb->host.radius);
+    tb->b = (ds_markov_bound){tb->proj.g, tb->coef.g, tb->radius.g};
+    return true;
+}
+static void test_bound_free(test_bound *tb) {
+    release(&tb->proj);
+    release(&tb->coef);
+    release(&tb->radius);
+    ds_markov_bound_free(&tb->host);
+}
+
 /* The device Markov walk against the host walk. The values are small
  * multiples of powers of two, so every product and sum is exact in fp32
  * whatever the order: both sides must agree to the bit, in the corrected
@@ -953,15 +980,9 @@ static void test_markov_greedy(void) {
             }
         }
         ds_tensor tw2 = gpu_bf16_weight(w2, V, r, b2);
-        ds_markov_bound_host hb;
-        ds_error *e = ds_markov_bound_build(w2, DS_F32, V, r, DS_MARKOV_BOUND_K, &hb);
-        CHECK(!e, "markov bound: %s", e ? ds_error_message(e) : "");
-        if (e) {
-            ds_error_free(e);
-            break;
-        }
-        pair pp = act(hb.k, r, hb.proj), pc = act(V, hb.k, hb.coef), pr = act(1, V, hb.radius);
-        const ds_markov_bound bound = {pp.g, pc.g, pr.g};
+        test_bound tb;
+        if (!test_bound_make(&tb, w2, V, r)) break;
+        const ds_markov_bound bound = tb.b;
         for (int data = 0; data < 3; data++) {
             for (int i = 0; i < G * V; i++) base[i] = (float)(int)(frand() * 96) / (data == 1 ? 4.0f : 64.0f);
             if (data == 2) base[(size_t)3 * V] = NAN;
@@ -1011,10 +1032,7 @@ static void test_markov_greedy(void) {
             }
             unsetenv("DS_CUDA_MARKOV_FUSED");
         }
-        release(&pp);
-        release(&pc);
-        release(&pr);
-        ds_markov_bound_free(&hb);
+        test_bound_free(&tb);
         gpu->ops->release(gpu, &tw2);
     }
     gpu->ops->release(gpu, &tw1);
@@ -1040,15 +1058,9 @@ static void test_markov_greedy_head(void) {
     for (int i = 0; i < V * r; i++) w1[i] = (float)(int)(frand() * 16) / 256.0f;
     for (int i = 0; i < V * r; i++) w2[i] = (float)(int)(frand() * 16) / 1024.0f;
     ds_tensor tw1 = gpu_bf16_weight(w1, V, r, b1), tw2 = gpu_bf16_weight(w2, V, r, b2);
-    ds_markov_bound_host hb;
-    ds_error *e = ds_markov_bound_build(w2, DS_F32, V, r, DS_MARKOV_BOUND_K, &hb);
-    CHECK(!e, "markov bound: %s", e ? ds_error_message(e) : "");
-    if (e) {
-        ds_error_free(e);
-        return;
-    }
-    pair pp = act(hb.k, r, hb.proj), pc = act(V, hb.k, hb.coef), pr = act(1, V, hb.radius);
-    const ds_markov_bound bound = {pp.g, pc.g, pr.g};
+    test_bound tb;
+    if (!test_bound_make(&tb, w2, V, r)) return;
+    const ds_markov_bound bound = tb.b;
     const char *names[] = {"random head", "tied rows", "NaN in x"};
     setenv("DS_CUDA_MARKOV_FUSED", "1", 1); /* V = 3000 would otherwise take a launch a step */
     for (int data = 0; data < 3; data++) {
@@ -1094,10 +1106,7 @@ static void test_markov_greedy_head(void) {
         gpu->ops->release(gpu, &th);
     }
     unsetenv("DS_CUDA_MARKOV_FUSED");
-    release(&pp);
-    release(&pc);
-    release(&pr);
-    ds_markov_bound_free(&hb);
+    test_bound_free(&tb);
     gpu->ops->release(gpu, &tw1);
     gpu->ops->release(gpu, &tw2);
     free(w1), free(w2), free(hw), free(x), free(b1), free(b2), free(bh);

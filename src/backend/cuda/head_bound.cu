@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "backend/cuda/head_bound.h"
+#include "backend/cuda/ring_trace.h"
 
 #define HB_WARPS 8
 #define HB_THREADS (HB_WARPS * 32)
@@ -175,7 +176,10 @@ __global__ void __launch_bounds__(HB_THREADS)
 __global__ void __launch_bounds__(HB_THREADS)
     head_bounds_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, const float *__restrict__ err,
                        const float *__restrict__ norm, const __half *__restrict__ xg, const float *__restrict__ xinfo,
-                       int M, int K, int64_t V, float *lo, float *hi, int64_t os, float *pv, int *pi) {
+                       int M, int K, int64_t V, float *lo, float *hi, int64_t os, float *pv, int *pi,
+                       unsigned long long *trace) {
+    unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
+    if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
     extern __shared__ __align__(16) unsigned char hb_smem[];
     __half *x16 = (__half *)hb_smem; /* [HB_ROWS][K + 8] */
     __shared__ hb_shared sh;
@@ -191,6 +195,7 @@ __global__ void __launch_bounds__(HB_THREADS)
 #pragma unroll
         for (int u = 0; u < HB_UNROLL; u++) head_load(q, K, tile, c + u, lane, &wa[u], &wb[u]);
     ds_cu_grid_wait();
+    if (tr) tr[RT_WAIT] = ds_cu_gtimer();
     /* x's rows, ready in fp16 (head_x_kernel), into shared memory */
     for (int i = threadIdx.x; i < HB_ROWS * (K / 8); i += HB_THREADS) {
         const int m = i / (K / 8), j = i % (K / 8);
@@ -273,6 +278,7 @@ __global__ void __launch_bounds__(HB_THREADS)
         pv[blockIdx.x * HB_ROWS + threadIdx.x] = bv;
         pi[blockIdx.x * HB_ROWS + threadIdx.x] = bi;
     }
+    if (tr) tr[RT_END] = ds_cu_gtimer();
 }
 
 static unsigned head_blocks(const ds_cuda_backend *cb, int64_t V) {
@@ -314,7 +320,8 @@ bool ds_cu_head_bounds_run(ds_cuda_backend *cb, const struct ds_cu_head *h, ds_t
         return false;
     ds_cu_launch_smem(head_bounds_kernel, blocks, HB_THREADS, smem, cb->stream, (const uint8_t *)h->q,
                       (const float *)h->scale, (const float *)h->err, (const float *)h->norm, (const __half *)xg,
-                      (const float *)xinfo, M, (int)h->K, h->V, lo, hi, h->V, pv, pi);
+                      (const float *)xinfo, M, (int)h->K, h->V, lo, hi, h->V, pv, pi,
+                      ds_cu_ring_trace_slot(cb, M, RT_KIND_HEAD_BOUNDS, 0, (int)blocks));
     if (!ds_cu_launched(cb, "head bounds")) return false;
     *out = ds_cu_head_bounds{lo, hi, h->V, pv, pi, (int)blocks};
     return true;

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/head_bound.h"
 #include "backend/cuda/matmul_mma_frag.cuh"
+#include "backend/cuda/ring_trace.h"
 
 /* emb[0..r) = table[*id] as fp32. */
 __global__ void gather_row_kernel(float *emb, const void *table, int dtype, int64_t ts, int r, const int32_t *id) {
@@ -294,7 +295,12 @@ struct head_walk {
     int K;
     const float *x; /* the drafted rows (fp32, stride xs) */
     int64_t xs;
+    unsigned long long *trace; /* DS_CUDA_RING_TRACE: the launch's slot (ring_trace.h RT_KIND_HEAD_WALK), or NULL */
 };
+/* Thread 0's timestamp into field f of the block's trace record (tracing only). */
+__device__ __forceinline__ void head_walk_stamp(const head_walk &hw, int f) {
+    if (hw.trace && threadIdx.x == 0) ds_cu_trace_block(hw.trace)[f] = ds_cu_gtimer();
+}
 #define HEAD_GROUP 16 /* candidates a block computes at once (an mma's 16 weight rows) */
 template <bool Q> struct head_shared {};
 template <> struct head_shared<true> {
@@ -461,6 +467,7 @@ __device__ __forceinline__ void pruned_rows_best(const prune_rows &pr, const flo
         if (n < V && (bad || hi[q] >= lmax) && !(Q && n == 0)) sh.cand[atomicAdd(&sh.ncand, 1)] = (int)(n - nb);
     }
     __syncthreads();
+    if constexpr (Q) head_walk_stamp(hw, RT_WALK_STEP(s, 0));
     float bv = y0;
     int bi = Q ? 0x7fffffff : 0;
     const int cnt = sh.ncand;
@@ -555,9 +562,11 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
     __shared__ int prev_s;
     float *xsm = e + ((r + 3) & ~3);
     const int64_t nb = (int64_t)blockIdx.x * PRUNE_ROWS;
+    if constexpr (Q) head_walk_stamp(hw, RT_ENTRY);
     prune_rows pr; /* the previous token's independent part of each row's bound, before the wait */
     prune_rows_load(pr, coef, radius, k, nb, V);
     ds_cu_grid_wait();
+    if constexpr (Q) head_walk_stamp(hw, RT_WAIT);
     float bs[PRUNE_PER_THREAD], bsh[PRUNE_PER_THREAD]; /* this step's base logits of the thread's rows (Q: bounds) */
     const auto base_load = [&](int s) {
         if constexpr (Q) {
@@ -618,6 +627,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
         }
     }
     int prev = idx[0];
+    if constexpr (Q) head_walk_stamp(hw, RT_FIRST);
     for (int s = 0; s < G; s++) {
         const float *bsrow = base + (int64_t)s * bstride;
         if (threadIdx.x == 0) {
@@ -637,6 +647,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
             pis[blockIdx.x] = bi;
             /* the arrival releases the partial (no separate fence round trip) */
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ticket) : "memory");
+            if constexpr (Q) head_walk_stamp(hw, RT_WALK_STEP(s, 1));
             /* the next step's e is w1 of some block's best: have this one's in L2 by then */
             if (s + 1 < G && bi >= 0 && bi < V) {
                 const int esz = w1dt == DS_F32 ? 4 : 2;
@@ -668,7 +679,9 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
         }
         __syncthreads();
         prev = prev_s;
+        if constexpr (Q) head_walk_stamp(hw, RT_WALK_STEP(s, 2));
     }
+    if constexpr (Q) head_walk_stamp(hw, RT_END);
 }
 
 /* Whether the one-launch step applies: w2's rows 16-byte aligned in runs of 8. */
@@ -921,7 +934,8 @@ void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_te
     ds_cu_head_bounds hbnd;
     if (!ds_cu_head_bounds_run(cb, h, x, ws, &hbnd)) return;
     const head_walk hw = {hbnd.lo, hbnd.hi, hbnd.stride, hbnd.pv, hbnd.pi, hbnd.blocks, (const uint16_t *)head.data,
-                          head.stride, (int)head.cols, (const float *)x.data, x.stride};
+                          head.stride, (int)head.cols, (const float *)x.data, x.stride,
+                          ds_cu_ring_trace_slot(cb, G, RT_KIND_HEAD_WALK, 0, (int)blocks)};
     float *pv = (float *)(ws + hb);
     int *pi = (int *)(ws + hb + (size_t)G * blocks * sizeof(float));
 #define HWALK(DT_)                                                                                                  \

@@ -29,7 +29,15 @@ enum { RT_ENTRY, RT_WAIT, RT_FIRST, RT_END, RT_PRODUCED, RT_TILES, RT_TILE0,
  * (RT_TILE0), rows in (RT_NW), warp 0's heads normed (RT_XDONE), all
  * synced (RT_SYNCED). The q/k norm +
  * RoPE (+ K/V store) kernel: entry, wait returned, end. */
-enum { RT_KIND_ATTENTION = -1, RT_KIND_NORM_ROPE = -2 };
+enum { RT_KIND_ATTENTION = -1, RT_KIND_NORM_ROPE = -2, RT_KIND_HEAD_WALK = -3, RT_KIND_HEAD_BOUNDS = -4 };
+/* The greedy draft's head (markov.cu, head_bound.cu; M: the rows). The
+ * bounds kernel: entry, wait returned, end. The walk: entry, wait returned,
+ * prologue done (RT_FIRST: the best lower bounds merged, x in), end, and per
+ * step s (< 8) at RT_TILE0 + 3 s: the candidates listed (e gathered, proj e,
+ * the block's bounds), the block's best posted (the candidates' exact head
+ * and w2 rows, the scan), the step's token known (the grid barrier, the
+ * merge of every block's best). */
+#define RT_WALK_STEP(s, i) (RT_TILE0 + 3 * (s) + (i))
 
 /* Starts tracing into a device buffer; the file is written at close. */
 ds_error *ds_cu_ring_trace_open(ds_cuda_backend *cb, const char *path);
