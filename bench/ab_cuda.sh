@@ -7,7 +7,8 @@
 # TRACE_ENV a traced bench whose attention launches it summarizes per block
 # (quantiles of wait, prologue, key loop, drain; us from the launch before), the
 # critical paths of a decode, a verify and a draft, and the draft head's walk per step;
-# KEEP_TRACE=1 also brings the trace back (ab/trace.txt.xz in $OUT/ab.tar.xz).
+# KEEP_TRACE=1 also brings the trace back (ab/trace.txt.xz in $OUT/ab.tar.xz; the 8B bench's trace is
+# ~700 MB of text: with TESTS=1 and a round of bench, a traced call takes 400-500 s, session 31).
 #
 #   bash bench/make_devdata.sh            # here, once per checkout
 #   # on the device (carry: [".devdata/debs", ".devdata/devenv.sh", ".devdata/cblas_standin.c"]: the tracked tree
@@ -129,7 +130,7 @@ if [ -n "${TRACE_ENV:-}" ]; then
     echo "the greedy draft's head (bounds kernel and walk, per step):"
     python3 bench/ring_timeline.py $R/trace.txt --walk
     # KEEP_TRACE=1: the trace comes back in ab.tar.xz (ab/trace.txt.xz) for ring_timeline.py's other modes here
-    if [ -n "${KEEP_TRACE:-}" ]; then xz -6 $R/trace.txt; else rm -f $R/trace.txt; fi
+    if [ -n "${KEEP_TRACE:-}" ]; then xz -T0 -3 $R/trace.txt; else rm -f $R/trace.txt; fi
 fi
 [ -z "${OUT:-}" ] || tar -C /tmp -cJf "$OUT/ab.tar.xz" ab
 t done
