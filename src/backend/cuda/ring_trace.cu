@@ -5,8 +5,9 @@
  * each tile's last stage (the first RING_TRACE_TILES), the end — which are
  * written to the file when the backend is destroyed, one line per block:
  *   slot M K tiles block t_entry t_wait t_first t_end t_produced tiles_done t_tile0 ...
- * The attention and q/k norm + RoPE kernels between them are traced too (K <
- * 0: ring_trace.h), so the attention window of a layer can be read.
+ * The attention, q/k norm + RoPE and draft head (bounds, walk) kernels are
+ * traced too (K < 0: ring_trace.h), so the attention window of a layer and
+ * the walk's steps can be read.
  * bench/ring_timeline.py turns the last decode step into a table.
  *
  * Why: the kernels of a decode step overlap (programmatic dependent launch)
