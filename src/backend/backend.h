@@ -123,7 +123,8 @@ typedef struct {
     int64_t graphs;       /* recordings held now */
     int64_t d2h;          /* device->host copies the host waited for (downloads, argmax / walk results outside
                              regions, region outputs): a greedy DSpark round with graphs on makes one */
-    int64_t weight_copies;     /* weights the backend also holds in a layout of its own (CUDA: the ring's boxes) */
+    int64_t weight_copies;     /* weights the backend also holds in a layout of its own (CUDA: the ring's boxes,
+                                  the drafter's LM head in int8 for its bounds) */
     int64_t weight_copy_bytes; /* the device memory those copies take */
 } ds_region_stats;
 

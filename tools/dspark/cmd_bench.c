@@ -442,7 +442,7 @@ done:
         cJSON_AddNumberToObject(g, "replays", (double)rs.replays);
         cJSON_AddNumberToObject(g, "regions_op_by_op", (double)rs.eager);
         cJSON_AddNumberToObject(g, "graphs_held", (double)rs.graphs);
-        cJSON *wc = cJSON_AddObjectToObject(root, "weight_copies"); /* CUDA: the ring's box copies */
+        cJSON *wc = cJSON_AddObjectToObject(root, "weight_copies"); /* CUDA: the ring's boxes, the draft head's int8 */
         cJSON_AddNumberToObject(wc, "tensors", (double)rs.weight_copies);
         cJSON_AddNumberToObject(wc, "bytes", (double)rs.weight_copy_bytes);
     }
@@ -473,7 +473,8 @@ static void print_report(const cJSON *r) {
     }
     const cJSON *wc = cJSON_GetObjectItemCaseSensitive(r, "weight_copies");
     if (wc && NUM(wc, "tensors") > 0)
-        printf("layout     %.0f weights also held as 16 x 256 boxes for the ring: %.3f GB more device memory\n",
+        printf("layout     %.0f weight copies in the backend's own layouts (CUDA: the ring's 16 x 256 boxes, the draft "
+               "head's int8 bounds): %.3f GB more device memory\n",
                NUM(wc, "tensors"), NUM(wc, "bytes") / 1e9);
     printf("prefill    %.0f tokens: %.2f ms, %.1f tokens/s\n", NUM(r, "prompt_len"), NUM(pf, "seconds") * 1e3,
            NUM(pf, "tokens_per_s"));
