@@ -315,13 +315,8 @@ template <> struct head_shared<true> {
  * against the base rows at bf16's rounding of the logits (bf16) or as they are. */
 __device__ __forceinline__ float head_base(float raw, int bf16) { return bf16 ? ds_cu_rbf16(raw) : raw; }
 
-/* The exact raw logits of candidates cand[g0 .. g0 + n) (n <= 16, rows nb +
- * cand[i]) against x (K fp32 values in shared memory), in
- * matmul_mma_frag.cuh's order: emulated warp ew of MMA_WARPS takes the 32-wide
- * chunks ew, ew + 16, ... (real warp w takes ew = w and w + STEP_WARPS), each
- * an mma_chunk with the candidate in weight row g (or g + 8) and x in column
- * 0, and the 16 partials are added in ew order (mma_store_rows). Every thread
- * of the block calls it. */
+/* head_exact_rows' products: each emulated warp's partial sum of rows ra
+ * (weight row g) and rb (g + 8; -1: none) into hs.red[ew][g], [g + 8]. */
 template <int R> /* R = 1: rows g only (n <= 8), both emulated warps' loads in flight at once; 2: rows g, g + 8 */
 __device__ __forceinline__ void head_exact_pass(const head_walk &hw, const float *xsm, int64_t ra, int64_t rb,
                                                 head_shared<true> &hs) {
