@@ -801,8 +801,13 @@ static void test_cli_bad_prompt_file(void) {
         const char *line, *message;
     } cases[] = {
         {"{\"input_ids\": [1, 99999]}\n", "prompts.jsonl:1: prompt token 99999 at index 1 is outside the vocabulary"},
-        {"\n{\"input_ids\": []}\n", "prompts.jsonl:2: empty prompt"},
-        {"{\"input_ids\": [1, -3]}\n", "prompts.jsonl:1: input_ids[1] is not a token id"},
+        {"\n{\"input_ids\": []}\n", "prompts.jsonl:2: input_ids is empty"},
+        {"{\"input_ids\": [1, -3]}\n", "prompts.jsonl:1: input_ids[1] = -3 is not an integer token id"},
+        /* Truncating 3.5 to 3 would generate from another prompt. */
+        {"{\"input_ids\": [1, 3.5]}\n", "prompts.jsonl:1: input_ids[1] = 3.5 is not an integer token id"},
+        {"{\"input_ids\": [1, 1e300]}\n", "prompts.jsonl:1: input_ids[1] = 1.0000000000000001e+300 is not an integer"},
+        {"{\"input_ids\": [1]} trailing\n", "prompts.jsonl:1: text after the JSON object"},
+        {"{\"messages\": [{\"role\": \"user\"}]}\n", "prompts.jsonl:1: messages[0] needs \"role\" and \"content\""},
         {"{\"input_ids\": 5}\n", "prompts.jsonl:1: input_ids is not a list"},
         {"{\"text\": \"hi\"}\n", "prompts.jsonl:1: line has no \"prompt\" string"},
         {"not json\n", "prompts.jsonl:1: not a JSON object"},

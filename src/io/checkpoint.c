@@ -1,19 +1,28 @@
 #include "io/checkpoint.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 ds_error *ds_read_file(const char *path, char **out, size_t *len) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf("%s: cannot open: %s", path, strerror(errno));
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+     * writer forever; the fstat below then refuses it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return ds_errorf("%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
         return ds_errorf("%s: not a readable regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return ds_errorf("%s: cannot open: %s", path, strerror(errno));
     }
     size_t n = (size_t)sb.st_size;
     char *buf = malloc(n + 1);
@@ -26,6 +35,32 @@ ds_error *ds_read_file(const char *path, char **out, size_t *len) {
     if (got != n) {
         free(buf);
         return ds_errorf("%s: short read (%zu of %zu bytes)", path, got, n);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return NULL;
+}
+
+ds_error *ds_read_stream(FILE *f, const char *name, char **out, size_t *len) {
+    *out = NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) return ds_errorf("%s: out of memory (%zu bytes read)", name, n);
+        if (n + 1 >= cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown) free(buf);
+            buf = grown;
+            continue;
+        }
+        size_t k = fread(buf + n, 1, cap - 1 - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    if (ferror(f)) {
+        free(buf);
+        return ds_errorf("%s: read error", name);
     }
     buf[n] = 0;
     *out = buf;

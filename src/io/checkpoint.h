@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "io/safetensors.h"
 
@@ -33,6 +34,9 @@ char *ds_path_join(const char *dir, const char *name);
 bool ds_path_exists(const char *path);
 /* Reads a whole file into a NUL-terminated buffer. */
 ds_error *ds_read_file(const char *path, char **out, size_t *len);
+/* Reads f to its end (standard input for "-" arguments) into a
+ * NUL-terminated buffer; name is what errors call it. */
+ds_error *ds_read_stream(FILE *f, const char *name, char **out, size_t *len);
 /* Parses a JSON file. */
 ds_error *ds_read_json(const char *path, cJSON **out);
 

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
+#include "io/prompt_file.h"
 #include "spec/generate.h"
 #include "spec/metrics.h"
 #include "tokenizer/chat_template.h"
@@ -263,67 +264,35 @@ static ds_error *chat_ids(session *s, const ds_chat_message *msgs, size_t n, int
     return e;
 }
 
-static ds_error *messages_ids(session *s, const cJSON *arr, int32_t **ids, size_t *n_ids) {
-    if (!cJSON_IsArray(arr)) return ds_errorf("messages is not a list");
-    size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
-    ds_chat_message *msgs = calloc(n ? n : 1, sizeof *msgs);
-    if (!msgs) return ds_errorf("out of memory");
-    ds_error *e = NULL;
-    for (const cJSON *m = arr->child; m && !e; m = m->next, i++) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!cJSON_IsString(role) || !cJSON_IsString(content))
-            e = ds_errorf("messages[%zu] needs \"role\" and \"content\" strings", i);
-        else msgs[i] = (ds_chat_message){role->valuestring, content->valuestring};
-    }
-    if (!e) e = chat_ids(s, msgs, n, ids, n_ids);
-    free(msgs);
-    return e;
-}
-
-/* One prompt: the line's input_ids, its messages through the chat template,
- * or its text (a user turn with --chat) through the tokenizer. */
-static ds_error *prompt_ids(const options *o, session *s, const cJSON *line, const char *text, int32_t **ids,
-                            size_t *n) {
-    const cJSON *arr = line ? cJSON_GetObjectItemCaseSensitive(line, "input_ids") : NULL;
-    if (arr) {
-        if (!cJSON_IsArray(arr)) return ds_errorf("input_ids is not a list");
-        *n = (size_t)cJSON_GetArraySize(arr);
-        *ids = malloc((*n ? *n : 1) * sizeof **ids);
-        size_t i = 0;
-        for (const cJSON *v = arr->child; v; v = v->next, i++) {
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 2147483647.0) {
-                free(*ids);
-                return ds_errorf("input_ids[%zu] is not a token id", i);
-            }
-            (*ids)[i] = (int32_t)v->valuedouble;
-        }
+/* One prompt: its input_ids, its messages through the chat template, or its
+ * text (a user turn with --chat) through the tokenizer. */
+static ds_error *prompt_ids(const options *o, session *s, const ds_prompt *p, int32_t **ids, size_t *n) {
+    switch (p->kind) {
+    case DS_PROMPT_IDS:
+        *n = p->n_ids;
+        if (!(*ids = malloc(*n * sizeof **ids))) return ds_errorf("out of memory");
+        memcpy(*ids, p->ids, *n * sizeof **ids);
         return NULL;
-    }
-    const cJSON *msgs = line ? cJSON_GetObjectItemCaseSensitive(line, "messages") : NULL;
-    if (msgs) return messages_ids(s, msgs, ids, n);
-    if (line) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(line, "prompt");
-        if (!cJSON_IsString(p)) return ds_errorf("line has no \"prompt\" string, \"messages\" or \"input_ids\"");
-        text = p->valuestring;
+    case DS_PROMPT_MESSAGES: return chat_ids(s, p->messages, p->n_messages, ids, n);
+    case DS_PROMPT_TEXT: break;
     }
     if (o->chat) {
-        ds_chat_message user = {"user", text};
+        ds_chat_message user = {"user", p->text};
         return chat_ids(s, &user, 1, ids, n);
     }
-    return ds_tokenizer_encode(s->tok, text, strlen(text), false, ids, n);
+    return ds_tokenizer_encode(s->tok, p->text, strlen(p->text), false, ids, n);
 }
 
-static ds_error *run_one(const options *o, session *s, const cJSON *line, const char *text, ds_metrics *m) {
+static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_metrics *m) {
     int32_t *ids;
     size_t n;
-    DS_TRY(prompt_ids(o, s, line, text, &ids, &n));
+    DS_TRY(prompt_ids(o, s, p, &ids, &n));
     stream_ctx sc = {.detok = ds_detok_new(s->tok, true), .stream = !o->json};
     ds_gen_result r;
     ds_error *e = ds_generate(s->target, s->drafter, ids, (int)n, &o->gen, on_token, &sc, &r);
     if (!e) {
         if (o->json) {
-            print_json(s->tok, line ? cJSON_GetObjectItemCaseSensitive(line, "id") : NULL, (int)n, &r, s->drafter != NULL);
+            print_json(s->tok, p->id, (int)n, &r, s->drafter != NULL);
         } else {
             const char *tail;
             size_t len;
@@ -346,23 +315,16 @@ static ds_error *run_one(const options *o, session *s, const cJSON *line, const 
     return e;
 }
 
+/* The whole file is parsed before the first prompt runs, so a bad line 30
+ * is reported at once rather than after 29 generations. */
 static ds_error *run_file(const options *o, session *s, ds_metrics *m) {
-    char *buf;
-    DS_TRY(ds_read_file(o->prompt_file, &buf, NULL));
+    ds_prompt_list list;
+    DS_TRY(ds_prompt_file_read(o->prompt_file, &list));
+    const char *name = strcmp(o->prompt_file, "-") ? o->prompt_file : "<stdin>";
     ds_error *e = NULL;
-    int lineno = 0;
-    for (char *line = buf, *next; line && *line && !e; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
-        lineno++;
-        if (!line[strspn(line, " \t\r")]) continue;
-        cJSON *obj = cJSON_Parse(line);
-        if (!cJSON_IsObject(obj)) e = ds_errorf("not a JSON object");
-        else e = run_one(o, s, obj, NULL, m);
-        cJSON_Delete(obj);
-        if (e) e = ds_error_wrap(e, "%s:%d", o->prompt_file, lineno);
-    }
-    free(buf);
+    for (size_t i = 0; i < list.n && !e; i++)
+        e = ds_error_wrap(run_one(o, s, &list.items[i], m), "%s:%d", name, list.items[i].line);
+    ds_prompt_list_free(&list);
     return e;
 }
 
@@ -373,7 +335,8 @@ int cmd_generate(int argc, char **argv) {
     session s = {0};
     ds_metrics m = {0};
     ds_error *e = open_session(&o, &s);
-    if (!e) e = o.prompt_file ? run_file(&o, &s, &m) : run_one(&o, &s, NULL, o.prompt, &m);
+    ds_prompt one = {.kind = DS_PROMPT_TEXT, .text = (char *)o.prompt};
+    if (!e) e = o.prompt_file ? run_file(&o, &s, &m) : run_one(&o, &s, &one, &m);
     if (!e && o.json && o.prompt_file) print_summary(&m, s.drafter != NULL);
     close_session(&s);
     if (e) {
