@@ -26,5 +26,6 @@ double ds_metrics_verify_rate(const ds_metrics *m) {
 }
 
 double ds_metrics_accept_rate_at(const ds_metrics *m, int k) {
+    if (k < 0 || k >= DS_MAX_GAMMA) return -1; /* no proposal reaches past the arrays */
     return m->proposals_at[k] ? (double)m->accepted_at[k] / (double)m->proposals_at[k] : -1;
 }

@@ -19,7 +19,7 @@ typedef struct {
 void ds_metrics_add(ds_metrics *m, const ds_gen_result *r);
 double ds_metrics_tau(const ds_metrics *m);
 double ds_metrics_verify_rate(const ds_metrics *m);
-/* -1 where no round proposed more than k tokens. */
+/* -1 where no round proposed more than k tokens (any k, negative or past DS_MAX_GAMMA included). */
 double ds_metrics_accept_rate_at(const ds_metrics *m, int k);
 
 #endif
