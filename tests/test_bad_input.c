@@ -270,6 +270,45 @@ static void test_safetensors_overlapping_offsets(void) {
     EXPECT_ST(st, "overlap", "big");
 }
 
+/* [15.5, 31.5] would truncate to [15, 31]: 16 bytes, as F32[4] needs, that
+ * overlap x; the fraction itself is the fault and is named as such. */
+static void test_safetensors_fractional_offsets(void) {
+    char st[PATH_LEN];
+    fresh_st(st, "frac-offsets");
+    write_st(st,
+             "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+             "\"y\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[15.5,31.5]}}",
+             32);
+    EXPECT_ST(st, "tensor y: data_offsets [15.5, 31.5] are not integer byte offsets", st);
+    write_st(st, "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16.25]}}", 32);
+    EXPECT_ST(st, "tensor x: data_offsets [0, 16.25] are not integer byte offsets", st);
+}
+
+/* A FIFO (or any non-regular file) where a file is expected is refused at
+ * once; opening it for reading would otherwise wait for a writer forever.
+ * alarm() turns a regression into a failed test rather than a hung one. */
+static void test_fifo_instead_of_file(void) {
+    char dir[PATH_LEN], st[PATH_LEN], cfg[PATH_LEN];
+    fresh_dir(dir, "fifo");
+    join(st, dir, "model.safetensors");
+    join(cfg, dir, "config.json");
+    CHECK(mkfifo(st, 0644) == 0, "mkfifo %s", st);
+    alarm(60);
+    EXPECT_ST(st, "not a regular file", st);
+    char *text = read_text_file(FIX "/target/config.json", NULL);
+    CHECK(text, "cannot read the fixture's config.json");
+    if (text) write_text(cfg, text);
+    free(text);
+    EXPECT_TARGET(dir, "not a regular file", "model.safetensors");
+    remove(cfg);
+    CHECK(mkfifo(cfg, 0644) == 0, "mkfifo %s", cfg);
+    EXPECT_TARGET(dir, "not a readable regular file", "config.json");
+    char *buf = NULL;
+    CHECK_ERR2(ds_read_file(cfg, &buf, NULL), "not a readable regular file", cfg);
+    free(buf);
+    alarm(0);
+}
+
 static void test_safetensors_offsets_outside_file(void) {
     char st[PATH_LEN];
     fresh_st(st, "outside");
@@ -489,14 +528,15 @@ static void test_config_wrong_type(void) {
         {"vocab_size", "[512]", "config field vocab_size is not an integer"},
         {"num_hidden_layers", "0", "config field num_hidden_layers = 0 is out of range"},
         {"num_attention_heads", "-4", "config field num_attention_heads = -4 is out of range"},
-        {"intermediate_size", "1e300", "config field intermediate_size is not an integer"},
+        {"intermediate_size", "1e300", "config field intermediate_size = 1.0000000000000001e+300 is out of range"},
         {"num_key_value_heads", "3", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"},
-        {"num_key_value_heads", "4294967298", "config field num_key_value_heads = 4294967298 is out of range"},
+        {"num_key_value_heads", "4294967298",
+         "config field num_key_value_heads = 4294967298 is out of range (at most 4096)"},
         {"head_dim", "15", "head_dim 15 must be even"},
         {"head_dim", "4294967312", "config field head_dim = 4294967312 is out of range"},
-        {"head_dim", "1073741824", "num_attention_heads 4 x head_dim 1073741824 is out of range"},
-        {"intermediate_size", "1073741824",
-         "tensor model.layers.0.mlp.gate_proj.weight has shape [160, 64], expected [1073741824, 64]"},
+        {"head_dim", "1073741824", "config field head_dim = 1073741824 is out of range (at most 4096)"},
+        {"intermediate_size", "1048576",
+         "tensor model.layers.0.mlp.gate_proj.weight has shape [160, 64], expected [1048576, 64]"},
         {"max_position_embeddings", "0", "config field max_position_embeddings = 0 is out of range"},
         {"max_position_embeddings", "4294968320", "config field max_position_embeddings = 4294968320 is out of range"},
         {"rms_norm_eps", "\"small\"", "config field rms_norm_eps is not a number"},
@@ -513,6 +553,32 @@ static void test_config_wrong_type(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[PATH_LEN];
         copy_model(dir, FIX "/target", cases[i].field);
+        edit_config(dir, cases[i].field, js(cases[i].value));
+        EXPECT_TARGET(dir, cases[i].message, dir);
+    }
+}
+
+/* Sizes no model has are refused when the config is read, naming the field,
+ * before anything is sized from them (num_hidden_layers 1e9 used to reach a
+ * billion-entry calloc: a bare "out of memory", an abort under ASan). */
+static void test_config_absurd_sizes(void) {
+    static const struct {
+        const char *field, *value, *message;
+    } cases[] = {
+        {"num_hidden_layers", "1e9", "config field num_hidden_layers = 1000000000 is out of range (at most 1024)"},
+        {"num_hidden_layers", "1025", "config field num_hidden_layers = 1025 is out of range (at most 1024)"},
+        {"max_position_embeddings", "1e9",
+         "config field max_position_embeddings = 1000000000 is out of range (at most 16777216)"},
+        {"vocab_size", "1e9", "config field vocab_size = 1000000000 is out of range (at most 16777216)"},
+        {"hidden_size", "1e9", "config field hidden_size = 1000000000 is out of range (at most 131072)"},
+        {"num_attention_heads", "-1e9", "config field num_attention_heads = -1000000000 is out of range"},
+        /* Gemma-style nesting is looked into too. */
+        {"text_config", "{\"num_hidden_layers\": 1e12}",
+         "config field num_hidden_layers = 1000000000000 is out of range (at most 1024)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[PATH_LEN];
+        copy_model(dir, FIX "/target", "absurd");
         edit_config(dir, cases[i].field, js(cases[i].value));
         EXPECT_TARGET(dir, cases[i].message, dir);
     }
@@ -622,8 +688,8 @@ static void test_drafter_markov_config(void) {
     drafter_with("conf-no-markov", "markov_rank", "0",
                  "confidence_head_with_markov needs a Markov head (markov_rank > 0)");
     /* Checked against the weights before any buffer is sized by it (16 GB here). */
-    drafter_with("inter-huge", "intermediate_size", "1073741824",
-                 "tensor layers.0.mlp.gate_proj.weight has shape [160, 64], expected [1073741824, 64]");
+    drafter_with("inter-huge", "intermediate_size", "1048576",
+                 "tensor layers.0.mlp.gate_proj.weight has shape [160, 64], expected [1048576, 64]");
     drafter_with("block-0", "block_size", "0", "block_size 0 is outside 1..32");
     drafter_with("block-33", "block_size", "33", "block_size 33 is outside 1..32");
 }
@@ -680,6 +746,8 @@ static void test_max_new_past_context(void) {
         ds_error_free(e);
         CHECK(e || r.n_tokens == 24 - 5 + 1, "%d tokens (expected 20: the rest of the context, plus one)",
               r.n_tokens);
+        CHECK(e || (r.stop_reason == DS_STOP_CONTEXT && !r.stopped), "stop reason %s, expected context",
+              ds_stop_reason_name(r.stop_reason));
         if (!e) ds_gen_result_free(&r);
     }
     ds_drafter_free(d);
@@ -736,17 +804,22 @@ static void test_prompt_invalid_utf8(void) {
 
 /* ---- the CLI ----------------------------------------------------------- */
 
-/* Runs `dspark ARGS`, stdout discarded; returns the exit code (-1 if it did
- * not exit normally) and stderr (malloc'd) in *err. */
-static int run_cli(const char *args, char **err) {
-    char errf[PATH_LEN], cmd[4 * PATH_LEN];
+/* Runs `dspark ARGS` (a shell line: it may redirect stdin); returns the exit
+ * code (-1 if it did not exit normally), stderr (malloc'd) in *err and, when
+ * out is not NULL, stdout in *out (else stdout is discarded). */
+static int run_cli_out(const char *args, char **out, char **err) {
+    char errf[PATH_LEN], outf[PATH_LEN], cmd[4 * PATH_LEN];
     join(errf, root, "cli.stderr");
-    snprintf(cmd, sizeof cmd, "'%s' %s >/dev/null 2>'%s'", DS_CLI, args, errf);
+    join(outf, root, "cli.stdout");
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>'%s'", DS_CLI, args, out ? outf : "/dev/null", errf);
     int st = system(cmd);
     *err = read_text_file(errf, NULL);
     if (!*err) *err = calloc(1, 1);
+    if (out && !(*out = read_text_file(outf, NULL))) *out = calloc(1, 1);
     return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+static int run_cli(const char *args, char **err) { return run_cli_out(args, NULL, err); }
 
 #define CHECK_CLI(args, want_rc, needle)                                                              \
     do {                                                                                              \
@@ -773,7 +846,21 @@ static void test_cli_missing_model_dir(void) {
 static void test_cli_bad_flags(void) {
     CHECK_CLI("generate --no-such-flag -p x", 2, "no-such-flag");
     CHECK_CLI("generate -p x -n many", 2, "-n expects a number, got 'many'");
-    CHECK_CLI("generate -p x --top-p 0", 2, "--top-p in (0, 1]");
+    CHECK_CLI("generate -p x --top-p 0", 2, "--top-p must be in (0, 1], got 0");
+    /* strtof takes nan and inf: every range is written so NaN fails it. */
+    CHECK_CLI("generate -p x --temp nan", 2, "--temp must be a finite number >= 0, got nan");
+    CHECK_CLI("generate -p x --temp -0.5", 2, "--temp must be a finite number >= 0, got -0.5");
+    CHECK_CLI("generate -p x --temp inf", 2, "--temp must be a finite number >= 0, got inf");
+    CHECK_CLI("generate -p x --top-p nan", 2, "--top-p must be in (0, 1], got nan");
+    CHECK_CLI("generate -p x --top-p 1.5", 2, "--top-p must be in (0, 1], got 1.5");
+    CHECK_CLI("generate -p x --top-k -1", 2, "--top-k must be >= 0, got -1");
+    CHECK_CLI("generate -p x --threshold nan", 2, "--threshold must be in [0, 1], got nan");
+    CHECK_CLI("generate -p x --threshold -0.5", 2, "--threshold must be in [0, 1], got -0.5");
+    CHECK_CLI("generate -p x --threshold 1.5", 2, "--threshold must be in [0, 1], got 1.5");
+    CHECK_CLI("generate -p x --gamma 0", 2, "--gamma must be >= 1, got 0");
+    CHECK_CLI("generate -p x --threads 0", 2, "--threads must be >= 1, got 0");
+    /* Above the block size it used to be cut silently; the bundled drafter's is 7. */
+    CHECK_CLI("generate -p x --gamma 8 --threads 1", 1, "--gamma 8 is above the drafter's block size 7");
     CHECK_CLI("generate -p x --prompt-file y", 2, "give exactly one of -p TEXT or --prompt-file F");
     CHECK_CLI("generate -p x stray", 2, "unexpected argument 'stray'");
     CHECK_CLI("generate -m", 2, "requires an argument");
@@ -824,6 +911,128 @@ static void test_cli_bad_prompt_file(void) {
     CHECK_CLI(args, 1, "none.jsonl: cannot open: No such file or directory");
 }
 
+/* The qwen3-tiny fixture's prompt and its reference greedy continuation
+ * (golden.json: prompt_ids, ar_output_ids == spec_output_ids). */
+static const char *const tiny_prompt =
+    "[401,486,458,307,274,357,222,314,270,349,135,218,25,272,295,92,17,261,169,180,244,400,145,246]";
+static const char *const tiny_ar48 =
+    "\"tokens\":[291,17,511,276,198,224,454,40,223,61,46,454,446,446,461,336,471,158,113,454,449,322,471,158,113,"
+    "454,471,158,255,242,430,398,386,336,473,26,39,431,17,471,471,471,471,471,471,275,337,471]";
+
+/* Runs ARGS, expecting exit 0 and stdout containing every needle and none of `absent`. */
+static void check_cli_out(const char *args, const char *const *needles, int n, const char *absent) {
+    char *out, *err;
+    int rc = run_cli_out(args, &out, &err);
+    CHECK(rc == 0, "dspark %s: exit %d; stderr: %s", args, rc, err);
+    for (int i = 0; i < n; i++) CHECK(strstr(out, needles[i]), "dspark %s: stdout lacks %s: %s", args, needles[i], out);
+    CHECK(!absent || !strstr(out, absent), "dspark %s: stdout has %s: %s", args, absent, out);
+    free(out);
+    free(err);
+}
+
+/* The fixture has no tokenizer.json: id prompts generate (the reference's
+ * tokens, no "text"); a text prompt names what is missing and the fix. */
+static void test_cli_ids_without_tokenizer(void) {
+    char dir[PATH_LEN], path[PATH_LEN], line[512], args[4 * PATH_LEN];
+    fresh_dir(dir, "cli-ids");
+    join(path, dir, "ids.jsonl");
+    snprintf(line, sizeof line, "{\"id\": \"tiny\", \"input_ids\": %s}\n", tiny_prompt);
+    write_text(path, line);
+    const char *want[] = {"\"id\":\"tiny\",\"prompt_tokens\":24,", tiny_ar48, "\"stop_reason\":\"length\""};
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 48 --threads 1 --json --prompt-file '%s'",
+             FIX "/target", path);
+    check_cli_out(args, want, 3, "\"text\"");
+    snprintf(args, sizeof args, "generate -m '%s' -d '%s' -n 48 --threads 1 --json --prompt-file - < '%s'",
+             FIX "/target", FIX "/drafter", path);
+    check_cli_out(args, want, 3, "\"text\"");
+    /* Without --json the ids are streamed. */
+    const char *plain[] = {"291 17 511 276 "};
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 4 --threads 1 --prompt-file '%s'", FIX "/target", path);
+    check_cli_out(args, plain, 1, NULL);
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 4 --threads 1 -p hello", FIX "/target");
+    CHECK_CLI(args, 1, "a text prompt needs a tokenizer, and " FIX "/target has no tokenizer.json: give --tokenizer PATH");
+    write_text(path, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 4 --threads 1 --prompt-file '%s'", FIX "/target", path);
+    CHECK_CLI(args, 1, "ids.jsonl:1: a chat prompt needs a tokenizer");
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 4 --threads 1 --tokenizer '%s/none.json' -p hi",
+             FIX "/target", dir);
+    CHECK_CLI(args, 1, "none.json");
+    /* --tokenizer given a directory or its file; a pico copy without its own. */
+    char pico[PATH_LEN], tok[PATH_LEN];
+    copy_model(pico, DS_MODELS "/pico-qwen3", "cli-pico-no-tokenizer");
+    join(tok, pico, "tokenizer.json");
+    remove(tok);
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 3 --threads 1 --json -p 'It is'", pico);
+    CHECK_CLI(args, 1, "give --tokenizer PATH");
+    const char *text[] = {"\"text\":\"", "\"prompt_tokens\":2,"};
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 3 --threads 1 --json --tokenizer '%s' -p 'It is'",
+             pico, DS_MODELS "/pico-qwen3");
+    check_cli_out(args, text, 2, NULL);
+    snprintf(args, sizeof args,
+             "generate -m '%s' --no-draft -n 3 --threads 1 --json --tokenizer '%s/tokenizer.json' -p 'It is'", pico,
+             DS_MODELS "/pico-qwen3");
+    check_cli_out(args, text, 2, NULL);
+}
+
+/* stop_reason: "stop" at a stop token, "length" at -n, "context" when the
+ * context ends first (with a warning naming it); "stopped" is kept. */
+static void test_cli_stop_reason(void) {
+    char dir[PATH_LEN], path[PATH_LEN], line[512], args[4 * PATH_LEN];
+    copy_model(dir, FIX "/target", "cli-stop-reason");
+    join(path, dir, "ids.jsonl");
+    snprintf(line, sizeof line, "{\"input_ids\": %s}\n", tiny_prompt);
+    write_text(path, line);
+    edit_config(dir, "eos_token_id", js("17")); /* the reference's second token */
+    const char *stop[] = {"\"tokens\":[291,17],\"stopped\":true,\"stop_reason\":\"stop\""};
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 48 --threads 1 --json --prompt-file '%s'", dir, path);
+    check_cli_out(args, stop, 1, NULL);
+    snprintf(args, sizeof args, "generate -m '%s' -d '%s' -n 48 --threads 1 --json --prompt-file '%s'", dir,
+             FIX "/drafter", path);
+    check_cli_out(args, stop, 1, NULL);
+    const char *length[] = {"\"tokens\":[291],\"stopped\":false,\"stop_reason\":\"length\""};
+    snprintf(args, sizeof args, "generate -m '%s' --no-draft -n 1 --threads 1 --json --prompt-file '%s'", dir, path);
+    check_cli_out(args, length, 1, NULL);
+    /* 30 positions, 24 in the prompt: 7 tokens (the last needs no position). */
+    edit_config(dir, "max_position_embeddings", js("30"));
+    const char *context[] = {"\"tokens\":[291,17,511,276,198,224,454],\"stopped\":false,\"stop_reason\":\"context\""};
+    for (int spec = 0; spec < 2; spec++) {
+        snprintf(args, sizeof args,
+                 "generate -m '%s' %s%s%s -n 5000 --ignore-eos --threads 1 --json --prompt-file '%s'", dir,
+                 spec ? "-d '" : "--no-draft", spec ? FIX "/drafter" : "", spec ? "'" : "", path);
+        check_cli_out(args, context, 1, NULL);
+        CHECK_CLI(args, 0, "warning: stopped after 7 of 5000 new tokens: the model's context of 30 tokens is full");
+    }
+}
+
+/* "-" reads standard input: -p - the prompt text (as is), --prompt-file - the lines. */
+static void test_cli_stdin(void) {
+    char dir[PATH_LEN], txt[PATH_LEN], jsonl[PATH_LEN], args[4 * PATH_LEN];
+    fresh_dir(dir, "cli-stdin");
+    join(txt, dir, "prompt.txt");
+    join(jsonl, dir, "prompts.jsonl");
+    write_text(txt, "It is a truth universally");
+    write_text(jsonl, "{\"prompt\": \"It is a truth universally\"}\n");
+    char *outs[3], *err;
+    const char *forms[3] = {"-p 'It is a truth universally'", "-p - < '%s'", "--prompt-file - < '%s'"};
+    for (int i = 0; i < 3; i++) {
+        char form[2 * PATH_LEN];
+        snprintf(form, sizeof form, forms[i], i == 1 ? txt : jsonl);
+        snprintf(args, sizeof args, "generate --no-draft -n 6 --threads 1 --json %s", form);
+        int rc = run_cli_out(args, &outs[i], &err);
+        CHECK(rc == 0 && strstr(outs[i], "\"prompt_tokens\":6,"), "dspark %s: exit %d, %s %s", args, rc, outs[i], err);
+        free(err);
+    }
+    /* Same prompt, same tokens: compare the "tokens" arrays. */
+    for (int i = 1; i < 3; i++) {
+        const char *a = strstr(outs[0], "\"tokens\":"), *b = strstr(outs[i], "\"tokens\":");
+        CHECK(a && b && !strncmp(a, b, (size_t)(strchr(a, ']') - a)), "%s: tokens differ: %s vs %s", forms[i], outs[0],
+              outs[i]);
+    }
+    for (int i = 0; i < 3; i++) free(outs[i]);
+    snprintf(args, sizeof args, "generate --no-draft -n 2 --threads 1 --prompt-file - < /dev/null");
+    CHECK_CLI(args, 1, "<stdin>: no prompts");
+}
+
 /* ---- driver ------------------------------------------------------------ */
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -839,6 +1048,8 @@ static const struct {
     T(test_safetensors_truncated_mid_data),  T(test_safetensors_truncated_in_header),
     T(test_safetensors_header_length_past_end), T(test_safetensors_bad_header_json),
     T(test_safetensors_overlapping_offsets), T(test_safetensors_offsets_outside_file),
+    T(test_safetensors_fractional_offsets),  T(test_fifo_instead_of_file),
+    T(test_config_absurd_sizes),
     T(test_safetensors_unknown_dtype),       T(test_safetensors_shape_byte_mismatch),
     T(test_safetensors_duplicate_name),      T(test_safetensors_unreadable),
     T(test_pristine_copies_load),            T(test_missing_directory_and_files),
@@ -853,7 +1064,8 @@ static const struct {
     T(test_max_new_past_context),            T(test_prompt_invalid_utf8),
     T(test_cli_missing_model_dir),           T(test_cli_bad_flags),
     T(test_cli_bad_prompt_file),             T(test_cli_max_new_past_context),
-    T(test_tokenizer_unsupported_model),
+    T(test_tokenizer_unsupported_model),     T(test_cli_ids_without_tokenizer),
+    T(test_cli_stop_reason),                 T(test_cli_stdin),
 };
 
 int main(void) {

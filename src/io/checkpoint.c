@@ -1,4 +1,5 @@
 #include "io/checkpoint.h"
+#include "io/config.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -155,6 +156,7 @@ ds_error *ds_checkpoint_open(const char *dir, ds_checkpoint **out) {
     else if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) e = ds_errorf("%s: not a model directory", dir);
     if (!e) e = ds_read_json(cfg, &ck->config);
     if (!e && !cJSON_IsObject(ck->config)) e = ds_errorf("%s: not a JSON object", cfg);
+    if (!e) e = ds_cfg_check_sizes(ck->config, cfg);
     if (!e && ds_path_exists(gen)) e = ds_read_json(gen, &ck->generation);
     if (!e) {
         if (ds_path_exists(idx)) e = open_index(ck, idx);

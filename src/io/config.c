@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const cJSON *get(const cJSON *cfg, const char *field) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, field);
@@ -77,6 +78,36 @@ ds_error *ds_cfg_int_list(const cJSON *cfg, const char *where, const char *field
     }
     *out = vals;
     *n = count;
+    return NULL;
+}
+
+/* Generous bounds, far above any released model (the largest have ~160
+ * layers, 262k vocabularies, 32k hidden, 10M positions), but low enough that
+ * the per-layer arrays and caches sized from them are allocations, not
+ * a bare "out of memory" (or a sanitizer abort) long after the config. */
+static const struct {
+    const char *field;
+    double max;
+} size_limits[] = {
+    {"num_hidden_layers", 1024},          {"vocab_size", 1 << 24},
+    {"hidden_size", 1 << 17},             {"intermediate_size", 1 << 20},
+    {"num_attention_heads", 4096},        {"num_key_value_heads", 4096},
+    {"head_dim", 4096},                   {"global_head_dim", 4096},
+    {"max_position_embeddings", 1 << 24}, {"block_size", 1024},
+};
+
+ds_error *ds_cfg_check_sizes(const cJSON *cfg, const char *where) {
+    for (const cJSON *it = cfg ? cfg->child : NULL; it; it = it->next) {
+        if (cJSON_IsObject(it)) { /* text_config, vision_config, ... */
+            DS_TRY(ds_cfg_check_sizes(it, where));
+            continue;
+        }
+        if (!it->string || !cJSON_IsNumber(it)) continue; /* a mistyped size is the model reader's to name */
+        for (size_t i = 0; i < sizeof size_limits / sizeof size_limits[0]; i++)
+            if (!strcmp(it->string, size_limits[i].field) && !(fabs(it->valuedouble) <= size_limits[i].max))
+                return ds_errorf("%s: config field %s = %.17g is out of range (at most %.0f)", where, it->string,
+                                 it->valuedouble, size_limits[i].max);
+    }
     return NULL;
 }
 

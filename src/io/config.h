@@ -17,6 +17,10 @@ ds_error *ds_cfg_float_or(const cJSON *cfg, const char *where, const char *field
 ds_error *ds_cfg_bool_or(const cJSON *cfg, const char *where, const char *field, bool def, bool *out);
 /* Integer list (a scalar counts as a list of one). *out is malloc'd; absent -> n = 0. */
 ds_error *ds_cfg_int_list(const cJSON *cfg, const char *where, const char *field, int64_t **out, int *n);
+/* Refuses size fields (num_hidden_layers, vocab_size, max_position_embeddings,
+ * ...), here or in a nested object, beyond what any model could have: run on
+ * every config.json before anything is sized from it. */
+ds_error *ds_cfg_check_sizes(const cJSON *cfg, const char *where);
 /* String or NULL when absent. */
 const char *ds_cfg_str(const cJSON *cfg, const char *field);
 

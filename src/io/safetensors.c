@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -62,6 +63,8 @@ static ds_error *parse_tensor(const ds_safetensors *st, const cJSON *item, const
     }
     if (count > UINT64_MAX / ds_dtype_size(t->dtype)) return ds_errorf("tensor %s: shape overflows", nm);
     double b = cJSON_GetArrayItem(offs, 0)->valuedouble, e = cJSON_GetArrayItem(offs, 1)->valuedouble;
+    if (b != floor(b) || e != floor(e)) /* before the range check, which would call it an overlap */
+        return ds_errorf("tensor %s: data_offsets [%.17g, %.17g] are not integer byte offsets", nm, b, e);
     if (!(b >= 0 && e >= b && e <= (double)data_size))
         return ds_errorf("tensor %s: data_offsets [%.0f, %.0f] outside the %llu-byte data section of %s", nm, b,
                          e, (unsigned long long)data_size, st->path);
@@ -129,7 +132,9 @@ ds_error *ds_safetensors_open(const char *path, ds_safetensors **out) {
     ds_safetensors *st = calloc(1, sizeof *st);
     if (!st) return ds_errorf("out of memory");
     st->path = strdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO would otherwise block open() until a writer came;
+     * the fstat below refuses anything but a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         ds_error *e = ds_errorf("%s: cannot open: %s", path, strerror(errno));
         ds_safetensors_close(st);

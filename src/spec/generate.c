@@ -20,6 +20,7 @@ typedef struct {
     ds_gen_result *r;
     int max_tokens; /* max_new, or fewer when the context ends first */
     bool done;      /* a stop token was emitted or the caller asked to stop */
+    bool cancelled; /* the caller asked to stop */
 } emitter;
 
 /* Commits one token: records and streams it unless max_new tokens are out
@@ -29,7 +30,7 @@ static void emit(emitter *em, int32_t tok) {
     ds_gen_result *r = em->r;
     if (em->done || r->n_tokens >= em->max_tokens) return;
     r->tokens[r->n_tokens++] = tok;
-    if (em->on_token && !em->on_token(em->user, tok)) em->done = true;
+    if (em->on_token && !em->on_token(em->user, tok)) em->done = em->cancelled = true;
     if (!em->p->ignore_stop && ds_target_is_stop(em->t, tok)) {
         r->stopped = true;
         em->done = true;
@@ -261,10 +262,26 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
         }
     }
     out->total_s = now_s() - t0;
+    /* Neither a stop token, the caller nor max_new ended it: every loop
+     * also ends where the context does. */
+    out->stop_reason = out->stopped ? DS_STOP_TOKEN
+                       : em.cancelled ? DS_STOP_CALLER
+                       : out->n_tokens >= p->max_new ? DS_STOP_LENGTH
+                                                     : DS_STOP_CONTEXT;
     free(logits);
     free(scratch);
     if (e) ds_gen_result_free(out);
     return e;
+}
+
+const char *ds_stop_reason_name(ds_stop_reason r) {
+    switch (r) {
+    case DS_STOP_LENGTH: return "length";
+    case DS_STOP_TOKEN: return "stop";
+    case DS_STOP_CONTEXT: return "context";
+    case DS_STOP_CALLER: return "caller";
+    }
+    return "unknown";
 }
 
 void ds_gen_result_free(ds_gen_result *r) {

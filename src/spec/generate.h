@@ -22,10 +22,23 @@ typedef struct {
 /* Called with every committed token as soon as it is final; return false to stop. */
 typedef bool (*ds_token_fn)(void *user, int32_t token);
 
+/* Why a generation ended. */
+typedef enum {
+    DS_STOP_LENGTH,   /* max_new tokens were generated */
+    DS_STOP_TOKEN,    /* a stop token (it ends the output) */
+    DS_STOP_CONTEXT,  /* the model's context ran out before max_new */
+    DS_STOP_CALLER,   /* the token callback returned false */
+} ds_stop_reason;
+
+/* "length", "stop", "context" or "caller" (the names OpenAI-style APIs use
+ * for the first two). */
+const char *ds_stop_reason_name(ds_stop_reason r);
+
 typedef struct {
     int32_t *tokens;  /* generated ids (a final stop token included), malloc'd */
     int n_tokens;
     bool stopped;     /* ended on a stop token */
+    ds_stop_reason stop_reason;
     int rounds;
     int *accepted;    /* per round: accepted draft tokens */
     int *proposed;    /* per round: proposal length sent to verification */

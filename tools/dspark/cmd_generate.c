@@ -2,6 +2,7 @@
  * committed; speculative with a DSpark drafter unless --no-draft. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +17,9 @@
 #include "tokenizer/chat_template.h"
 
 typedef struct {
-    const char *model, *drafter, *prompt, *prompt_file;
+    const char *model, *drafter, *prompt, *prompt_file, *tokenizer;
     bool no_draft, json, ignore_eos, chat;
+    bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
     bool cuda; /* --backend cuda */
     ds_gen_params gen;
@@ -26,21 +28,26 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
-            "                       [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+            "                       [--tokenizer PATH] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
             "                       [--threshold C] [--gamma G] [--threads N] [--backend cpu|cuda] [--ignore-eos] [--json]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
             "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
             "                   the bundled pico-qwen3-dspark)\n"
             "  --no-draft       plain autoregressive decoding\n"
-            "  -p TEXT          prompt text\n"
+            "  -p TEXT          prompt text (-p - reads it from standard input)\n"
             "  --prompt-file F  one JSON object per line: {\"prompt\": TEXT} or {\"input_ids\": [...]}\n"
+            "                   (--prompt-file - reads the lines from standard input)\n"
+            "  --tokenizer P    a tokenizer.json or a directory holding one (default: the model's;\n"
+            "                   without any, prompts must be input_ids and output is ids only)\n"
             "  -n N             new tokens at most (default 128)\n"
-            "  --temp T         temperature (default 0 = greedy)\n"
-            "  --top-k K, --top-p P   restrict sampling (applied to target and drafter alike)\n"
+            "  --temp T         temperature >= 0 (default 0 = greedy)\n"
+            "  --top-k K, --top-p P   restrict sampling (applied to target and drafter alike);\n"
+            "                   K >= 0 (0: off), P in (0, 1]\n"
             "  --seed S         random seed (default 0)\n"
-            "  --threshold C    cut each proposal before the first confidence below C (default 0: off)\n"
-            "  --gamma G        use at most G of the drafter's proposal positions\n"
+            "  --threshold C    cut each proposal before the first confidence below C, C in [0, 1]\n"
+            "                   (default 0: off)\n"
+            "  --gamma G        use at most G (1 .. the drafter's block size) of its proposal positions\n"
             "  --backend B      cpu (default) or cuda (GPU 0)\n"
             "  --chat           render -p TEXT as a user turn with the model's chat template\n"
             "                   (prompt files may give {\"messages\": [{\"role\", \"content\"}...]})\n"
@@ -55,9 +62,31 @@ static int int_arg(const char *s, char **end) {
     return (int)v;
 }
 
+/* Each numeric option's range, written so that NaN fails it too (strtof
+ * accepts "nan" and "inf", and every comparison with NaN is false). */
+static int check_ranges(const options *o) {
+    const ds_gen_params *g = &o->gen;
+    char bad[160] = "";
+    if (!(g->max_new >= 0)) snprintf(bad, sizeof bad, "-n must be >= 0, got %d", g->max_new);
+    else if (!(g->sampling.temperature >= 0 && isfinite(g->sampling.temperature)))
+        snprintf(bad, sizeof bad, "--temp must be a finite number >= 0, got %g", g->sampling.temperature);
+    else if (!(g->sampling.top_k >= 0)) snprintf(bad, sizeof bad, "--top-k must be >= 0, got %d", g->sampling.top_k);
+    else if (!(g->sampling.top_p > 0 && g->sampling.top_p <= 1))
+        snprintf(bad, sizeof bad, "--top-p must be in (0, 1], got %g", g->sampling.top_p);
+    else if (!(g->threshold >= 0 && g->threshold <= 1))
+        snprintf(bad, sizeof bad, "--threshold must be in [0, 1], got %g", g->threshold);
+    else if (o->gamma_given && !(g->gamma >= 1))
+        snprintf(bad, sizeof bad, "--gamma must be >= 1, got %d (leave it out for the drafter's block size)",
+                 g->gamma);
+    else if (!(o->threads >= 1)) snprintf(bad, sizeof bad, "--threads must be >= 1, got %d", o->threads);
+    if (!*bad) return 0;
+    fprintf(stderr, "dspark generate: %s\n", bad);
+    return 2;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
-           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT };
+           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -67,7 +96,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"threshold", required_argument, 0, O_THRESHOLD}, {"gamma", required_argument, 0, O_GAMMA},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"backend", required_argument, 0, O_BACKEND},
-        {"chat", no_argument, 0, O_CHAT},
+        {"chat", no_argument, 0, O_CHAT}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.sampling.top_p = 1.0f;
@@ -97,11 +126,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_TOP_P: NUM(o->gen.sampling.top_p, strtof(optarg, &end), "--top-p"); break;
         case O_SEED: NUM(o->gen.seed, strtoull(optarg, &end, 10), "--seed"); break;
         case O_THRESHOLD: NUM(o->gen.threshold, strtof(optarg, &end), "--threshold"); break;
-        case O_GAMMA: NUM(o->gen.gamma, int_arg(optarg, &end), "--gamma"); break;
+        case O_GAMMA:
+            NUM(o->gen.gamma, int_arg(optarg, &end), "--gamma");
+            o->gamma_given = true;
+            break;
         case O_THREADS: NUM(o->threads, int_arg(optarg, &end), "--threads"); break;
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->gen.ignore_stop = true; break;
         case O_CHAT: o->chat = true; break;
+        case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_BACKEND:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
                 fprintf(stderr, "dspark generate: --backend expects cpu or cuda, got '%s'\n", optarg);
@@ -123,13 +156,7 @@ static int parse_args(int argc, char **argv, options *o) {
         usage(stderr);
         return 2;
     }
-    if (o->gen.max_new < 0 || o->gen.sampling.temperature < 0 || o->gen.sampling.top_k < 0 ||
-        o->gen.sampling.top_p <= 0 || o->gen.sampling.top_p > 1 || o->gen.gamma < 0 || o->threads < 1) {
-        fprintf(stderr, "dspark generate: -n, --temp, --top-k, --gamma must be >= 0, --top-p in (0, 1], "
-                        "--threads >= 1\n");
-        return 2;
-    }
-    return 0;
+    return check_ranges(o);
 }
 
 typedef struct {
@@ -140,6 +167,11 @@ typedef struct {
 static bool on_token(void *user, int32_t tok) {
     stream_ctx *s = user;
     if (!s->stream) return true;
+    if (!s->detok) { /* no tokenizer: the ids, space-separated */
+        printf("%d ", (int)tok);
+        fflush(stdout);
+        return true;
+    }
     const char *text;
     size_t len;
     ds_error *e = ds_detok_push(s->detok, tok, &text, &len);
@@ -181,13 +213,16 @@ static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, c
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (int i = 0; i < r->n_tokens; i++) cJSON_AddItemToArray(toks, cJSON_CreateNumber(r->tokens[i]));
-    char *text = NULL;
-    size_t len;
-    ds_error *e = ds_tokenizer_decode(tok, r->tokens, (size_t)r->n_tokens, true, &text, &len);
-    cJSON_AddStringToObject(o, "text", e ? "" : text);
-    ds_error_free(e);
-    free(text);
+    if (tok) { /* without a tokenizer the ids are the output */
+        char *text = NULL;
+        size_t len;
+        ds_error *e = ds_tokenizer_decode(tok, r->tokens, (size_t)r->n_tokens, true, &text, &len);
+        cJSON_AddStringToObject(o, "text", e ? "" : text);
+        ds_error_free(e);
+        free(text);
+    }
     cJSON_AddBoolToObject(o, "stopped", r->stopped);
+    cJSON_AddStringToObject(o, "stop_reason", ds_stop_reason_name(r->stop_reason));
     cJSON_AddNumberToObject(o, "time_s", r->total_s);
     cJSON_AddNumberToObject(o, "prefill_time_s", r->prefill_s);
     double decode_s = r->total_s - r->prefill_s;
@@ -242,8 +277,25 @@ static ds_error *open_session(const options *o, session *s) {
     ds_target_opts topts = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
     DS_TRY(ds_target_open(s->be, model, &topts, &s->target));
     if (drafter) DS_TRY(ds_drafter_open(s->be, drafter, s->target, NULL, &s->drafter));
-    snprintf(path, sizeof path, "%s/tokenizer.json", model);
-    return ds_tokenizer_load(path, &s->tok);
+    if (s->drafter && o->gamma_given && o->gen.gamma > s->drafter->gamma)
+        return ds_errorf("--gamma %d is above the drafter's block size %d (%s/config.json block_size)", o->gen.gamma,
+                         s->drafter->gamma, drafter);
+    /* No tokenizer is fine while every prompt is input_ids (a `dspark synth`
+     * checkpoint has none): text prompts then fail in need_tokenizer(). */
+    const char *tok = o->tokenizer;
+    if (!tok) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", model);
+        if (!ds_path_exists(path)) return NULL;
+        tok = path;
+    }
+    return ds_tokenizer_load(tok, &s->tok);
+}
+
+static ds_error *need_tokenizer(const session *s, const char *what) {
+    if (s->tok) return NULL;
+    return ds_errorf("%s needs a tokenizer, and %s has no tokenizer.json: give --tokenizer PATH (a tokenizer.json or "
+                     "a directory holding one), or give the prompt as input_ids in a --prompt-file",
+                     what, s->model_dir);
 }
 
 static void close_session(session *s) {
@@ -256,6 +308,7 @@ static void close_session(session *s) {
 /* Renders a conversation with the model's chat template and encodes it
  * (the templates write any BOS themselves, so no special tokens are added). */
 static ds_error *chat_ids(session *s, const ds_chat_message *msgs, size_t n, int32_t **ids, size_t *n_ids) {
+    DS_TRY(need_tokenizer(s, "a chat prompt"));
     if (s->chat == DS_CHAT_UNKNOWN) DS_TRY(ds_chat_detect(s->model_dir, &s->chat));
     char *text;
     DS_TRY(ds_chat_render(s->chat, msgs, n, true, &text));
@@ -280,6 +333,7 @@ static ds_error *prompt_ids(const options *o, session *s, const ds_prompt *p, in
         ds_chat_message user = {"user", p->text};
         return chat_ids(s, &user, 1, ids, n);
     }
+    DS_TRY(need_tokenizer(s, "a text prompt"));
     return ds_tokenizer_encode(s->tok, p->text, strlen(p->text), false, ids, n);
 }
 
@@ -287,16 +341,20 @@ static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_me
     int32_t *ids;
     size_t n;
     DS_TRY(prompt_ids(o, s, p, &ids, &n));
-    stream_ctx sc = {.detok = ds_detok_new(s->tok, true), .stream = !o->json};
+    stream_ctx sc = {.detok = s->tok ? ds_detok_new(s->tok, true) : NULL, .stream = !o->json};
     ds_gen_result r;
     ds_error *e = ds_generate(s->target, s->drafter, ids, (int)n, &o->gen, on_token, &sc, &r);
+    if (!e && r.stop_reason == DS_STOP_CONTEXT)
+        fprintf(stderr, "dspark generate: warning: stopped after %d of %d new tokens: the model's context of %d "
+                        "tokens is full (%zu prompt tokens)\n",
+                r.n_tokens, o->gen.max_new, s->target->max_ctx, n);
     if (!e) {
         if (o->json) {
             print_json(s->tok, p->id, (int)n, &r, s->drafter != NULL);
         } else {
-            const char *tail;
-            size_t len;
-            ds_error_free(ds_detok_finish(sc.detok, &tail, &len));
+            const char *tail = "";
+            size_t len = 0;
+            if (sc.detok) ds_error_free(ds_detok_finish(sc.detok, &tail, &len));
             fwrite(tail, 1, len, stdout);
             putchar('\n');
             fprintf(stderr, "[%d tokens, %.1f tok/s", r.n_tokens, r.total_s > 0 ? r.n_tokens / r.total_s : 0.0);
@@ -310,7 +368,7 @@ static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_me
         ds_metrics_add(m, &r);
         ds_gen_result_free(&r);
     }
-    ds_detok_free(sc.detok);
+    if (sc.detok) ds_detok_free(sc.detok);
     free(ids);
     return e;
 }
@@ -336,7 +394,13 @@ int cmd_generate(int argc, char **argv) {
     ds_metrics m = {0};
     ds_error *e = open_session(&o, &s);
     ds_prompt one = {.kind = DS_PROMPT_TEXT, .text = (char *)o.prompt};
+    char *from_stdin = NULL;
+    if (!e && o.prompt && !strcmp(o.prompt, "-")) { /* -p - : the text is standard input */
+        e = ds_read_stream(stdin, "<stdin>", &from_stdin, NULL);
+        one.text = from_stdin;
+    }
     if (!e) e = o.prompt_file ? run_file(&o, &s, &m) : run_one(&o, &s, &one, &m);
+    free(from_stdin);
     if (!e && o.json && o.prompt_file) print_summary(&m, s.drafter != NULL);
     close_session(&s);
     if (e) {
