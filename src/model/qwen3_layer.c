@@ -127,13 +127,20 @@ void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L) {
 
 ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
                               int cache_rows, ds_qwen3_stack *st) {
+    char name[128];
+    /* A layer count the weights do not have is the config's error, named
+     * before arrays of that many layers are allocated (found by
+     * fuzz/fuzz_config: 1e9 layers ended in an allocator abort). */
+    snprintf(name, sizeof name, "%s%d.input_layernorm.weight", prefix, c->n_layers - 1);
+    if (c->n_layers < 1 || !ds_checkpoint_find(ck, name))
+        return ds_errorf("%s: config field num_hidden_layers = %d, but the checkpoint has no %s%s", ck->dir,
+                         c->n_layers, ck->name_prefix, name);
     st->n = c->n_layers;
     st->layers = calloc((size_t)st->n, sizeof *st->layers);
     st->k = calloc((size_t)st->n, sizeof *st->k);
     st->v = calloc((size_t)st->n, sizeof *st->v);
     if (!st->layers || !st->k || !st->v) return ds_errorf("out of memory");
     const int kvd = c->n_kv_heads * c->head_dim;
-    char name[128];
     for (int l = 0; l < st->n; l++) {
         snprintf(name, sizeof name, "%s%d.", prefix, l);
         DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->layers[l]));
