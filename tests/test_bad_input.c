@@ -1031,6 +1031,11 @@ static void test_cli_stdin(void) {
     for (int i = 0; i < 3; i++) free(outs[i]);
     snprintf(args, sizeof args, "generate --no-draft -n 2 --threads 1 --prompt-file - < /dev/null");
     CHECK_CLI(args, 1, "<stdin>: no prompts");
+    /* tokenize - : the same ids as the text given as an argument. */
+    const char *ids[] = {"[3327, 331, 261, 2879, 5128, 656]\n"};
+    snprintf(args, sizeof args, "tokenize - < '%s'", txt);
+    check_cli_out(args, ids, 1, NULL);
+    check_cli_out("tokenize 'It is a truth universally'", ids, 1, NULL);
 }
 
 /* ---- driver ------------------------------------------------------------ */

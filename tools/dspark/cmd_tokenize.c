@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "dspark.h"
+#include "io/checkpoint.h"
 
 #ifndef DS_DEFAULT_MODEL_DIR
 #define DS_DEFAULT_MODEL_DIR "models"
@@ -41,26 +42,6 @@ static int fail(ds_error *e) {
     fprintf(stderr, "dspark tokenize: %s\n", ds_error_message(e));
     ds_error_free(e);
     return 1;
-}
-
-static char *read_stdin(size_t *len) {
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *p = realloc(buf, cap *= 2);
-            if (!p) break;
-            buf = p;
-        }
-        size_t k = fread(buf + n, 1, cap - n, stdin);
-        n += k;
-        if (k == 0) {
-            *len = n;
-            return buf;
-        }
-    }
-    free(buf);
-    return NULL;
 }
 
 /* Parses "[1, 2, 3]"; returns false (with a message) if it is not an array of ids. */
@@ -156,10 +137,9 @@ int cmd_tokenize(int argc, char **argv) {
         char *owned = NULL;
         size_t len = strlen(text);
         if (!strcmp(text, "-")) {
-            if (!(owned = read_stdin(&len))) {
-                fprintf(stderr, "dspark tokenize: cannot read standard input\n");
+            if ((e = ds_read_stream(stdin, "<stdin>", &owned, &len))) {
                 ds_tokenizer_free(tok);
-                return 1;
+                return fail(e);
             }
             text = owned;
         }
