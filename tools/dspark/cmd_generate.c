@@ -373,16 +373,29 @@ static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_me
     return e;
 }
 
-/* The whole file is parsed before the first prompt runs, so a bad line 30
- * is reported at once rather than after 29 generations. */
-static ds_error *run_file(const options *o, session *s, ds_metrics *m) {
-    ds_prompt_list list;
-    DS_TRY(ds_prompt_file_read(o->prompt_file, &list));
-    const char *name = strcmp(o->prompt_file, "-") ? o->prompt_file : "<stdin>";
+/* The prompts are read (the whole file, or -p's text) before the model is
+ * opened, so a bad line 30 is reported at once, not after a model load and
+ * 29 generations. */
+static ds_error *read_prompts(const options *o, ds_prompt_list *list, char **stdin_text) {
+    *stdin_text = NULL;
+    if (o->prompt_file) return ds_prompt_file_read(o->prompt_file, list);
+    if (!(list->items = calloc(1, sizeof *list->items))) return ds_errorf("out of memory");
+    list->n = 1;
+    list->items[0] = (ds_prompt){.kind = DS_PROMPT_TEXT, .text = (char *)o->prompt};
+    if (!strcmp(o->prompt, "-")) { /* -p - : the text is standard input */
+        DS_TRY(ds_read_stream(stdin, "<stdin>", stdin_text, NULL));
+        list->items[0].text = *stdin_text;
+    }
+    return NULL;
+}
+
+static ds_error *run_all(const options *o, session *s, const ds_prompt_list *list, ds_metrics *m) {
+    const char *name = !o->prompt_file ? NULL : strcmp(o->prompt_file, "-") ? o->prompt_file : "<stdin>";
     ds_error *e = NULL;
-    for (size_t i = 0; i < list.n && !e; i++)
-        e = ds_error_wrap(run_one(o, s, &list.items[i], m), "%s:%d", name, list.items[i].line);
-    ds_prompt_list_free(&list);
+    for (size_t i = 0; i < list->n && !e; i++) {
+        e = run_one(o, s, &list->items[i], m);
+        if (name) e = ds_error_wrap(e, "%s:%d", name, list->items[i].line);
+    }
     return e;
 }
 
@@ -392,17 +405,16 @@ int cmd_generate(int argc, char **argv) {
     if (rc) return rc;
     session s = {0};
     ds_metrics m = {0};
-    ds_error *e = open_session(&o, &s);
-    ds_prompt one = {.kind = DS_PROMPT_TEXT, .text = (char *)o.prompt};
-    char *from_stdin = NULL;
-    if (!e && o.prompt && !strcmp(o.prompt, "-")) { /* -p - : the text is standard input */
-        e = ds_read_stream(stdin, "<stdin>", &from_stdin, NULL);
-        one.text = from_stdin;
-    }
-    if (!e) e = o.prompt_file ? run_file(&o, &s, &m) : run_one(&o, &s, &one, &m);
-    free(from_stdin);
+    ds_prompt_list list = {0};
+    char *stdin_text;
+    ds_error *e = read_prompts(&o, &list, &stdin_text);
+    if (!e) e = open_session(&o, &s);
+    if (!e) e = run_all(&o, &s, &list, &m);
     if (!e && o.json && o.prompt_file) print_summary(&m, s.drafter != NULL);
     close_session(&s);
+    if (!o.prompt_file && list.items) list.items[0].text = NULL; /* -p's text is argv's or stdin_text */
+    ds_prompt_list_free(&list);
+    free(stdin_text);
     if (e) {
         fprintf(stderr, "dspark generate: %s\n", ds_error_message(e));
         ds_error_free(e);
