@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
+#include "io/prompt_file.h"
 #include "io/safetensors.h"
 #include "model/target.h"
 #include "spec/generate.h"
@@ -1038,6 +1039,52 @@ static void test_cli_stdin(void) {
     check_cli_out("tokenize 'It is a truth universally'", ids, 1, NULL);
 }
 
+/* The prompt-file reader as a library call (what fuzz/ drives): kinds,
+ * values and line numbers of a good buffer; file:line and field of bad ones. */
+static void test_prompt_file_parse(void) {
+    const char good[] = "{\"id\": 3, \"prompt\": \"hi\", \"input_ids\": [7, 0]}\n"
+                        "\r\n  \n"
+                        "{\"messages\": [{\"role\": \"user\", \"content\": \"yo\"}]}\r\n"
+                        "{\"prompt\": \"last\"}"; /* no final newline */
+    ds_prompt_list l;
+    CHECK_OK(ds_prompt_file_parse("g.jsonl", good, sizeof good - 1, &l));
+    CHECK(l.n == 3, "%zu prompts, expected 3", l.n);
+    if (l.n == 3) {
+        const ds_prompt *a = &l.items[0], *b = &l.items[1], *c = &l.items[2];
+        CHECK(a->line == 1 && a->kind == DS_PROMPT_IDS && a->n_ids == 2 && a->ids[0] == 7 && a->ids[1] == 0 &&
+                  cJSON_IsNumber(a->id) && a->id->valueint == 3,
+              "line 1: ids [7, 0] with id 3 (input_ids win over prompt)");
+        CHECK(b->line == 4 && b->kind == DS_PROMPT_MESSAGES && b->n_messages == 1 &&
+                  !strcmp(b->messages[0].role, "user") && !strcmp(b->messages[0].content, "yo") && !b->id,
+              "line 4: one user message");
+        CHECK(c->line == 5 && c->kind == DS_PROMPT_TEXT && !strcmp(c->text, "last"), "line 5: text \"last\"");
+    }
+    ds_prompt_list_free(&l);
+    static const struct {
+        const char *buf, *message;
+    } bad[] = {
+        {"{\"prompt\": \"a\"}\n{\"input_ids\": [1, 2.5]}\n", "b.jsonl:2: input_ids[1] = 2.5 is not an integer"},
+        {"{\"input_ids\": [1, \"2\"]}", "b.jsonl:1: input_ids[1] is not a number"},
+        {"{\"input_ids\": [2147483648]}", "b.jsonl:1: input_ids[0] = 2147483648 is not an integer token id"},
+        {"{\"prompt\": [\"a\"]}", "b.jsonl:1: prompt is not a string"},
+        {"{\"messages\": {}}", "b.jsonl:1: messages is not a list"},
+        {"{\"messages\": []}", "b.jsonl:1: messages is empty"},
+        {"[1, 2]", "b.jsonl:1: not a JSON object"},
+        {"{\"prompt\": \"a\"", "b.jsonl:1: not a JSON object (invalid JSON"},
+        {"{\"prompt\": \"a\"} {}", "b.jsonl:1: text after the JSON object (at byte 15)"},
+        {"\n \n\t", "b.jsonl: no prompts (every line is blank)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK_ERR(ds_prompt_file_parse("b.jsonl", bad[i].buf, strlen(bad[i].buf), &l), bad[i].message);
+        CHECK(!l.items && !l.n, "case %zu: list left filled in after an error", i);
+    }
+    /* A NUL inside a line is not blank, and the parser never reads past len. */
+    const char nul[] = {'{', '}', '\0', '\n'};
+    CHECK_ERR(ds_prompt_file_parse("n.jsonl", nul, sizeof nul, &l), "n.jsonl:1: text after the JSON object");
+    ds_prompt one;
+    CHECK_ERR(ds_prompt_parse_line("{\"prompt\": 1}", 12, &one), "not a JSON object"); /* cut before its '}' */
+}
+
 /* ---- driver ------------------------------------------------------------ */
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -1071,6 +1118,7 @@ static const struct {
     T(test_cli_bad_prompt_file),             T(test_cli_max_new_past_context),
     T(test_tokenizer_unsupported_model),     T(test_cli_ids_without_tokenizer),
     T(test_cli_stop_reason),                 T(test_cli_stdin),
+    T(test_prompt_file_parse),
 };
 
 int main(void) {
