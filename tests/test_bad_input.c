@@ -528,6 +528,8 @@ static void test_config_wrong_type(void) {
         {"hidden_size", "64.5", "config field hidden_size is not an integer"},
         {"vocab_size", "[512]", "config field vocab_size is not an integer"},
         {"num_hidden_layers", "0", "config field num_hidden_layers = 0 is out of range"},
+        {"num_hidden_layers", "1024", /* found by fuzz/fuzz_config at 1e9 (an allocator abort; now past the cap) */
+         "config field num_hidden_layers = 1024, but the checkpoint has no model.layers.1023."},
         {"num_attention_heads", "-4", "config field num_attention_heads = -4 is out of range"},
         {"intermediate_size", "1e300", "config field intermediate_size = 1.0000000000000001e+300 is out of range"},
         {"num_key_value_heads", "3", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"},
