@@ -128,6 +128,17 @@ typedef struct {
     int64_t weight_copy_bytes; /* the device memory those copies take */
 } ds_region_stats;
 
+/* A backend's memory bandwidth, measured (dspark bench's floors): what was
+ * timed, on how large a buffer, and the best rate of the repetitions. */
+typedef struct {
+    double bytes_per_s; /* bytes moved (read, plus written for a copy) / seconds, best repetition */
+    double buffer_bytes; /* bytes of each buffer the probe streamed (a probe may shrink it to fit) */
+    const char *method;  /* e.g. "device-to-device copy, read + write bytes counted" */
+    double peak_bytes_per_s; /* the datasheet figure where the backend can tell (CUDA: memory clock x bus
+                                width x 2, from the device's attributes), else 0 */
+    char device[96];     /* what was measured (CUDA: the device's name), or "" */
+} ds_bandwidth;
+
 typedef struct {
     ds_tensor proj;   /* [k, r] fp32 */
     ds_tensor coef;   /* [V, k] fp32 */
@@ -307,6 +318,11 @@ typedef struct {
      * error (NULL when none), clearing it. NULL for a backend whose ops
      * cannot fail. */
     ds_error *(*check)(ds_backend *be);
+    /* Measures how fast the backend's memory streams (ds_bandwidth): buffers
+     * of about `bytes` each, `reps` timed passes after a warm-up, the best
+     * kept. Outside any step region; allocates and frees its own buffers.
+     * NULL for a backend without a probe. */
+    ds_error *(*bandwidth)(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out);
 } ds_backend_ops;
 
 struct ds_backend {
@@ -324,6 +340,12 @@ ds_error *ds_backend_cuda_new(int device, ds_backend **out);
 /* Rows a prefill forward takes when its caller does not say (ds_backend_ops.prefill_rows; 64 where unset). */
 static inline int ds_backend_prefill_rows(const ds_backend *be) {
     return be->ops->prefill_rows > 0 ? be->ops->prefill_rows : 64;
+}
+
+/* The backend's measured memory bandwidth (ds_backend_ops.bandwidth), or an error saying it has no probe. */
+static inline ds_error *ds_backend_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out) {
+    if (!be->ops->bandwidth) return ds_errorf("backend %s has no memory bandwidth probe", be->ops->name);
+    return be->ops->bandwidth(be, bytes, reps, out);
 }
 
 /* The pending error of a backend's ops, if any (see ds_backend_ops.check). */

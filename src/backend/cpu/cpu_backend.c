@@ -278,6 +278,7 @@ static const ds_backend_ops cpu_ops = {
     .verify_sample = ds_cpu_verify_sample,
     .markov_sample = ds_cpu_markov_sample,
     .check = cpu_check,
+    .bandwidth = ds_cpu_bandwidth,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {

@@ -62,6 +62,8 @@ void ds_cpu_fail(ds_backend *be, const char *op, const char *fmt, ...) __attribu
  * op) when out of memory. */
 float *ds_cpu_scratch(ds_backend *be, const char *op, int tid, int slot, size_t n);
 
+/* The memory bandwidth probe (cpu_bandwidth.c, ds_backend_ops.bandwidth). */
+ds_error *ds_cpu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out);
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 /* Calls with at most this many input rows (decode, verify, drafter blocks)
  * run the row-invariant panel kernels; wider ones (prefill) OpenBLAS. */

@@ -265,6 +265,7 @@ static const ds_backend_ops cuda_ops = {
     .region_end = ds_cu_region_end,
     .region_stats = ds_cu_region_stats,
     .check = cu_check,
+    .bandwidth = ds_cu_bandwidth,
 };
 
 extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {

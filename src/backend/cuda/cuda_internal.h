@@ -138,6 +138,9 @@ static inline const int32_t *ds_cu_step_nkeys(ds_cuda_backend *cb) { return cb->
 /* Fails (recorded) when a region is active: op waits for the device or reads host memory. */
 bool ds_cu_outside_region(ds_cuda_backend *cb, const char *op);
 
+/* The memory bandwidth probe (copy_bandwidth.cu, ds_backend_ops.bandwidth). */
+ds_error *ds_cu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out);
+
 /* Records the first failure: "cuda <op>: <message>". */
 void ds_cu_fail(ds_cuda_backend *cb, const char *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Records e (if not cudaSuccess); returns true on success. */
