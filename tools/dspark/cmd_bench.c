@@ -253,7 +253,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         cJSON_AddNumberToObject(bw, "reps", R < 3 ? 3 : R);
     } else {
         cJSON_AddNullToObject(bw, "measured_bytes_per_s");
-        cJSON_AddStringToObject(bw, "probe", b->bw_error[0] ? b->bw_error : "not run (--bandwidth-mib 0)");
+        cJSON_AddStringToObject(bw, "probe", b->bw_error[0] ? b->bw_error : "not run: --bandwidth-mib 0");
     }
     if (b->bw.device[0]) cJSON_AddStringToObject(bw, "device", b->bw.device);
     if (b->bw.peak_bytes_per_s > 0) {
@@ -553,7 +553,7 @@ static void print_report(const cJSON *r) {
                cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bw, "method")), NUM(bw, "buffer_bytes") / 1e9,
                NUM(bw, "reps"), device ? " on " : "", device ? device : "");
     else
-        printf("memory     not measured (%s)", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bw, "probe")));
+        printf("memory     not measured: %s", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(bw, "probe")));
     if (datasheet) printf("; datasheet %s", rate(NUM(bw, "datasheet_bytes_per_s"), r1, sizeof r1));
     printf("\n");
     printf("AR decode  %.3f ms/token, %.2f tokens/s", NUM(a, "ms_per_token"), NUM(a, "tokens_per_s"));
