@@ -145,6 +145,19 @@ typedef struct {
     ds_tensor radius; /* [1, V] fp32 */
 } ds_markov_bound;
 
+/* The latent of DeepSpec's gated and RNN Markov heads (markov_head.py):
+ * position k's bias is w2 @ z_k instead of w2 @ e_k (e_k = w1[prev_k]), with
+ * h_k the block's hidden row k and, in fp32 as draft/markov.c's host walk:
+ *   gated: z_k = sigmoid(w [h_k; e_k] + b) * e_k          (w: gate_proj [r, H + r])
+ *   rnn:   [g; c; o] = w [s; e_k; h_k] + b, z_k = tanh(o),  (w: joint_proj [3r, 2r + H])
+ *          then s = sigmoid(g) s + (1 - sigmoid(g)) tanh(c); s = 0 before position 0. */
+typedef enum { DS_LATENT_GATED = 1, DS_LATENT_RNN = 2 } ds_latent_kind;
+typedef struct {
+    ds_latent_kind kind;
+    ds_tensor hidden; /* [G, H] fp32 */
+    ds_tensor w, b;   /* the projection and its bias ([1, rows of w]) */
+} ds_markov_latent;
+
 typedef struct {
     const char *name;
     /* Rows a prefill forward takes unless the caller says (ds_target_opts,
@@ -279,6 +292,17 @@ typedef struct {
     void (*markov_sample)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                           bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                           int32_t *tokens);
+    /* markov_greedy and markov_sample with a gated or RNN head: the same
+     * walks (emb[k] = w1[prev_k] still, the confidence head's input) with
+     * w2 @ z_k (ds_markov_latent) as position k's bias; a greedy walk's
+     * bound holds for any vector, z_k too. Optional: NULL runs the host walk
+     * (draft/markov.c). */
+    void (*markov_greedy_latent)(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                 ds_tensor w1, ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor,
+                                 ds_tensor emb, int32_t *tokens);
+    void (*markov_sample_latent)(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                 ds_tensor probs, ds_tensor w1, ds_tensor w2, bool bf16, int32_t anchor,
+                                 const ds_sampling *s, const double *u, ds_tensor emb, int32_t *tokens);
     /* q (rows 0: none) and k: rmsnorm_rope in place, as qk_norm_rope /
      * rmsnorm_rope (weights qw, kw); then row i of k and of v goes to row
      * pos[i] of k_cache / v_cache (pos[i] % ring_size when ring_size > 0).

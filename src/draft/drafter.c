@@ -103,7 +103,9 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     if (r > 0) {
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
-        if (d->markov == DS_MARKOV_VANILLA && be->ops->markov_greedy) DS_TRY(ds_markov_load_bound(d));
+        /* The bound holds for any vector: the gated / RNN walks prune by it too. */
+        if (d->markov == DS_MARKOV_VANILLA ? be->ops->markov_greedy != NULL : be->ops->markov_greedy_latent != NULL)
+            DS_TRY(ds_markov_load_bound(d));
     }
     if (d->markov == DS_MARKOV_GATED) {
         DS_TRY(ds_load_weight(be, ck, "markov_head.gate_proj.weight", r, H + r, &d->gate_w));

@@ -1,8 +1,11 @@
 /* The sequential half of DSpark: walk the block left to right, add the
  * Markov bias of the previous token to each position's base logits, draw
  * the token, then score every position with the confidence head
- * (DeepSpec markov_head.py and draft_ops.py). The r-dimensional head state
- * is tiny and lives on the host; the V x r projections run on the backend. */
+ * (DeepSpec markov_head.py and draft_ops.py). In the host walk the
+ * r-dimensional head state is tiny and lives on the host, the V x r
+ * projections run on the backend; a backend with the walk ops (backend.h
+ * markov_greedy, markov_sample and their _latent forms for the gated and RNN
+ * heads) runs the whole walk itself. */
 #include <math.h>
 #include <string.h>
 
@@ -120,25 +123,44 @@ static void confidence(ds_drafter *d, ds_proposal *out) {
     score_confidence(d, out);
 }
 
-/* Greedy walks with a vanilla (or no) head run on the backend when it can
- * (one host round trip per block instead of several per position); the
- * confidence head then reads its inputs where they already are. Same
- * operations, same results as the host walk below. */
+/* A gated or RNN head: its latent's operands for the backend's walks
+ * (backend.h ds_markov_latent), which run it on the block's hidden rows. */
+static bool latent_head(const ds_drafter *d) { return d->markov == DS_MARKOV_GATED || d->markov == DS_MARKOV_RNN; }
+static ds_markov_latent head_latent(const ds_drafter *d) {
+    const bool rnn = d->markov == DS_MARKOV_RNN;
+    return (ds_markov_latent){rnn ? DS_LATENT_RNN : DS_LATENT_GATED, d->block_hidden, rnn ? d->joint_w : d->gate_w,
+                              rnn ? d->joint_b : d->gate_b};
+}
+/* The bias bound where it was built (drafter.c: for the heads whose walk the backend runs). */
+static const ds_markov_bound *walk_bound(const ds_drafter *d) {
+    return d->markov_bound.proj.data ? &d->markov_bound : NULL;
+}
+
+/* Greedy walks run on the backend when it can (one host round trip per
+ * block instead of several per position; gated and RNN heads through
+ * markov_greedy_latent); the confidence head then reads its inputs where
+ * they already are. Same operations, same results as the host walk below. */
 bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s) {
-    return ds_sampling_greedy(s) && d->be->ops->markov_greedy && d->mlogits.data &&
-           (d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE);
+    if (!ds_sampling_greedy(s) || !d->mlogits.data) return false;
+    return latent_head(d) ? d->be->ops->markov_greedy_latent != NULL : d->be->ops->markov_greedy != NULL;
 }
 
 void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden, r = d->markov_rank;
-    const bool markov = d->markov == DS_MARKOV_VANILLA;
+    const bool markov = d->markov != DS_MARKOV_NONE;
     /* step_in rows: [h_k ; w1[prev_k]], the confidence head's features. */
     ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
+    if (latent_head(d)) {
+        const ds_markov_latent lat = head_latent(d);
+        be->ops->markov_greedy_latent(be, &lat, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
+                                      d->markov_w1, d->markov_w2, walk_bound(d), d->logits_bf16, anchor, emb, tokens);
+        return;
+    }
     /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
     be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                            markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
-                           markov ? &d->markov_bound : NULL, d->logits_bf16, anchor, emb, tokens);
+                           markov ? walk_bound(d) : NULL, d->logits_bf16, anchor, emb, tokens);
 }
 
 bool ds_markov_head_walk(const ds_drafter *d) {
@@ -169,21 +191,27 @@ void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out) {
     score_confidence(d, out);
 }
 
-/* Sampled walks with a vanilla (or no) head run on the backend when it
- * can: the G uniforms the host walk would draw one per position are drawn
+/* Sampled walks run on the backend when it can (gated and RNN heads
+ * through markov_sample_latent): the G uniforms the host walk would draw one per position are drawn
  * first, in the same order, and the drawn tokens come back once. The
  * processed distributions stay on the backend (out->probs_dev) for
  * verify_sample. */
 static void device_sample_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden, r = d->markov_rank;
-    const bool markov = d->markov == DS_MARKOV_VANILLA;
+    const bool markov = d->markov != DS_MARKOV_NONE;
     double u[DS_MAX_GAMMA];
     for (int k = 0; k < G; k++) u[k] = ds_rng_uniform(rng);
     ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
-    be->ops->markov_sample(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(), d->probs,
-                           markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
-                           d->logits_bf16, anchor, s, u, emb, out->tokens);
+    const ds_tensor keep = d->keep_logits ? d->mlogits : ds_no_tensor();
+    if (latent_head(d)) {
+        const ds_markov_latent lat = head_latent(d);
+        be->ops->markov_sample_latent(be, &lat, d->logits, keep, d->probs, d->markov_w1, d->markov_w2, d->logits_bf16,
+                                      anchor, s, u, emb, out->tokens);
+    } else {
+        be->ops->markov_sample(be, d->logits, keep, d->probs, markov ? d->markov_w1 : ds_no_tensor(),
+                               markov ? d->markov_w2 : ds_no_tensor(), d->logits_bf16, anchor, s, u, emb, out->tokens);
+    }
     out->logits = NULL;
     if (d->keep_logits) {
         be->ops->download(be, d->mlogits, d->host_logits);
@@ -199,13 +227,13 @@ static void device_sample_chain(ds_drafter *d, int32_t anchor, const ds_sampling
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
     ds_backend *be = d->be;
     out->probs_dev = ds_no_tensor();
-    const bool simple_head = d->markov == DS_MARKOV_VANILLA || d->markov == DS_MARKOV_NONE;
+    const bool walk_op = latent_head(d) ? be->ops->markov_sample_latent != NULL : be->ops->markov_sample != NULL;
     if (ds_markov_device_walk(d, s)) {
         ds_markov_walk_queue(d, anchor, out->tokens);
         ds_markov_walk_finish(d, out);
         return;
     }
-    if (!ds_sampling_greedy(s) && be->ops->markov_sample && d->probs.data && d->mlogits.data && simple_head) {
+    if (!ds_sampling_greedy(s) && walk_op && d->probs.data && d->mlogits.data) {
         device_sample_chain(d, anchor, s, rng, out);
         return;
     }

@@ -349,6 +349,12 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
 void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                          int32_t *tokens);
+void ds_cu_markov_greedy_latent(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                ds_tensor w1, ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor,
+                                ds_tensor emb, int32_t *tokens);
+void ds_cu_markov_sample_latent(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                ds_tensor probs, ds_tensor w1, ds_tensor w2, bool bf16, int32_t anchor,
+                                const ds_sampling *s, const double *u, ds_tensor emb, int32_t *tokens);
 /* probs[V] = the processed distribution of x[V] and *d_token (device) =
  * a draw from it with uniform u, in one launch queued on the stream
  * (sample.cu; the sampled Markov walk's step). */

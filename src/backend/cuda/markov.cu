@@ -768,8 +768,98 @@ static void walk_results(ds_cuda_backend *cb, const char *op, int G, const int32
     }
 }
 
-void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
-                         const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
+/* The gated and RNN heads (backend.h ds_markov_latent): before each step,
+ * one block turns the previous token into the step's latent z on the device
+ * (it reads prev where the step before wrote it: no host round trip), and
+ * the step kernels then take z where the vanilla walk gathers w1[prev] (z
+ * as a one-row table of stride 0, so the bias is w2 @ z, the bound applying
+ * to z as to any vector). emb[k] = w1[prev_k] stays the confidence head's
+ * input; the step kernels' own copy of their vector goes to a spare row. */
+__device__ __forceinline__ float latent_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* Step k's latent: x = [h; e] (gated) or [s; e; h] (RNN) in shared memory,
+ * p = w x + b (a warp a row, lanes over x in order, then a butterfly), then
+ * z (and the RNN's new state) from p. first: s = 0 (position 0). */
+__global__ void markov_latent_kernel(int kind, int first, const int32_t *prev, const void *w1, int w1dt, int64_t w1s,
+                                     int r, const float *h, int H, const void *w, int wdt, int64_t ws, const void *b,
+                                     int bdt, float *emb, float *state, float *z) {
+    ds_cu_grid_wait();
+    extern __shared__ float xs[];
+    const bool rnn = kind == DS_LATENT_RNN;
+    const int K = rnn ? 2 * r + H : H + r, m = rnn ? 3 * r : r;
+    const int eo = rnn ? r : H, ho = rnn ? 2 * r : 0; /* where e and h sit in x */
+    float *p = xs + K;
+    const int64_t row = (int64_t)*prev * w1s;
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+        const float e = ds_cu_load(w1, w1dt, row + i);
+        emb[i] = e;
+        xs[eo + i] = e;
+        if (rnn) xs[i] = first ? 0.0f : state[i];
+    }
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xs[ho + i] = h[i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    for (int j = threadIdx.x >> 5; j < m; j += blockDim.x >> 5) {
+        float acc = 0.0f;
+        for (int i = lane; i < K; i += 32) acc += ds_cu_load(w, wdt, (int64_t)j * ws + i) * xs[i];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) p[j] = acc + ds_cu_load(b, bdt, j);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+        if (rnn) {
+            const float g = latent_sigmoid(p[i]);
+            state[i] = g * xs[i] + (1.0f - g) * tanhf(p[r + i]);
+            z[i] = tanhf(p[2 * r + i]);
+        } else {
+            z[i] = latent_sigmoid(p[i]) * xs[eo + i];
+        }
+    }
+}
+
+/* The latent's operands fit (w1 [V, r], hidden >= G rows): else a recorded failure. */
+static bool latent_fits(ds_cuda_backend *cb, const char *op, const ds_markov_latent *lat, int G, int64_t r) {
+    const bool rnn = lat->kind == DS_LATENT_RNN;
+    const int64_t H = lat->hidden.cols, rows = rnn ? 3 * r : r, cols = rnn ? 2 * r + H : H + r;
+    if ((lat->kind != DS_LATENT_GATED && !rnn) || lat->hidden.rows < G || lat->hidden.dtype != DS_F32 ||
+        lat->w.rows != rows || lat->w.cols != cols || lat->b.rows * lat->b.cols != rows) {
+        ds_cu_fail(cb, op, "%s head: hidden %lldx%lld, w %lldx%lld, b %lldx%lld do not fit rank %lld (w: %lldx%lld)",
+                   rnn ? "rnn" : "gated", (long long)lat->hidden.rows, (long long)H, (long long)lat->w.rows,
+                   (long long)lat->w.cols, (long long)lat->b.rows, (long long)lat->b.cols, (long long)r,
+                   (long long)rows, (long long)cols);
+        return false;
+    }
+    if (((size_t)cols + (size_t)rows) * sizeof(float) > 48 * 1024) {
+        ds_cu_fail(cb, op, "head latent of %lld + %lld floats exceeds a block's 48 KB of shared memory",
+                   (long long)cols, (long long)rows);
+        return false;
+    }
+    return ds_cu_float_dtype(cb, op, lat->w.dtype) && ds_cu_float_dtype(cb, op, lat->b.dtype);
+}
+
+/* Floats of device memory a latent walk keeps: z, the RNN state, and the
+ * spare row the step kernels copy their vector into. */
+static size_t latent_floats(int r) { return 3 * (((size_t)r + 3) & ~(size_t)3); }
+
+/* Queues step k's latent (prev = *prev on the device) into lbuf's z. */
+static bool latent_step(ds_cuda_backend *cb, const char *op, const ds_markov_latent *lat, int k, const int32_t *prev,
+                        ds_tensor w1, ds_tensor emb, float *lbuf) {
+    const int r = (int)w1.cols, H = (int)lat->hidden.cols;
+    const size_t q = latent_floats(r) / 3;
+    const bool rnn = lat->kind == DS_LATENT_RNN;
+    const size_t smem = ((size_t)(rnn ? 2 * r + H : H + r) + (size_t)(rnn ? 3 * r : r)) * sizeof(float);
+    ds_cu_launch_smem(markov_latent_kernel, 1, 256, smem, cb->stream, (int)lat->kind, (int)(k == 0), prev, w1.data,
+                      (int)w1.dtype, w1.stride, r, (const float *)ds_rows(lat->hidden, k, 1).data, H, lat->w.data,
+                      (int)lat->w.dtype, lat->w.stride, lat->b.data, (int)lat->b.dtype,
+                      (float *)ds_rows(emb, k, 1).data, lbuf + q, lbuf);
+    return ds_cu_launched(cb, op);
+}
+
+/* markov_greedy, and with lat its gated / RNN walk (markov_greedy_latent). */
+static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out, ds_tensor w1,
+                        ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb,
+                        int32_t *tokens) {
     ds_cuda_backend *cb = ds_cu(be);
     const int G = (int)base.rows;
     const int64_t V = base.cols;
@@ -796,6 +886,11 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_cu_fail(cb, "markov_greedy", "block of %d positions (at most %d)", G, DS_CU_ROWS);
         return;
     }
+    if (lat && !markov) {
+        ds_cu_fail(cb, "markov_greedy", "a gated / RNN head's walk without its w1 and w2");
+        return;
+    }
+    if (lat && !latent_fits(cb, "markov_greedy", lat, G, w1.cols)) return;
     int32_t *dtok = NULL, *idx;
     if (!walk_indices(cb, "markov_greedy", G, anchor, tokens, &idx, &dtok)) return;
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
@@ -803,7 +898,7 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
     const unsigned walk_blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
     bool fused = false; /* the whole walk in one launch (markov_walk_kernel) */
-    if (prune && walk_fused(walk_blocks)) {
+    if (prune && !lat && walk_fused(walk_blocks)) { /* (the fused walk has no latent step) */
         const unsigned blocks = walk_blocks;
         const size_t smem = (size_t)r * sizeof(float);
 #define WALK(DT_)                                                                                                   \
@@ -832,24 +927,34 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     } else if (one_launch) {
         const int64_t rows_per_block = prune ? PRUNE_ROWS : STEP_WARPS * STEP_ROWS;
         const unsigned blocks = (unsigned)((V + rows_per_block - 1) / rows_per_block);
-        char *part = (char *)ds_cu_scratch(cb, "markov_greedy", (size_t)blocks * (sizeof(float) + sizeof(int)));
+        const size_t pbytes = ((size_t)blocks * (sizeof(float) + sizeof(int)) + 15) & ~(size_t)15;
+        char *part = (char *)ds_cu_scratch(cb, "markov_greedy", pbytes + (lat ? latent_floats(r) * sizeof(float) : 0));
         if (!part) return;
         float *pv = (float *)part;
         int *pi = (int *)(part + (size_t)blocks * sizeof(float));
+        float *lbuf = (float *)(part + pbytes); /* lat: z, state, the spare row */
+        /* The step's vector: w1[prev], or z as a one-row table (stride 0). */
+        const void *tw = lat ? (const void *)lbuf : w1.data;
+        const int tdt = lat ? (int)DS_F32 : (int)w1.dtype;
+        const int64_t ts = lat ? 0 : w1.stride;
         const size_t smem = (size_t)r * sizeof(float);
         for (int k = 0; k < G; k++) {
             float *ek = (float *)ds_rows(emb, k, 1).data, *ok = keep ? (float *)ds_rows(out, k, 1).data : NULL;
             const float *bk = (const float *)ds_rows(base, k, 1).data;
+            if (lat) {
+                if (!latent_step(cb, "markov_greedy", lat, k, idx + k, w1, emb, lbuf)) return;
+                ek = lbuf + 2 * (latent_floats(r) / 3); /* emb[k] is the latent kernel's */
+            }
 #define STEP(DT_)                                                                                                 \
     do {                                                                                                          \
         if (prune)                                                                                                \
-            ds_cu_launch_smem(markov_pruned_step_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream, bk,        \
-                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,  \
+            ds_cu_launch_smem(markov_pruned_step_kernel<DT_>, blocks, PRUNE_THREADS, smem, cb->stream, bk, tw,    \
+                              tdt, ts, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,                            \
                               pv, pi, ticket, (const float *)bound->proj.data, (const float *)bound->coef.data,    \
                               (const float *)bound->radius.data, (int)bound->proj.rows, rows_done);               \
         else                                                                                                      \
-            ds_cu_launch_smem(markov_step_kernel<DT_, false>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, w1.data, \
-                              (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi,  \
+            ds_cu_launch_smem(markov_step_kernel<DT_, false>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, ok, tw, \
+                              tdt, ts, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, pv, pi,                   \
                               ticket, 0.0f, (float *)NULL, (float *)NULL);                                        \
     } while (0)
             if (w2.dtype == DS_BF16) STEP(DS_BF16);
@@ -859,17 +964,25 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
             if (!ds_cu_launched(cb, "markov_greedy")) return;
         }
     } else {
-        float *bias = markov ? (float *)ds_cu_tmp(cb, "markov_greedy", (size_t)V * sizeof(float)) : NULL;
+        const size_t lf = lat ? latent_floats(r) : 0;
+        float *bias = markov ? (float *)ds_cu_tmp(cb, "markov_greedy", ((size_t)V + lf) * sizeof(float)) : NULL;
         float *row = keep ? NULL : (float *)ds_cu_tmp2(cb, "markov_greedy", (size_t)V * sizeof(float));
         if ((markov && !bias) || (!keep && !row)) return;
+        float *lbuf = bias ? bias + V : NULL; /* lat: z, state, the spare row */
         for (int k = 0; k < G; k++) {
             const ds_tensor rt = {DS_F32, row, 1, V, V, false};
             const ds_tensor ok = keep ? ds_rows(out, k, 1) : rt;
             if (markov) {
                 ds_tensor ek = ds_rows(emb, k, 1);
-                ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype, w1.stride,
-                             r, idx + k);
-                if (!ds_cu_launched(cb, "markov_greedy")) return;
+                if (lat) {
+                    if (!latent_step(cb, "markov_greedy", lat, k, idx + k, w1, emb, lbuf)) return;
+                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false};
+                    ek = zt; /* the bias is w2 z */
+                } else {
+                    ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype,
+                                 w1.stride, r, idx + k);
+                    if (!ds_cu_launched(cb, "markov_greedy")) return;
+                }
                 ds_tensor bt = {DS_F32, bias, 1, V, V, false};
                 ds_cu_linear(be, bt, ek, w2, ds_no_tensor());
                 ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, (float *)ok.data,
@@ -882,6 +995,17 @@ void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         }
     }
     walk_results(cb, "markov_greedy", G, idx, dtok, prune, V, tokens);
+}
+
+void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
+                         const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb, int32_t *tokens) {
+    greedy_walk(be, NULL, base, out, w1, w2, bound, bf16, anchor, emb, tokens);
+}
+
+void ds_cu_markov_greedy_latent(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                ds_tensor w1, ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor,
+                                ds_tensor emb, int32_t *tokens) {
+    greedy_walk(be, lat, base, out, w1, w2, bound, bf16, anchor, emb, tokens);
 }
 
 /* backend.h markov_greedy_head: the walk reads the head's bounds
@@ -955,9 +1079,10 @@ void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_te
  * doing the first stage, the row's max, as it writes the row; or one block
  * a row where the spread kernels do not apply). The next step's gather
  * reads that token on the device; the G tokens come back once. */
-void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
-                         bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
-                         int32_t *tokens) {
+/* markov_sample, and with lat its gated / RNN walk (markov_sample_latent). */
+static void sample_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out, ds_tensor probs,
+                        ds_tensor w1, ds_tensor w2, bool bf16, int32_t anchor, const ds_sampling *s, const double *u,
+                        ds_tensor emb, int32_t *tokens) {
     ds_cuda_backend *cb = ds_cu(be);
     const int G = (int)base.rows;
     const int64_t V = base.cols;
@@ -973,6 +1098,11 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         ds_cu_fail(cb, "markov_sample", "block of %d positions (at most %d)", G, DS_CU_ROWS);
         return;
     }
+    if (lat && !markov) {
+        ds_cu_fail(cb, "markov_sample", "a gated / RNN head's walk without its w1 and w2");
+        return;
+    }
+    if (lat && !latent_fits(cb, "markov_sample", lat, G, w1.cols)) return;
     /* idx as markov_greedy lays it out: [anchor, tokens[G], ticket, rows]. */
     int32_t *idx = ds_cu_indices(cb, "markov_sample", G + 3);
     if (!idx) return;
@@ -985,8 +1115,17 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
     const bool one_launch = markov && step_fits(w2, emb);
     /* Where the corrected row goes when out does not keep it. */
     float *row = markov && !keep ? (float *)ds_cu_tmp2(cb, "markov_sample", (size_t)V * sizeof(float)) : NULL;
-    float *bias = markov && !one_launch ? (float *)ds_cu_tmp(cb, "markov_sample", (size_t)V * sizeof(float)) : NULL;
-    if (markov && ((!keep && !row) || (!one_launch && !bias))) return;
+    /* lat: z, state and the spare row, in tmp (the unfused step's linear may use the scratch) */
+    const size_t lf = lat ? latent_floats(r) : 0;
+    float *bias = (markov && !one_launch) || lat
+                      ? (float *)ds_cu_tmp(cb, "markov_sample", ((size_t)(one_launch ? 0 : V) + lf) * sizeof(float))
+                      : NULL;
+    if (markov && ((!keep && !row) || ((!one_launch || lat) && !bias))) return;
+    float *lbuf = lat ? bias + (one_launch ? 0 : V) : NULL;
+    /* The step's vector: w1[prev], or z as a one-row table (stride 0). */
+    const void *tw = lat ? (const void *)lbuf : w1.data;
+    const int tdt = lat ? (int)DS_F32 : (int)w1.dtype;
+    const int64_t ts = lat ? 0 : w1.stride;
     const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
     /* The distributions spread over many blocks (sample.cu) where they
      * apply, their workspace (a row state per step) beside the step
@@ -1013,17 +1152,21 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
         float *lk = keep ? (float *)ds_rows(out, k, 1).data : row;
         if (markov) {
             float *ek = (float *)ds_rows(emb, k, 1).data;
+            if (lat) {
+                if (!latent_step(cb, "markov_sample", lat, k, idx + k, w1, emb, lbuf)) return;
+                ek = lbuf + 2 * (lf / 3); /* emb[k] is the latent kernel's */
+            }
             if (one_launch) {
                 const size_t smem = (size_t)r * sizeof(float);
 #define SSTEP(DT_)                                                                                                \
     do {                                                                                                          \
         if (spread)                                                                                               \
             ds_cu_launch_smem(markov_step_kernel<DT_, true>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk,   \
-                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, \
+                              tw, tdt, ts, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,                       \
                               pv, pi, ticket, s->temperature, pmx, ds_cu_dist_max_slot(ws, G, V, k));             \
         else                                                                                                      \
             ds_cu_launch_smem(markov_step_kernel<DT_, false>, blocks, STEP_WARPS * 32, smem, cb->stream, bk, lk,  \
-                              w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek, \
+                              tw, tdt, ts, w2.data, w2.stride, r, V, (int)bf16, idx + k, ek,                       \
                               pv, pi, ticket, 0.0f, (float *)NULL, (float *)NULL);                                \
     } while (0)
                 if (w2.dtype == DS_BF16) SSTEP(DS_BF16);
@@ -1031,10 +1174,17 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                 else SSTEP(DS_F32);
 #undef SSTEP
             } else {
-                ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, ek, w1.data, (int)w1.dtype, w1.stride, r, idx + k);
-                if (!ds_cu_launched(cb, "markov_sample")) return;
+                ds_tensor et = ds_rows(emb, k, 1);
+                if (lat) {
+                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false};
+                    et = zt; /* the bias is w2 z */
+                } else {
+                    ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, ek, w1.data, (int)w1.dtype, w1.stride, r,
+                                 idx + k);
+                    if (!ds_cu_launched(cb, "markov_sample")) return;
+                }
                 ds_tensor bt = {DS_F32, bias, 1, V, V, false};
-                ds_cu_linear(be, bt, ds_rows(emb, k, 1), w2, ds_no_tensor());
+                ds_cu_linear(be, bt, et, w2, ds_no_tensor());
                 ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, lk, bk,
                              (const float *)bias, V, (int)bf16);
             }
@@ -1058,4 +1208,16 @@ void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tenso
                  cudaMemcpyAsync(got, idx + 1, (size_t)G * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)) &&
         ds_cu_ok(cb, "markov_sample", cudaStreamSynchronize(cb->stream)))
         memcpy(tokens, got, (size_t)G * sizeof(int32_t));
+}
+
+void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
+                         bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
+                         int32_t *tokens) {
+    sample_walk(be, NULL, base, out, probs, w1, w2, bf16, anchor, s, u, emb, tokens);
+}
+
+void ds_cu_markov_sample_latent(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
+                                ds_tensor probs, ds_tensor w1, ds_tensor w2, bool bf16, int32_t anchor,
+                                const ds_sampling *s, const double *u, ds_tensor emb, int32_t *tokens) {
+    sample_walk(be, lat, base, out, probs, w1, w2, bf16, anchor, s, u, emb, tokens);
 }
