@@ -1,8 +1,9 @@
 /* CPU backend: fp32 activations, weights used in place from the mmap'd
- * checkpoint (bf16 stays bf16 in memory and is widened on the fly; the narrow
+ * checkpoint (bf16 stays bf16 in memory and is widened on the fly; the panel
  * matmul keeps a repacked copy of what it multiplies, cpu_panel.c), our own
- * thread pool across cores, OpenBLAS sgemm for wide (prefill) matmuls. */
-#include <cblas.h>
+ * thread pool across cores. Every reduction runs in an order the code fixes
+ * (not the SIMD width, a library's blocking or the thread count), so a
+ * checkpoint and prompt give the same bits on any x86-64-v3 or newer host. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -39,7 +40,7 @@ static ds_error *cpu_weight(ds_backend *be, const ds_st_tensor *src, int64_t row
         DS_TRY(cpu_alloc(be, src->dtype, rows, cols, out));
         memcpy(out->data, src->data, src->nbytes);
     }
-    /* A weight's contents are fixed: the narrow matmul may cache it repacked. */
+    /* A weight's contents are fixed: the panel matmul may cache it repacked. */
     ds_cpu_pack_register(&((ds_cpu_backend *)be)->packs, *out);
     return NULL;
 }
@@ -293,7 +294,6 @@ ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {
         return ds_errorf("cpu backend: cannot start %d threads", n_threads);
     }
     cb->base.n_threads = ds_pool_threads(cb->pool);
-    openblas_set_num_threads(1); /* we split the work across threads ourselves */
     *out = &cb->base;
     return NULL;
 }

@@ -65,17 +65,17 @@ float *ds_cpu_scratch(ds_backend *be, const char *op, int tid, int slot, size_t 
 /* The memory bandwidth probe (cpu_bandwidth.c, ds_backend_ops.bandwidth). */
 ds_error *ds_cpu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out);
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
-/* Calls with at most this many input rows (decode, verify, drafter blocks)
- * run the row-invariant panel kernels; wider ones (prefill) OpenBLAS. */
+/* Every matmul runs the row-invariant panel kernels (cpu_matmul.c); wider
+ * calls (prefill) go in slabs of this many input rows. */
 #define DS_CPU_NARROW_M 32
-/* What a narrow call does with its results. */
+/* What a panel matmul call does with its results. */
 typedef enum {
     DS_EPI_STORE,    /* outs[i] = x ws[i]^T (+ biases[i]), n <= 3 */
     DS_EPI_RESIDUAL, /* outs[0] = res + (x ws[0]^T (+ biases[0])), n = 1 */
     DS_EPI_SWIGLU,   /* outs[0] = silu(x ws[0]^T) * (x ws[1]^T), n = 2, no biases */
 } ds_cpu_epilogue;
-/* The narrow matmul (cpu_matmul.c); biases may be NULL. */
-void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+/* The panel matmul (cpu_matmul.c), any row count; biases may be NULL. */
+void ds_cpu_linear_panels(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                           const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res);
 /* The fused ops of ds_backend_ops (cpu_linear_fused.c). */
 void ds_cpu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res);

@@ -1,16 +1,18 @@
-/* y = x W^T on the CPU.
+/* y = x W^T on the CPU, for every row count (decode, verify, drafter
+ * blocks and prefill alike).
  *
- * Narrow calls (decode, verify, drafter blocks: M <= DS_CPU_NARROW_M rows)
- * use our own outer-product micro-kernels over weight panels (cpu_panel.c):
+ * Our own outer-product micro-kernels run over weight panels (cpu_panel.c):
  * x[m][k] is broadcast against 16 output features at a time, and every
  * output element (m, n) is one fused multiply-add chain over k = 0..K-1 in
- * order, whatever kernel shape, row count or thread computed it. So a row's
- * result does not depend on how many rows share the call (the row
- * invariance that lossless greedy verification needs), and the extra rows
- * of a verify pass reuse each weight load instead of re-reading it.
- * Wide calls (prefill) widen a tile of weight rows to fp32 and hand it to
- * OpenBLAS sgemm: bf16 weights never exist as a whole fp32 copy. */
-#include <cblas.h>
+ * order, whatever kernel shape, row count, vector width or thread computed
+ * it. So a row's result does not depend on how many rows share the call
+ * (the row invariance that lossless greedy verification needs: a prefill of
+ * n tokens gives the last row that n single steps give), nor on the host:
+ * the order is fixed by this code, not by a BLAS library's blocking, the
+ * CPU's kernel choice or the thread count. The extra rows of a call reuse
+ * each weight load instead of re-reading it; wide calls go in slabs of
+ * DS_CPU_NARROW_M rows, each panel staying in L1 across a slab's rows. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__FMA__)
@@ -20,7 +22,6 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "base/vmath.h"
 
-#define WIDE_TILE_ROWS 128
 #define GROUP 4        /* panels per work item: 64 output features */
 #define MAX_MR 6       /* input rows per micro-kernel call */
 #define MIN_CHUNK_MACS 32768 /* below this a chunk is not worth a thread hand-off */
@@ -29,13 +30,16 @@
 typedef ds_v8f v8f;
 typedef uint32_t v8u __attribute__((vector_size(32), aligned(4)));
 
-/* An explicit fused multiply-add where the machine has one, so that every
- * kernel shape rounds the same way whatever the optimizer contracts. */
+/* An explicit fused multiply-add, so that every kernel shape rounds the
+ * same way whatever the optimizer contracts; without the instruction, fmaf
+ * lane by lane: slow, but the same single rounding, so the same bits. */
 static inline __attribute__((always_inline)) v8f fma8(v8f a, v8f b, v8f c) {
 #if defined(__FMA__)
     return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
 #else
-    return a * b + c;
+    v8f r;
+    for (int i = 0; i < 8; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
 #endif
 }
 
@@ -128,25 +132,25 @@ static tile_fn *kernel_for(bool bf16, int mr, int np) {
 #undef PICK
 }
 
-/* One weight of a narrow call and what its results go to. */
+/* One weight of a call and what its results go to. */
 typedef struct {
     ds_tensor out, w;
     float *bias;        /* fp32 copy, or NULL */
     const void *packed; /* cached panels, or NULL: packed per call into scratch */
     bool bf16;          /* packed holds bf16 pair panels */
     int64_t groups;     /* of GROUP panels */
-} narrow_part;
+} panel_part;
 
-/* Narrow calls: up to 3 weights against the same x (q/k/v), or gate and up
+/* A call: up to 3 weights against the same x (q/k/v), or gate and up
  * combined by SiLU, or one weight added to a residual. */
 typedef struct {
     ds_tensor x;
     ds_backend *be;
     int n;
-    narrow_part part[3];
+    panel_part part[3];
     ds_cpu_epilogue epi;
     ds_tensor res; /* DS_EPI_RESIDUAL: out = res + x W^T (+ bias); may be out */
-} narrow_job;
+} panel_job;
 
 typedef float tile_res[MAX_MR][GROUP * DS_PANEL];
 
@@ -161,7 +165,7 @@ static inline void silu_mul(float *o, const float *g, const float *u, int64_t n)
 }
 
 /* Rows [m0, m0+mr) x features [n0, n0+nc) of part pt's result. */
-static void store(const narrow_job *j, const narrow_part *pt, int64_t m0, int mr, int64_t n0, int64_t nc,
+static void store(const panel_job *j, const panel_part *pt, int64_t m0, int mr, int64_t n0, int64_t nc,
                   tile_res res, tile_res res2) {
     for (int r = 0; r < mr; r++) {
         float *o = (float *)pt->out.data + (m0 + r) * pt->out.stride + n0;
@@ -181,7 +185,7 @@ static void store(const narrow_job *j, const narrow_part *pt, int64_t m0, int mr
 }
 
 /* The panels of groups [p0, p0 + np) of a part: cached, or packed now. */
-static const void *part_panels(const narrow_job *j, const narrow_part *pt, int64_t p0, int64_t np, float *buf,
+static const void *part_panels(const panel_job *j, const panel_part *pt, int64_t p0, int64_t np, float *buf,
                                bool *bf16) {
     const int64_t pstep = DS_PANEL * j->x.cols;
     *bf16 = pt->bf16;
@@ -195,8 +199,8 @@ static const void *part_panels(const narrow_job *j, const narrow_part *pt, int64
  * DS_EPI_SWIGLU an item is a group of gate and the same group of up). The
  * input rows go in blocks of at most MAX_MR, as even as possible (8 rows:
  * 4 + 4). */
-static void narrow_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
-    const narrow_job *j = ctx;
+static void panel_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
+    const panel_job *j = ctx;
     const int64_t M = j->x.rows, K = j->x.cols, pstep = DS_PANEL * K;
     const int nblk = (int)((M + MAX_MR - 1) / MAX_MR);
     const int np_max = panels_for((int)(M / nblk));
@@ -206,7 +210,7 @@ static void narrow_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
         int pi = 0;
         int64_t lg = g;
         while (j->epi != DS_EPI_SWIGLU && lg >= j->part[pi].groups) lg -= j->part[pi++].groups;
-        const narrow_part *pt = &j->part[pi], *up = j->epi == DS_EPI_SWIGLU ? &j->part[1] : NULL;
+        const panel_part *pt = &j->part[pi], *up = j->epi == DS_EPI_SWIGLU ? &j->part[1] : NULL;
         const int64_t N = pt->w.rows, P = ds_cpu_panels(N), p0 = lg * GROUP;
         const int64_t np_all = P - p0 < GROUP ? P - p0 : GROUP;
         if ((!pt->packed || (up && !up->packed)) && !buf) {
@@ -267,82 +271,42 @@ static bool x_bf16(ds_backend *be, const char *op, ds_tensor *x, ds_tensor w, fl
     return true;
 }
 
-void ds_cpu_linear_narrow(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
+void ds_cpu_linear_panels(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                           const ds_tensor *biases, ds_cpu_epilogue epi, ds_tensor res) {
     if (x.rows <= 0) return;
     float *xr;
     if (!x_bf16(be, "linear", &x, ws[0], &xr)) return; /* (the weights of one call share a dtype) */
     ds_pool *pool = ds_cpu_pool(be);
-    narrow_job j = {.x = x, .be = be, .n = n, .epi = epi, .res = res};
+    panel_job j = {.be = be, .n = n, .epi = epi};
+    const int64_t slab = x.rows < DS_CPU_NARROW_M ? x.rows : DS_CPU_NARROW_M;
     int64_t groups = 0, macs = 0;
     for (int i = 0; i < n; i++) {
-        narrow_part *pt = &j.part[i];
-        *pt = (narrow_part){.out = outs[i], .w = ws[i], .bias = biases ? bias_f32(biases[i], ws[i].rows) : NULL};
+        panel_part *pt = &j.part[i];
+        *pt = (panel_part){.w = ws[i], .bias = biases ? bias_f32(biases[i], ws[i].rows) : NULL};
         pt->packed = ds_cpu_pack_get(&((ds_cpu_backend *)be)->packs, ws[i], &pt->bf16);
         pt->groups = (ds_cpu_panels(ws[i].rows) + GROUP - 1) / GROUP;
         if (epi != DS_EPI_SWIGLU || i == 0) groups += pt->groups;
-        macs += x.rows * pt->groups * GROUP * DS_PANEL * x.cols;
+        macs += slab * pt->groups * GROUP * DS_PANEL * x.cols;
     }
     /* A few chunks per thread (a late thread does not hold the others up),
      * none smaller than MIN_CHUNK_MACS. */
     const int64_t item_macs = macs / (groups ? groups : 1) + 1;
     int64_t grain = groups / (4 * ds_pool_threads(pool));
     if (grain * item_macs < MIN_CHUNK_MACS) grain = (MIN_CHUNK_MACS + item_macs - 1) / item_macs;
-    ds_pool_run(pool, groups, grain, narrow_chunk, &j);
+    /* Wide calls (prefill) slab by slab: a slab's rows share each panel load
+     * (one pass over the weights per slab), and a row's result is the same
+     * in any slab. */
+    for (int64_t m0 = 0; m0 < x.rows; m0 += slab) {
+        const int64_t ms = x.rows - m0 < slab ? x.rows - m0 : slab;
+        j.x = ds_rows(x, m0, ms);
+        for (int i = 0; i < n; i++) j.part[i].out = ds_rows(outs[i], m0, ms);
+        j.res = res.data ? ds_rows(res, m0, ms) : res;
+        ds_pool_run(pool, groups, grain, panel_chunk, &j);
+    }
     for (int i = 0; i < n; i++) free(j.part[i].bias);
     free(xr);
 }
 
-/* The wide (prefill) path's job. */
-typedef struct {
-    ds_tensor out, x, w;
-    const float *bias;
-    float **tiles; /* per thread */
-} linear_job;
-
-/* Each thread widens its own tiles of weight rows and runs a
- * single-threaded sgemm on them. */
-static void wide_chunk(void *ctx, int64_t t0, int64_t t1, int tid) {
-    const linear_job *j = ctx;
-    const int64_t M = j->x.rows, K = j->x.cols, N = j->w.rows;
-    const size_t es = ds_dtype_size(j->w.dtype);
-    for (int64_t t = t0; t < t1; t++) {
-        int64_t n0 = t * WIDE_TILE_ROWS, tn = N - n0 < WIDE_TILE_ROWS ? N - n0 : WIDE_TILE_ROWS;
-        const float *wt = (const float *)j->w.data + n0 * j->w.stride;
-        int64_t ldw = j->w.stride;
-        if (j->w.dtype != DS_F32) {
-            float *tile = j->tiles[tid];
-            for (int64_t r = 0; r < tn; r++)
-                ds_to_f32(j->w.dtype, (const char *)j->w.data + (size_t)((n0 + r) * j->w.stride) * es, tile + r * K,
-                          (size_t)K);
-            wt = tile;
-            ldw = K;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)tn, (int)K, 1.0f, j->x.data,
-                    (int)j->x.stride, wt, (int)ldw, 0.0f, (float *)j->out.data + n0, (int)j->out.stride);
-        if (j->bias)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t n = n0; n < n0 + tn; n++) ((float *)j->out.data)[m * j->out.stride + n] += j->bias[n];
-    }
-}
-
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
-    if (x.rows <= DS_CPU_NARROW_M) {
-        ds_cpu_linear_narrow(be, 1, &out, x, &w, &bias, DS_EPI_STORE, ds_no_tensor());
-        return;
-    }
-    float *xr;
-    if (!x_bf16(be, "linear", &x, w, &xr)) return;
-    float *b = bias_f32(bias, w.rows);
-    linear_job j = {.out = out, .x = x, .w = w, .bias = b};
-    ds_pool *pool = ds_cpu_pool(be);
-    int nt = ds_pool_threads(pool);
-    float *tiles[64] = {0};
-    if (w.dtype != DS_F32)
-        for (int t = 0; t < nt && t < 64; t++) tiles[t] = malloc((size_t)(WIDE_TILE_ROWS * x.cols) * sizeof(float));
-    j.tiles = tiles;
-    ds_pool_run(pool, (w.rows + WIDE_TILE_ROWS - 1) / WIDE_TILE_ROWS, 1, wide_chunk, &j);
-    for (int t = 0; t < nt && t < 64; t++) free(tiles[t]);
-    free(b);
-    free(xr);
+    ds_cpu_linear_panels(be, 1, &out, x, &w, &bias, DS_EPI_STORE, ds_no_tensor());
 }

@@ -1,5 +1,5 @@
-/* Weights repacked into column panels for the narrow (decode / verify)
- * matmul, cached per weight tensor.
+/* Weights repacked into column panels for the matmul (cpu_matmul.c),
+ * cached per weight tensor.
  *
  * A panel holds 16 consecutive output features (weight rows) k-major: for
  * each k, the 16 weights w[n0..n0+15][k] side by side, so the micro-kernel
@@ -10,7 +10,7 @@
  * fp32 panels. Rows past N are zero.
  *
  * Only tensors that came from weight() are cached (their contents never
- * change); they are packed on their first narrow use (embedding tables that
+ * change); they are packed on their first use (embedding tables that
  * are never multiplied cost nothing) and dropped on release(). Other
  * operands are packed per call into scratch, to the same values. */
 #include <stdlib.h>
