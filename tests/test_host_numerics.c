@@ -1,5 +1,5 @@
 /* Same bits on every host: the bundled pico pair's logits and greedy outputs
- * against values pinned in testdata/pinned/pico.json, which hold for any
+ * against values pinned in testdata/pinned/pico.json (pinned.h), which hold for any
  * x86-64-v3-or-newer CPU (AVX2 or AVX-512), any thread count (ctest runs this
  * with 1, 2 and 8 threads: DS_TEST_THREADS) and any optimization level.
  * Every CPU reduction runs in an order the code fixes (cpu_matmul.c), so a
@@ -12,57 +12,27 @@
  * - hashes of the greedy AR output of the 32 dev prompts, and of drafted
  *   greedy runs (tokens and per-round accepted lengths) through the bundled
  *   DSpark drafter.
- * The hashes are kept per build variant (DS_X_BF16 on or off).
- * DS_PIN_WRITE=1 rewrites this variant's entry instead of checking it
- * (scripts/pin_goldens.sh; after a deliberate change of numerics only). */
-#include <cjson/cJSON.h>
+ * The hashes are kept per build variant (DS_X_BF16 on or off). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "draft/drafter.h"
 #include "pico_prompts.h"
+#include "pinned.h"
 #include "spec/generate.h"
 #include "testlib.h"
 
-#define PINNED DS_TESTDATA "/pinned/pico.json"
 #define NEW_TOKENS 128
 #define STEPS 16
-
-#if DS_X_BF16_ON
-#define VARIANT "x_bf16"
-#else
-#define VARIANT "x_fp32"
-#endif
 
 static ds_backend *be;
 static ds_target *target;
 static pico_prompt prompts[PICO_MAX_PROMPTS];
 static int n_prompts;
-static cJSON *pinned_all, *pinned; /* the file, and this variant's object in it */
-static bool writing;
 
-/* FNV-1a, 64 bits, over raw bytes: the hashes name bit patterns. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-#define FNV_START 0xcbf29ce484222325ull
-
-static void check_hash(const char *key, uint64_t h) {
-    char hex[17];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
-    if (writing) {
-        cJSON_DeleteItemFromObject(pinned, key);
-        cJSON_AddStringToObject(pinned, key, hex);
-        printf("  pinned %s = %s\n", key, hex);
-        return;
-    }
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(pinned, key);
-    CHECK(cJSON_IsString(v), "%s has no %s.%s (regenerate with scripts/pin_goldens.sh)", PINNED, VARIANT, key);
-    if (cJSON_IsString(v)) CHECK(!strcmp(v->valuestring, hex), "%s: %s, pinned %s", key, hex, v->valuestring);
-    printf("  %s %s\n", key, hex);
-}
+#define fnv pinned_fnv
+#define FNV_START PINNED_FNV_START
+#define check_hash pinned_check_hash
 
 static int env_threads(void) {
     const char *s = getenv("DS_TEST_THREADS");
@@ -71,21 +41,13 @@ static int env_threads(void) {
 
 static void setup(void) {
     CHECK_OK(ds_backend_cpu_new(env_threads(), &be));
-    printf("  cpu backend, %d threads, variant %s\n", be->n_threads, VARIANT);
+    printf("  cpu backend, %d threads\n", be->n_threads);
     ds_target_opts o = {.max_rows = 64, .max_logit_rows = 33};
     CHECK_OK(ds_target_open(be, DS_MODELS "/pico-qwen3", &o, &target));
     target->logits_bf16 = false; /* hash the fp32 logits: every bit the forward computed */
     n_prompts = pico_load_prompts(prompts, PICO_MAX_PROMPTS);
     CHECK(n_prompts == 32, "%d dev prompts", n_prompts);
-    writing = getenv("DS_PIN_WRITE") && !strcmp(getenv("DS_PIN_WRITE"), "1");
-    pinned_all = read_json_file(PINNED);
-    if (!pinned_all && writing) {
-        ds_test_failures = 0; /* a first pin starts from nothing */
-        pinned_all = cJSON_CreateObject();
-    }
-    if (!pinned_all) return;
-    pinned = cJSON_GetObjectItemCaseSensitive(pinned_all, VARIANT);
-    if (!pinned) pinned = cJSON_AddObjectToObject(pinned_all, VARIANT);
+    pinned_open();
 }
 
 static ds_error *last_logits(float *out) {
@@ -196,8 +158,7 @@ static void test_drafted_greedy_rounds(void) {
 }
 
 static void teardown(void) {
-    if (writing && pinned_all) write_json_file(PINNED, pinned_all);
-    cJSON_Delete(pinned_all);
+    pinned_close();
     ds_target_free(target);
     be->ops->destroy(be);
 }
