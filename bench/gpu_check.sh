@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: build with CUDA, every GPU test, the CPU-golden tests again
+# on the GPU (DS_BACKEND=cuda), and `dspark bench` at the Qwen3-8B shape with
+# the copy bandwidth measured in the same run. Logs in $OUT (or /tmp/gpu_check).
+#   bash bench/make_devdata.sh     # here, once
+#   run (carry [".devdata/root.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .devdata/devenv.sh
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+T0=$(date +%s)
+t() { echo "[$(($(date +%s) - T0)) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+B=build-cuda
+cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+rc=$?; t "build rc=$rc"; grep -E "warning|error" "$OUT/build.log" | grep -v "^--" | head -20
+[ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+ctest --test-dir $B -j4 -R 'cuda' --output-on-failure >"$OUT/ctest_cuda.log" 2>&1
+t "GPU tests rc=$?"; grep -E "Test +#|tests passed|FAIL" "$OUT/ctest_cuda.log"
+DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
+  -R '^test_(dspark|dspark_gemma4|qwen3|gemma4|gemma4_unified|markov_heads|stop|sample_ops|pico|lossless_sampling)$' \
+  >"$OUT/ctest_on_cuda.log" 2>&1
+t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=0|agree" "$OUT/ctest_on_cuda.log"
+M=/tmp/synth-qwen3-8b
+timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
+t "synth rc=$?"
+timeout 200 ./$B/dspark bench --backend cuda -m $M -d $M-dspark --prompt-len 64 --decode 64 --assume-tau 3 \
+  --json >"$OUT/bench.json" 2>"$OUT/bench.err"
+t "bench rc=$?"; cat "$OUT/bench.err"
+python3 -c "
+import json; j=json.load(open('$OUT/bench.json')); print(json.dumps({k: j[k] for k in ('memory_bandwidth', 'ar_decode') if k in j}, indent=1))"
