@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora under fuzz/corpus/<harness>/ from the repository's
+"""Writes the seed corpora under build-fuzz/corpus/<harness>/ from the repository's
 real inputs (shrunk to stay small) plus hand-made broken ones. Run from the
 repository root: python3 fuzz/make_seeds.py. The committed corpora are these
 seeds merged with what fuzzing found (fuzz/README.md)."""
@@ -9,7 +9,7 @@ import os
 import struct
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CORPUS = os.path.join(ROOT, "fuzz", "corpus")
+CORPUS = os.path.join(ROOT, "build-fuzz", "corpus")  # then: bash fuzz/corpus.sh pack <harness>
 SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4}
 
 

@@ -12,7 +12,8 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for dir in fuzz/corpus/*/; do
+bash fuzz/corpus.sh unpack
+for dir in build-fuzz/corpus/*/; do
   name=$(basename "$dir")
   if "./build-fuzz/fuzz_$name" "$dir" -runs=0 -timeout=10 >"$log" 2>&1; then
     echo "fuzz replay: $name: $(ls "$dir" | wc -l) inputs, $(grep -o 'cov: [0-9]*' "$log" | tail -1)"
