@@ -16,6 +16,9 @@
 #include "backend/backend.h"
 #include "base/rng.h"
 #include "draft/markov_bound.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+#include "sample/verify.h"
 #include "testlib.h"
 
 static ds_backend *gpu, *cpu;
@@ -1232,8 +1235,8 @@ static void test_model_shapes_bandwidth(void) {
 
 /* ---- sampling at T > 0 (probs, sample, verify_sample, markov_sample) ------ */
 
-/* The GPU's sampling ops against the CPU's (which equal spec/sampler.c and
- * spec/verify.c bit for bit: test_sample_ops). The GPU computes exp the
+/* The GPU's sampling ops against the CPU's (which equal src/sample/'s probs, draw and
+ * verify bit for bit: test_sample_ops). The GPU computes exp the
  * CPU's way and sums in double in another (fixed) order, so its
  * distributions are expected to match to the last bit or so: bound 1e-6
  * normalized (max |gpu - cpu| / max |cpu| per call; ~16 ulp of the

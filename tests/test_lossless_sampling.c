@@ -37,9 +37,10 @@
 #include <unistd.h>
 
 #include "draft/drafter.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+#include "sample/verify.h"
 #include "spec/generate.h"
-#include "spec/sampler.h"
-#include "spec/verify.h"
 #include "testlib.h"
 
 #define FIX DS_TESTDATA "/fixtures/qwen3-tiny"

@@ -3,7 +3,7 @@
  * ds_probs_from_logits, ds_sample_probs, ds_verify (same seed, same
  * uniforms consumed) and draft/markov.c's host walk. Then whole
  * generations: a CPU backend with the ops and one without them (the host
- * path: logits downloaded, spec/verify.c) give the same tokens for the
+ * path: logits downloaded, sample/verify.c) give the same tokens for the
  * same seeds, and so does a custom verifier hook (p->verify). The GPU's
  * ops are checked against these in test_cuda_ops; with DS_BACKEND=cuda the
  * generations run on the GPU (its sampling ops against the host path on
@@ -16,9 +16,10 @@
 #include "backend/backend.h"
 #include "base/dtype.h"
 #include "draft/drafter.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+#include "sample/verify.h"
 #include "spec/generate.h"
-#include "spec/sampler.h"
-#include "spec/verify.h"
 #include "testlib.h"
 
 static ds_backend *cpu;

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/sampler.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
 #include "testlib.h"
 
 typedef struct {

@@ -20,7 +20,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "io/safetensors.h"
-#include "spec/sampler.h" /* ds_sampling, the sampling ops' parameters */
+#include "sample/sampling.h" /* ds_sampling, the sampling ops' parameters */
 
 typedef struct ds_backend ds_backend;
 
@@ -266,7 +266,7 @@ typedef struct {
      * argmax and markov_greedy) where the logits are, so that a round moves
      * a few ints to the host instead of rows of V floats. Optional as a
      * group: NULL where the backend has none; spec code then downloads the
-     * logits and runs spec/sampler.c and spec/verify.c on the host, which
+     * logits and runs src/sample/ (probs, draw, verify) on the host, which
      * these ops follow (the CPU backend's call them). Uniforms are drawn on
      * the host (ds_rng_uniform) in the order the host path draws them, so
      * a seeded generation gives the same tokens on every backend except

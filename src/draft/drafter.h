@@ -10,7 +10,7 @@
 #include "base/rng.h"
 #include "io/checkpoint.h"
 #include "model/target.h"
-#include "spec/sampler.h"
+#include "sample/sampling.h"
 
 #define DS_MAX_GAMMA 32
 

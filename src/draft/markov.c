@@ -12,6 +12,8 @@
 #include "draft/drafter.h"
 #include "draft/markov_bound.h"
 #include "io/checkpoint.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
 
 /* The bias bound (markov_bound.h) from the checkpoint's w2, uploaded once:
  * the device walk skips the rows it says cannot win. */

@@ -3,9 +3,12 @@
  * (ratio p_t/p_d against uniforms drawn for every position at once, the
  * residual max(0, p_t - p_d) on the first rejection, a bonus from p_t when
  * everything is accepted), on the processed distributions. */
-#include "spec/verify.h"
+#include "sample/verify.h"
 
 #include <stddef.h>
+
+#include "sample/draw.h"
+#include "sample/probs.h"
 
 int ds_verify(const float *target_logits, int V, const int32_t *draft, int n, const float *draft_probs,
               const ds_sampling *s, ds_rng *rng, float *scratch, int32_t *next) {

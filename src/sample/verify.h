@@ -1,11 +1,13 @@
-/* Verification of a proposal against the target's logits (SPEC §5). */
+/* Verification of a proposal against the target's logits (SPEC §5): the
+ * math of acceptance, below the backend, whose verify op follows it. */
 #ifndef DS_VERIFY_H
 #define DS_VERIFY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/rng.h"
-#include "spec/sampler.h"
+#include "sample/sampling.h"
 
 /* target_logits: [n+1, V] for the verify rows [anchor, x0..x_{n-1}];
  * draft: tokens x[n]; draft_probs: [n, V] processed draft distributions

@@ -4,7 +4,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "spec/verify.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+#include "sample/verify.h"
 
 static double now_s(void) {
     struct timespec ts;

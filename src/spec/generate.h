@@ -6,8 +6,8 @@
 
 #include "draft/drafter.h"
 #include "model/target.h"
-#include "spec/sampler.h"
-#include "spec/verify.h"
+#include "sample/sampling.h"
+#include "sample/verify.h"
 
 typedef struct {
     int max_new;          /* tokens to generate at most */

@@ -1,5 +1,5 @@
 /* The CPU backend's sampling ops (backend.h probs, sample, verify_sample,
- * markov_sample). The math is spec/sampler.c's and spec/verify.c's, called
+ * markov_sample). The math is src/sample/'s (probs, draw, verify), called
  * row by row on the tensors' memory: one host implementation, which the
  * GPU backend's ops are checked against. */
 #include <stdlib.h>
@@ -7,7 +7,9 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "base/dtype.h"
-#include "spec/verify.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+#include "sample/verify.h"
 
 static const float *row_of(ds_tensor t, int64_t r) { return (const float *)t.data + r * t.stride; }
 

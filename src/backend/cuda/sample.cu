@@ -1,5 +1,5 @@
 /* Sampling on the GPU (backend.h probs, sample, verify_sample; the Markov
- * walk's per-step draw for markov.cu): spec/sampler.c's and spec/verify.c's
+ * walk's per-step draw for markov.cu): src/sample/'s (probs, top_kp, draw, verify)
  * rules, so that a verification round sends n + 1 uniforms down and brings
  * two ints back instead of n + 1 rows of V logits.
  *
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
  *         memory): from here the rule is the host's own, in the host's
  *         order: the first top_k in rank order, their mass, top-p by the
  *         cumulative mass in rank order (cum >= top_p * kept, as
- *         spec/sampler.c: no fixed-point approximation), and the draw, over
+ *         sample/top_kp.c: no fixed-point approximation), and the draw, over
  *         the kept tokens sorted by id, one sequential sum (the zeros the
  *         host also adds change nothing): the host's ds_sample_probs_u on
  *         the same values. Only the kept mass of top-k is summed in rank
@@ -937,7 +937,7 @@ __global__ void __launch_bounds__(DIST_THREADS)
         for (int i = 0; i < keep; i++) kept += key_p(key[i]);
         int m = keep;
         double mass = kept;
-        if (top_p > 0 && top_p < 1.0f) { /* spec/sampler.c's loop */
+        if (top_p > 0 && top_p < 1.0f) { /* sample/top_kp.c's loop */
             const double target = (double)top_p * kept;
             double cum = 0;
             m = 0;
