@@ -169,34 +169,6 @@ void ds_drafter_release_common(ds_drafter *d) {
     free(d->step.out);
 }
 
-ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
-                          ds_drafter **out) {
-    *out = NULL;
-    ds_checkpoint *ck;
-    DS_TRY(ds_checkpoint_open(dir, &ck));
-    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ck->config, "architectures"), 0);
-    const char *an = cJSON_IsString(arch) ? arch->valuestring : "(none)";
-    ds_error *e;
-    /* A drafter reads the target's taps and copies its embeddings and head:
-     * it only serves the family it was trained on. */
-    if (!strcmp(an, "Qwen3DSparkModel")) {
-        if (strcmp(target->model_type, "qwen3"))
-            e = ds_errorf("%s: a Qwen3DSparkModel drafter cannot serve a %s target (it needs a qwen3 target)", dir,
-                          target->model_type);
-        else e = ds_dspark_qwen3_open(be, ck, target, opts, out);
-    } else if (!strcmp(an, "Gemma4DSparkModel")) {
-        if (strcmp(target->model_type, "gemma4_text"))
-            e = ds_errorf("%s: a Gemma4DSparkModel drafter cannot serve a %s target (it needs a Gemma 4 target)", dir,
-                          target->model_type);
-        else e = ds_dspark_gemma4_open(be, ck, target, opts, out);
-    } else {
-        e = ds_errorf("%s: unsupported drafter architecture \"%s\" (supported: Qwen3DSparkModel, Gemma4DSparkModel)",
-                      dir, an);
-    }
-    if (e) ds_checkpoint_close(ck);
-    return e;
-}
-
 void ds_drafter_free(ds_drafter *d) {
     if (!d) return;
     ds_checkpoint *ck = d->ck;

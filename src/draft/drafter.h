@@ -1,6 +1,6 @@
 /* The drafter interface: a DSpark (or DFlash) drafter proposes up to gamma
  * tokens per round from one block forward (SPEC §4). The architecture file
- * (dspark_qwen3.c, dspark_gemma4.c) supplies the backbone; the
+ * (dspark_qwen3.c, dspark_gemma4.c; opened by drafter_archs.c) supplies the backbone; the
  * context projection, LM head, Markov chain, confidence and truncation are
  * shared (drafter.c, markov.c). */
 #ifndef DS_DRAFTER_H
@@ -100,7 +100,9 @@ typedef struct {
     int max_rows; /* most context rows per append (0: the backend's prefill_rows) */
 } ds_drafter_opts;
 
-/* Opens a DeepSpec drafter directory and checks it against the target. */
+/* Opens a DeepSpec drafter directory and checks it against the target.
+ * Defined with the table of drafter architectures (drafter_archs.c), which
+ * sits above the architectures that depend on this file's code. */
 ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
                           ds_drafter **out);
 void ds_drafter_free(ds_drafter *d);
@@ -133,10 +135,6 @@ ds_error *ds_drafter_host_probs(ds_drafter *d, ds_proposal *out);
 /* Shared pieces for architecture files. */
 ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *target);
 void ds_drafter_release_common(ds_drafter *d);
-ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target, const ds_drafter_opts *opts,
-                               ds_drafter **out);
-ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target,
-                                const ds_drafter_opts *opts, ds_drafter **out);
 /* Markov chain + confidence over the block (markov.c). */
 ds_error *ds_markov_load_bound(ds_drafter *d);
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "draft/drafter.h"
+#include "draft/dspark_gemma4.h"
 #include "io/config.h"
 #include "model/gemma4_layer.h"
 #include "model/qwen3_layer.h" /* ds_load_vector */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "draft/drafter.h"
+#include "draft/dspark_qwen3.h"
 #include "model/qwen3_layer.h"
 
 typedef struct {

@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/gemma4.h"
 #include "model/gemma4_layer.h"
 #include "model/gemma4_layout.h"
 #include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
-#include "model/target.h"
 
 typedef struct {
     ds_target base;

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "model/qwen3.h"
 #include "model/qwen3_layer.h"
-#include "model/target.h"
 
 typedef struct {
     ds_target base;

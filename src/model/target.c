@@ -1,5 +1,5 @@
-/* Architecture dispatch and the parts of a target every architecture shares:
- * stop tokens, taps, cropping, argument checks on forward. */
+/* The parts of a target every architecture shares: stop tokens, taps,
+ * cropping, argument checks on forward (the dispatch: target_archs.c). */
 #include "model/target.h"
 
 #include <stdlib.h>
@@ -55,37 +55,8 @@ void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, cons
     if (t->max_logit_rows > t->max_rows) t->max_logit_rows = t->max_rows;
 }
 
-ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out) {
-    *out = NULL;
-    ds_checkpoint *ck;
-    DS_TRY(ds_checkpoint_open(dir, &ck));
-    const char *mt = ds_cfg_str(ck->config, "model_type");
-    const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ck->config, "architectures"), 0);
-    const char *an = cJSON_IsString(arch) ? arch->valuestring : NULL;
-    ds_target *t = NULL;
-    ds_error *e;
-    if (mt && !strcmp(mt, "qwen3") && (!an || !strcmp(an, "Qwen3ForCausalLM"))) {
-        e = ds_qwen3_open(be, ck, opts, &t);
-    } else if (mt && (!strcmp(mt, "gemma4_text") || !strcmp(mt, "gemma4")) &&
-               (!an || !strcmp(an, "Gemma4ForCausalLM") || !strcmp(an, "Gemma4ForConditionalGeneration"))) {
-        e = ds_gemma4_open(be, ck, opts, &t);
-    } else if (mt &&
-               ((!strcmp(mt, "gemma4_unified") && (!an || !strcmp(an, "Gemma4UnifiedForConditionalGeneration"))) ||
-                (!strcmp(mt, "gemma4_unified_text") && (!an || !strcmp(an, "Gemma4UnifiedForCausalLM"))))) {
-        /* google/gemma-4-12B: Gemma 4's text model in its own wrapper (gemma4_layout.h). */
-        e = ds_gemma4_open(be, ck, opts, &t);
-    } else {
-        e = ds_errorf("%s: unsupported architecture (model_type \"%s\", architectures[0] \"%s\"); supported: "
-                      "Qwen3ForCausalLM (qwen3), Gemma4ForCausalLM (gemma4_text), Gemma4ForConditionalGeneration "
-                      "(gemma4), Gemma4UnifiedForConditionalGeneration (gemma4_unified), Gemma4UnifiedForCausalLM "
-                      "(gemma4_unified_text)",
-                      dir, mt ? mt : "(none)", an ? an : "(none)");
-    }
-    if (e) {
-        ds_checkpoint_close(ck);
-        return e;
-    }
-    e = read_stop_ids(t);
+ds_error *ds_target_open_finish(ds_target *t) {
+    ds_error *e = read_stop_ids(t);
     if (!e) {
         int cap = t->max_rows > t->max_logit_rows ? t->max_rows : t->max_logit_rows;
         if (cap < DS_VERIFY_BLOCK_MAX) cap = DS_VERIFY_BLOCK_MAX; /* ds_target_verify_greedy's ids */
@@ -95,12 +66,7 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
         t->step.out = calloc((size_t)cap, sizeof *t->step.out);
         if (!t->step.ids || !t->step.pos || !t->step.out) e = ds_errorf("out of memory");
     }
-    if (e) {
-        ds_target_free(t);
-        return e;
-    }
-    *out = t;
-    return NULL;
+    return e;
 }
 
 void ds_target_free(ds_target *t) {

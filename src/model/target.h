@@ -63,7 +63,10 @@ typedef struct {
     int max_logit_rows; /* 0 = default (64) */
 } ds_target_opts;
 
-/* Opens a Hugging Face target directory (architecture from config.json). */
+/* Opens a Hugging Face target directory (architecture from config.json).
+ * Defined with the table of architectures (target_archs.c), which sits above
+ * the architectures, so that no architecture depends on this file's code
+ * while it depends on them. */
 ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out);
 void ds_target_free(ds_target *t);
 /* Which layers' outputs the next forwards tap (SPEC §3 convention). */
@@ -103,10 +106,12 @@ void ds_target_tap(ds_target *t, int layer, ds_tensor x, int n);
 ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float eps, ds_tensor lm_head, int n,
                          int n_logits);
 
-/* Architecture constructors: allocate their own struct (ds_target first),
- * call ds_target_init_common, take ownership of ck only on success. */
+/* Architecture constructors (qwen3.h, gemma4.h): allocate their own struct
+ * (ds_target first), call ds_target_init_common, take ownership of ck only
+ * on success. */
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
-ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
-ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
+/* What ds_target_open does after the constructor: stop tokens, step buffers.
+ * On an error the caller frees t (ds_target_free). */
+ds_error *ds_target_open_finish(ds_target *t);
 
 #endif

@@ -1,0 +1,10 @@
+/* The Qwen3ForCausalLM target (qwen3.c). */
+#ifndef DS_QWEN3_H
+#define DS_QWEN3_H
+
+#include "model/target.h"
+
+/* A target constructor (target.h): takes ownership of ck only on success. */
+ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
+
+#endif
