@@ -4,6 +4,10 @@
 # the copy bandwidth measured in the same run. Logs in $OUT (or /tmp/gpu_check).
 #   bash bench/make_devdata.sh     # here, once
 #   run (carry [".devdata/root.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_check.sh
+# With .devdata/base.tar.xz (what to compare against, made here by
+#   git archive REV CMakeLists.txt include src tools tests bench | xz -9 > .devdata/base.tar.xz
+# and carried too), its dspark_cli is built in /tmp/base and the bench runs
+# twice for each tree, alternating, on the same synthetic checkpoint.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .devdata/devenv.sh
@@ -23,11 +27,23 @@ DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
   -R '^test_(dspark|dspark_gemma4|qwen3|gemma4|gemma4_unified|markov_heads|stop|sample_ops|pico|lossless_sampling)$' \
   >"$OUT/ctest_on_cuda.log" 2>&1
 t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=0|agree" "$OUT/ctest_on_cuda.log"
+if [ -f .devdata/base.tar.xz ]; then
+  mkdir -p /tmp/base && tar -xJf .devdata/base.tar.xz -C /tmp/base &&
+    cmake -S /tmp/base -B /tmp/base/build -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+      -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG >"$OUT/base_build.log" 2>&1 &&
+    cmake --build /tmp/base/build -j16 --target dspark_cli >>"$OUT/base_build.log" 2>&1
+  t "base build rc=$?"
+fi
 M=/tmp/synth-qwen3-8b
 timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
 t "synth rc=$?"
-timeout 200 ./$B/dspark bench --backend cuda -m $M -d $M-dspark --prompt-len 64 --decode 64 --assume-tau 3 \
-  --json >"$OUT/bench.json" 2>"$OUT/bench.err"
-t "bench rc=$?"; cat "$OUT/bench.err"
+bench() { # tree label
+  timeout 200 "$1/dspark" bench --backend cuda -m $M -d $M-dspark --prompt-len 64 --decode 64 --assume-tau 3 \
+    --json >"$OUT/bench_$2.json" 2>"$OUT/bench_$2.err"
+  t "bench $2 rc=$?"; grep -vE "^\s*$" "$OUT/bench_$2.err" | tail -25
+}
+bench ./$B new
+if [ -x /tmp/base/build/dspark ]; then bench /tmp/base/build base; bench ./$B new2; bench /tmp/base/build base2; fi
+cp "$OUT/bench_new.json" "$OUT/bench.json"
 python3 -c "
 import json; j=json.load(open('$OUT/bench.json')); print(json.dumps({k: j[k] for k in ('memory_bandwidth', 'ar_decode') if k in j}, indent=1))"
