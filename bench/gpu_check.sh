@@ -44,6 +44,19 @@ bench() { # tree label
 }
 bench ./$B new
 if [ -x /tmp/base/build/dspark ]; then bench /tmp/base/build base; bench ./$B new2; bench /tmp/base/build base2; fi
-cp "$OUT/bench_new.json" "$OUT/bench.json"
-python3 -c "
-import json; j=json.load(open('$OUT/bench.json')); print(json.dumps({k: j[k] for k in ('memory_bandwidth', 'ar_decode') if k in j}, indent=1))"
+python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
+    try:
+        j = json.load(open(f))
+    except Exception as e:
+        print(os.path.basename(f), "unreadable:", e); continue
+    mb, ar, d = j.get("memory_bandwidth", {}), j.get("ar_decode", {}), j.get("drafter", {})
+    v8 = [v for v in j.get("verify", []) if v.get("rows") == 8]
+    print(f"{os.path.basename(f)}: copy {mb.get('measured_bytes_per_s', 0) / 1e12:.3f} TB/s measured "
+          f"(datasheet {(mb.get('datasheet_bytes_per_s') or 0) / 1e12:.3f}); AR {ar.get('ms_per_token', 0):.3f} ms/token = "
+          f"{ar.get('pct_of_floor', 0):.1f} % of the measured floor ({ar.get('floor_basis')}), "
+          f"{ar.get('pct_of_datasheet_floor', 0) or 0:.1f} % of the datasheet's, {ar.get('pct_of_assumed_floor', 0) or 0:.1f} % of 4.3 TB/s; "
+          f"verify-8 {v8[0]['vs_ar_step'] if v8 else float('nan'):.3f} AR steps; draft {d.get('draft_round_ms', 0):.3f} ms, "
+          f"loop round {d.get('loop_round_ms', 0):.3f} ms; drafted tokens == AR: {j.get('drafted_run', {}).get('tokens_equal_ar')}")
+PY
