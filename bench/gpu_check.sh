@@ -52,11 +52,13 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
     except Exception as e:
         print(os.path.basename(f), "unreadable:", e); continue
     mb, ar, d = j.get("memory_bandwidth", {}), j.get("ar_decode", {}), j.get("drafter", {})
-    v8 = [v for v in j.get("verify", []) if v.get("rows") == 8]
-    print(f"{os.path.basename(f)}: copy {mb.get('measured_bytes_per_s', 0) / 1e12:.3f} TB/s measured "
-          f"(datasheet {(mb.get('datasheet_bytes_per_s') or 0) / 1e12:.3f}); AR {ar.get('ms_per_token', 0):.3f} ms/token = "
-          f"{ar.get('pct_of_floor', 0):.1f} % of the measured floor ({ar.get('floor_basis')}), "
-          f"{ar.get('pct_of_datasheet_floor', 0) or 0:.1f} % of the datasheet's, {ar.get('pct_of_assumed_floor', 0) or 0:.1f} % of 4.3 TB/s; "
-          f"verify-8 {v8[0]['vs_ar_step'] if v8 else float('nan'):.3f} AR steps; draft {d.get('draft_round_ms', 0):.3f} ms, "
-          f"loop round {d.get('loop_round_ms', 0):.3f} ms; drafted tokens == AR: {j.get('drafted_run', {}).get('tokens_equal_ar')}")
+    v8 = [v.get("vs_ar_step", float("nan")) for v in j.get("verify", []) if v.get("rows") == 8]
+    num = lambda x: float(x) if isinstance(x, (int, float)) else float("nan")
+    print("%s: copy %.3f TB/s measured (datasheet %.3f); AR %.3f ms/token = %.1f %% of the measured floor (%s), "
+          "%.1f %% of the datasheet's, %.1f %% of 4.3 TB/s; verify-8 %.3f AR steps; draft %.3f ms, loop round %.3f ms; "
+          "drafted tokens == AR: %s" % (
+              os.path.basename(f), num(mb.get("measured_bytes_per_s")) / 1e12, num(mb.get("datasheet_bytes_per_s")) / 1e12,
+              num(ar.get("ms_per_token")), num(ar.get("pct_of_floor")), ar.get("floor_basis"),
+              num(ar.get("pct_of_datasheet_floor")), num(ar.get("pct_of_assumed_floor")), v8[0] if v8 else float("nan"),
+              num(d.get("draft_round_ms")), num(d.get("loop_round_ms")), j.get("drafted_run", {}).get("tokens_equal_ar")))
 PY
