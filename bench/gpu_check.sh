@@ -5,7 +5,8 @@
 #   bash bench/make_devdata.sh     # here, once
 #   run (carry [".devdata/root.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_check.sh
 # With .devdata/base.tar.xz (what to compare against, made here by
-#   git archive REV CMakeLists.txt include src tools tests bench | xz -9 > .devdata/base.tar.xz
+#   git archive REV CMakeLists.txt include src tools | xz -9 > .devdata/base.tar.xz
+# (its tests/ and bench/ are left out: only its CLI is built)
 # and carried too), its dspark_cli is built in /tmp/base and the bench runs
 # twice for each tree, alternating, on the same synthetic checkpoint.
 set -uo pipefail
@@ -28,7 +29,8 @@ DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
   >"$OUT/ctest_on_cuda.log" 2>&1
 t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=0|agree" "$OUT/ctest_on_cuda.log"
 if [ -f .devdata/base.tar.xz ]; then
-  mkdir -p /tmp/base && tar -xJf .devdata/base.tar.xz -C /tmp/base &&
+  mkdir -p /tmp/base/tests /tmp/base/bench && tar -xJf .devdata/base.tar.xz -C /tmp/base &&
+    : >/tmp/base/tests/CMakeLists.txt && : >/tmp/base/bench/CMakeLists.txt &&
     cmake -S /tmp/base -B /tmp/base/build -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
       -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG >"$OUT/base_build.log" 2>&1 &&
     cmake --build /tmp/base/build -j16 --target dspark_cli >>"$OUT/base_build.log" 2>&1
