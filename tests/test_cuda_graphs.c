@@ -1,5 +1,5 @@
 /* CUDA graphs (backend.h step regions) against the same GPU running every
- * op by op: two CUDA backends, one made with DS_CUDA_GRAPHS=0, one with
+ * op by op: two CUDA backends, one made with graphs off (cfg.graphs), one with
  * graphs on, each holding the same target and DSpark drafter, for each
  * model below in turn (pico Qwen3; Gemma 4 tiny: sliding layers over a ring
  * of window 8 + max_rows 8 rows, K = V full layers, proportional RoPE,
@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/cuda/cuda_config.h"
 #include "draft/drafter.h"
 #include "spec/generate.h"
 #include "testlib.h"
@@ -126,7 +127,7 @@ static void open_case(int c) {
     CHECK_OK(model_dirs(target, drafter, sizeof target));
     for (int i = 0; i < 2; i++) CHECK_OK(open_pair(i, target, drafter));
     ds_region_stats st0 = ds_backend_region_stats(be[0]), st1 = ds_backend_region_stats(be[1]);
-    CHECK(!st0.enabled, "DS_CUDA_GRAPHS=0 left graphs on");
+    CHECK(!st0.enabled, "cfg.graphs = false left graphs on");
     CHECK(st1.enabled, "graphs are off on the graphs backend (DS_CUDA_PROFILE or DS_CUDA_RING_TRACE set?)");
     CHECK(tg[0]->graph_safe && (!dr[0] || dr[0]->graph_safe), "%s runs op by op (not graph-safe)", mc->name);
 }
@@ -620,11 +621,21 @@ static void teardown(void) {
         if (be[i]) be[i]->ops->destroy(be[i]);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     const char *dev = getenv("DS_CUDA_DEVICE");
+    ds_cuda_config cfg;
+    ds_error *ce = ds_cuda_config_from_env(&cfg);
+    if (ce) {
+        printf("FAIL: %s\n", ds_error_message(ce));
+        ds_error_free(ce);
+        return 1;
+    }
+    /* --ring (ctest's test_cuda_graphs_ring): the ring matmul takes every bf16 projection it can, however few
+     * its tiles (at the test models' shapes the per-tile kernel takes them otherwise). */
+    if (argc > 1 && !strcmp(argv[1], "--ring")) cfg.ring_min_tiles = 1;
     for (int i = 0; i < 2; i++) {
-        setenv("DS_CUDA_GRAPHS", i ? "1" : "0", 1);
-        ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, &be[i]);
+        cfg.graphs = i;
+        ds_error *e = ds_backend_cuda_new_with(dev ? atoi(dev) : 0, &cfg, &be[i]);
         if (e) {
             printf("SKIP: no CUDA device [%s]\n", ds_error_message(e));
             ds_error_free(e);

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_config.h"
 #include "base/rng.h"
 #include "draft/markov_bound.h"
 #include "sample/draw.h"
@@ -992,9 +993,9 @@ static void test_markov_greedy(void) {
             for (int mode = 0; mode < 8; mode++) { /* bit 0: bf16; bit 1: tokens only (pruned); bit 2: per step */
                 const bool bf16 = mode & 1, pruned = mode & 2, fused = !(mode & 4);
                 if (!pruned && !fused) continue; /* only the pruned walk has the one-launch form */
-                /* DS_CUDA_MARKOV_FUSED=1 / 0: the pruned walk in one launch / a launch a step, whatever the
-                 * vocabulary (markov.cu reads it at each call; unset, V = 3000 would take a launch a step) */
-                setenv("DS_CUDA_MARKOV_FUSED", fused ? "1" : "0", 1);
+                /* The pruned walk in one launch / a launch a step, whatever the vocabulary (markov.cu reads
+                 * it at each call; by size, V = 3000 would take a launch a step) */
+                ds_cuda_config_of(gpu)->markov_fused = fused;
                 if ((data > 0 || wk > 0) && !pruned) continue; /* the full walk: the first data set */
                 pair pb = act(G, V, base), po = act(G, V, NULL), pe = act(G, r + 3, NULL);
                 ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
@@ -1033,7 +1034,7 @@ static void test_markov_greedy(void) {
                 release(&po);
                 release(&pe);
             }
-            unsetenv("DS_CUDA_MARKOV_FUSED");
+            ds_cuda_config_of(gpu)->markov_fused = -1;
         }
         test_bound_free(&tb);
         gpu->ops->release(gpu, &tw2);
@@ -1051,7 +1052,7 @@ static void test_markov_greedy(void) {
  * logits: many candidates, the bias and then the lowest id decide); a NaN
  * in x (infinite bounds: every row computed; all logits NaN, token 0 as the
  * host scan). The int8 copy must be made (one more weight copy in the
- * region stats at the first call), and DS_CUDA_HEAD_BOUND=0 (the full head)
+ * region stats at the first call), and the head bound off (the full head)
  * must agree too. */
 static void test_markov_greedy_head(void) {
     const int G = 7, V = 3000, K = 4096, r = 64; /* K: the 8B head's, 8 chunks an emulated warp */
@@ -1065,7 +1066,8 @@ static void test_markov_greedy_head(void) {
     if (!test_bound_make(&tb, w2, V, r)) return;
     const ds_markov_bound bound = tb.b;
     const char *names[] = {"random head", "tied rows", "NaN in x"};
-    setenv("DS_CUDA_MARKOV_FUSED", "1", 1); /* V = 3000 would otherwise take a launch a step */
+    ds_cuda_config *cfg = ds_cuda_config_of(gpu);
+    cfg->markov_fused = 1; /* V = 3000 would otherwise take a launch a step */
     for (int data = 0; data < 3; data++) {
         for (int i = 0; i < V * K; i++) hw[i] = ds_bf16_to_f32(ds_f32_to_bf16(frand() * 0.02f));
         if (data == 1)
@@ -1086,15 +1088,15 @@ static void test_markov_greedy_head(void) {
             gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, got);
             check_gpu_ok("markov_greedy_head");
             gpu->ops->region_stats(gpu, &s1);
-            setenv("DS_CUDA_HEAD_BOUND", "0", 1);
+            cfg->head_bound = false;
             gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, full);
-            unsetenv("DS_CUDA_HEAD_BOUND");
+            cfg->head_bound = true;
             check_gpu_ok("markov_greedy_head (full head)");
             int same = 0, same_full = 0;
             for (int k = 0; k < G; k++) same += got[k] == want[k], same_full += full[k] == want[k];
             /* a new head (a new tensor each data set): its copy is made at the first call */
             const bool copied = bf16 || s1.weight_copy_bytes - s0.weight_copy_bytes >= (int64_t)V * K;
-            printf("  markov_greedy_head (%s, %s): %d/%d tokens equal the full head's (%d with DS_CUDA_HEAD_BOUND=0), "
+            printf("  markov_greedy_head (%s, %s): %d/%d tokens equal the full head's (%d without the bound), "
                    "int8 copy %s; tokens %d %d %d ...\n",
                    names[data], bf16 ? "bf16" : "fp32", same, G, same_full, copied ? "made" : "MISSING", got[0],
                    got[1], got[2]);
@@ -1108,7 +1110,7 @@ static void test_markov_greedy_head(void) {
         release(&pe);
         gpu->ops->release(gpu, &th);
     }
-    unsetenv("DS_CUDA_MARKOV_FUSED");
+    cfg->markov_fused = -1;
     test_bound_free(&tb);
     gpu->ops->release(gpu, &tw1);
     gpu->ops->release(gpu, &tw2);
@@ -1693,16 +1695,24 @@ static void teardown(void) {
         test_linear_bandwidth, test_model_shapes_bandwidth, test_sample_speed, teardown
 
 int main(void) {
+    ds_cuda_config cfg;
+    ds_error *e = ds_cuda_config_from_env(&cfg);
+    if (e) {
+        printf("FAIL: %s\n", ds_error_message(e));
+        ds_error_free(e);
+        return 1;
+    }
     /* Every shape of these tests through the ring matmul where it applies (M <= 8), however few its tiles:
      * the engine sends small projections to the per-tile kernel, which the M > 8 calls check against it. */
-    setenv("DS_CUDA_RING_MIN_TILES", "1", 0);
+    cfg.ring_min_tiles = 1;
     /* The fused norm + attention launch from one row on (the engine keeps decode's one row on the two ops). */
-    setenv("DS_CUDA_FUSED_ATTN", "1", 0);
+    cfg.fused_attn_min_rows = 1;
     /* Attention packs a kv head's query heads into one block however small the grid (the engine only packs
-     * grids of 128 blocks on), so the packed path is what every attention case here checks. */
-    setenv("DS_CUDA_ATT_PACK", "1", 0);
+     * grids of DS_CU_ATT_PACK_MIN_BLOCKS blocks on), so the packed path is what every attention case here
+     * checks. */
+    cfg.att_pack_min_blocks = 1;
     const char *dev = getenv("DS_CUDA_DEVICE");
-    ds_error *e = ds_backend_cuda_new(dev ? atoi(dev) : 0, &gpu);
+    e = ds_backend_cuda_new_with(dev ? atoi(dev) : 0, &cfg, &gpu);
     if (e) {
         printf("SKIP: no CUDA device [%s]\n", ds_error_message(e));
         ds_error_free(e);

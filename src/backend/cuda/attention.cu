@@ -44,7 +44,6 @@ typedef struct {
 
 #define ATT_FRESH_MAX 8           /* rows (fresh keys) of a fused launch */
 #define ATT_FRESH_DIM NR_THREADS  /* largest head: the per-head norm's one element per thread */
-#define ATT_PACK_MIN_BLOCKS 128 /* packed grids smaller than this run a head a block (attention_launch) */
 
 /* The fused launch's step: raw q, k, v rows (QKV's outputs; row i at the
  * launch's row i position), the norm weights, the caches, RoPE's
@@ -68,7 +67,6 @@ typedef struct {
     float scale;
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
-    int trigger; /* the next kernel scheduled after this block's keys (1) or after its wait (0) */
     int vec;     /* q, k, v rows (and a fused launch's fresh v rows) 16-byte aligned: vector loads */
     unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
 } att_geo;
@@ -146,8 +144,7 @@ __device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
 }
 
 /* FRESH, in three parts so that one round trip to memory follows the grid
- * wait instead of five (H200, verify of 8 rows: the slowest block's prologue
- * took 8.7 us, each trip ~0.8 us).
+ * wait instead of five (each trip ~0.8 us of a prologue on the critical path).
  * fresh_consts: a lane's pairs of q's and k's norm weights and RoPE's
  * frequencies. They are never written by a kernel, but loading them before
  * the wait held it up: a block enters only as QKV's leave (its registers do
@@ -155,8 +152,8 @@ __device__ __forceinline__ void att_stamp(const att_geo &g, int field) {
  * verify of 8 rows: the last wait returned 2.7 us after QKV's end; the q/k
  * norm kernel's, resident early, 0.7). So they are only requested into L2
  * before the wait (fresh_consts_prefetch) and loaded with the rows after
- * it, in the same round trip; loaded after the wait without the prefetch,
- * verify of 8 rows took 4.90 ms, not 4.83 (session 12). */
+ * it, in the same round trip (without the prefetch, verify of 8 rows ~1.5 %
+ * slower). */
 #define ATT_FRESH_E (ATT_FRESH_DIM / 32) /* a lane's elements of a head */
 #define ATT_FRESH_P (ATT_FRESH_DIM / 64) /* a lane's pairs (i, i + half) */
 typedef struct { /* the norm weights' raw bits: widened where used, so their loads are not waited for early */
@@ -223,8 +220,7 @@ __device__ __forceinline__ void fresh_rows_load(const att_geo &g, const fresh_ar
  * shared memory, one warp a head; the first block of each (row m, kv head)
  * in the grid's first chunk stores the step's key m and its value in the
  * caches. (Row 0's blocks stored all the step's keys: they norm all of them
- * and took ~1.5 us longer than the rest, which waited on them — traced,
- * verify of 8 rows, session 13.) */
+ * and took ~1.5 us longer than the rest, which waited on them.) */
 template <int R>
 __device__ __forceinline__ void fresh_prologue(const att_geo &g, int f0, int pos_m, const fresh_arg &fa, int m,
                                                int h0, int kvh, const fresh_consts &cs, const fresh_rows<R> &rw,
@@ -309,14 +305,12 @@ template <int L, int NPL, int R, bool FRESH, int A = 1>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
-     * latency-bound key loads (H200, 8B shape: AR step 4.517 ms vs 4.597;
-     * DS_CUDA_ATT_TRIGGER=0 restores the early trigger for comparison). */
+     * latency-bound key loads (the AR step ~2 % slower at the Qwen3-8B shape). */
     att_stamp(g, RT_ENTRY);
     fresh_consts cs;
     if constexpr (FRESH) fresh_consts_prefetch(g, fa);
     ds_cu_grid_wait_only();
     att_stamp(g, RT_WAIT);
-    if (!g.trigger) ds_cu_grid_trigger();
     constexpr int G = ATT_THREADS / L; /* key groups per block */
     constexpr bool QS = FRESH || R > 1; /* the queries in shared memory (normed there when FRESH) */
     __shared__ float s_m[G], s_l[G], s_f[G], s_ml[2];
@@ -326,9 +320,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     const int hpr = g.H / R; /* blocks per row */
     const int m = blockIdx.x / hpr, h0 = (blockIdx.x % hpr) * R, c = g.c0 + (int)blockIdx.y;
     /* Every load the prologue needs is requested before any is used: the positions and n_keys, then (FRESH)
-     * the rows and the norm weights' bits, one round trip in all. Traced (H200, 8B shape, one row, fused):
-     * with the weights widened and the positions loaded after the rows, the keys' loop began 3.9 us after
-     * the wait, the positions known at 1.9; this way 2.9 and 1.5 (session 17; the AR step within noise). */
+     * the rows and the norm weights' bits, one round trip in all (the keys' loop begins ~1 us sooner after
+     * the wait than with the positions loaded after the rows). */
     const int pos_m = row_pos(g, pa, m), f0 = FRESH ? row_pos(g, pa, 0) : 0, n_keys = step_keys(g);
     fresh_rows<R> rw;
     if constexpr (FRESH) fresh_rows_load<R>(g, fa, m, h0, h0 / g.group, &rw);
@@ -412,7 +405,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             else kv[i] = kn[i], vv[i] = vn[i];
         }
     }
-    if (g.trigger) ds_cu_grid_trigger();
+    ds_cu_grid_trigger();
     att_stamp(g, RT_PRODUCED);
     const bool single = cfirst == clast;
 #pragma unroll
@@ -469,7 +462,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
  * chunk order. One block per (row, head). */
 __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
     ds_cu_grid_wait_only(); /* o_proj let in once the partials' sums are read, as in attn_chunk_kernel */
-    if (!g.trigger) ds_cu_grid_trigger();
     const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
     int lo, hi;
     key_range(g, row_pos(g, pa, m), &lo, &hi);
@@ -481,7 +473,7 @@ __global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
     float M = -INFINITY, lsum = 0.0f;
     for (int c = cfirst; c <= clast; c++) M = fmaxf(M, pp[(c - g.c0) * w]);
     for (int c = cfirst; c <= clast; c++) lsum += pp[(c - g.c0) * w + 1] * expf(pp[(c - g.c0) * w] - M);
-    if (g.trigger) ds_cu_grid_trigger();
+    ds_cu_grid_trigger();
     float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
     for (int d = threadIdx.x; d < g.Dv; d += blockDim.x) {
         float acc = 0.0f;
@@ -551,22 +543,12 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     const auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
     g.vec = al16(q.data) && al16(k.data) && al16(v.data) && q.stride % 4 == 0 && k.stride % 4 == 0 &&
             v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0 && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
-    static int trig = -1, ahead_on = -1;
-    if (trig < 0) trig = ds_cu_env_on("DS_CUDA_ATT_TRIGGER");
-    if (ahead_on < 0) ahead_on = ds_cu_env_on("DS_CUDA_ATT_AHEAD");
-    g.trigger = trig;
     /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
-     * steps: measured on the H200 (8B shape), packing every call slowed the AR step 4.43 -> 4.86 ms (prompt 64: 8
-     * blocks a layer instead of 32) and verify of 8 rows at prompt 64 (64 blocks: 4.89 -> 5.17), and sped verify of
-     * 8 rows at prompt 512 up (128 blocks: 6.08 -> 5.93). So a launch packs when its packed grid still has
-     * ATT_PACK_MIN_BLOCKS blocks (about one an SM). Each head's result is the same bits either way.
-     * DS_CUDA_ATT_PACK=B packs from B blocks (1: always, 0: never). */
-    static int pack_min = -1;
-    if (pack_min < 0) {
-        const char *e = getenv("DS_CUDA_ATT_PACK");
-        pack_min = e && *e ? atoi(e) : ATT_PACK_MIN_BLOCKS;
-        if (pack_min <= 0) pack_min = INT32_MAX;
-    }
+     * steps: packing every call slowed the AR step ~10 % at the 8B shape (8 blocks a layer instead of 32) and sped
+     * verify of 8 rows at prompt 512 up (128 blocks) ~2 %. So a launch packs when its packed grid still has
+     * cfg.att_pack_min_blocks blocks (DS_CU_ATT_PACK_MIN_BLOCKS, about one an SM; tests: 1). Each head's result is the
+     * same bits either way. */
+    const int pack_min = cb->cfg.att_pack_min_blocks > 0 ? cb->cfg.att_pack_min_blocks : INT32_MAX;
     const int32_t *dpos = NULL;
     if (cb->reg.active) {
         if (!(dpos = ds_cu_step_ptr(cb, "attention", p->q_pos, M))) return;
@@ -633,8 +615,8 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
         g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
         /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has
-         * no more blocks than SMs (DS_CUDA_ATT_AHEAD=0: never). */
-        const bool ahead2 = ahead_on && R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
+         * no more blocks than SMs. */
+        const bool ahead2 = R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
         if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
         else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
         else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
@@ -654,27 +636,18 @@ void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds
     attention_launch(ds_cu(be), out, q, k, v, p, NULL);
 }
 
-/* The fused path where its conditions hold (ATT_FUSED_MIN_ROWS to
- * ATT_FRESH_MAX rows at consecutive positions ending at n_keys, heads up to
- * ATT_FRESH_DIM, no window or ring, fp32 tensors), else the two ops. One
- * row (decode) keeps the two ops: measured on the H200 (8B shape, AR step
- * 4.517 ms with them vs 4.603-4.622 fused; verify of 8 rows 4.885-4.891
- * fused vs 4.935-4.943), the norm kernel's small blocks are resident beside
- * QKV's and ready when it ends, the fused launch's are not. With the
- * fused prologue's loads in one round trip (session 17) the two are even:
- * AR 4.328 / 4.330 fused vs 4.323 / 4.324.
- * DS_CUDA_FUSED_ATTN=R fuses from R rows on (0: never). */
-#define ATT_FUSED_MIN_ROWS 2
+/* The fused path where its conditions hold (cfg.fused_attn_min_rows, by
+ * default DS_CU_ATT_FUSED_MIN_ROWS, to ATT_FRESH_MAX rows at consecutive
+ * positions ending at n_keys, heads up to ATT_FRESH_DIM, no window or ring,
+ * fp32 tensors), else the two ops. One row (decode) keeps the two ops: the
+ * norm kernel's small blocks are resident beside QKV's and ready when it
+ * ends, the fused launch's are not (one row fused was no faster; 8 rows
+ * fused are ~1 % faster). */
 void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
                                   ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
                                   const float *inv_freq, const ds_attn_params *p) {
     ds_cuda_backend *cb = ds_cu(be);
-    static int min_rows = -1;
-    if (min_rows < 0) {
-        const char *e = getenv("DS_CUDA_FUSED_ATTN");
-        min_rows = e && *e ? atoi(e) : ATT_FUSED_MIN_ROWS;
-        if (min_rows <= 0) min_rows = ATT_FRESH_MAX + 1;
-    }
+    const int min_rows = cb->cfg.fused_attn_min_rows > 0 ? cb->cfg.fused_attn_min_rows : ATT_FRESH_MAX + 1;
     const int n = (int)q.rows;
     bool fused = n >= min_rows && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&
                  head_dim == p->v_head_dim && head_dim <= ATT_FRESH_DIM && head_dim % 2 == 0 && p->window == 0 &&

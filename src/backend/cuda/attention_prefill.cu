@@ -211,10 +211,8 @@ static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
 
 bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                              const ds_attn_params *p) {
-    static int env = -1; /* DS_CUDA_PREFILL_ATTN=0: the decode kernel for every call (comparison) */
-    if (env < 0) env = ds_cu_env_on("DS_CUDA_PREFILL_ATTN");
     const int64_t M = q.rows;
-    if (!env || M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
+    if (M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
         p->v_head_dim > PA_DMAX || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads ||
         M > INT32_MAX / 2)
         return false;

@@ -86,12 +86,6 @@ void *ds_cu_tmp2(ds_cuda_backend *cb, const char *op, size_t bytes) {
     return grow(cb, op, &cb->tmp2, &cb->tmp2_bytes, bytes);
 }
 
-bool ds_cu_pdl_enabled(void) {
-    static int on = -1;
-    if (on < 0) on = ds_cu_env_on("DS_CUDA_PDL");
-    return on;
-}
-
 bool ds_cu_float_dtype(ds_cuda_backend *cb, const char *op, ds_dtype t) {
     if (t == DS_F32 || t == DS_BF16 || t == DS_F16) return true;
     ds_cu_fail(cb, op, "tensor dtype %s is not supported (F32, BF16, F16)", ds_dtype_name(t));
@@ -172,18 +166,10 @@ static void cu_download(ds_backend *be, ds_tensor src, float *dst) {
     cb->stats.d2h++;
 }
 
+/* A kernel, not the copy engine: elementwise.cu says why. */
 static void cu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
-    ds_cuda_backend *cb = ds_cu(be);
     if (dst.rows <= 0 || dst.cols <= 0 || dst.data == src.data) return;
-    static int kernel = -1; /* DS_CUDA_COPY_KERNEL=0: the copy engine (a memcpy node in captured steps) */
-    if (kernel < 0) kernel = ds_cu_env_on("DS_CUDA_COPY_KERNEL");
-    if (kernel) {
-        ds_cu_copy_kernel(be, dst, src);
-        return;
-    }
-    ds_cu_ok(cb, "copy",
-             cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * 4, src.data, (size_t)src.stride * 4,
-                               (size_t)dst.cols * 4, (size_t)dst.rows, cudaMemcpyDeviceToDevice, cb->stream));
+    ds_cu_copy_kernel(be, dst, src);
 }
 
 static ds_error *cu_check(ds_backend *be) {
@@ -272,6 +258,17 @@ static const ds_backend_ops cuda_ops = {
 
 extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
     *out = NULL;
+    ds_cuda_config cfg;
+    DS_TRY(ds_cuda_config_from_env(&cfg));
+    return ds_backend_cuda_new_with(device, &cfg, out);
+}
+
+extern "C" ds_cuda_config *ds_cuda_config_of(ds_backend *be) {
+    return be && be->ops == &cuda_ops ? &ds_cu(be)->cfg : NULL;
+}
+
+extern "C" ds_error *ds_backend_cuda_new_with(int device, const ds_cuda_config *config, ds_backend **out) {
+    *out = NULL;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0)
@@ -283,6 +280,7 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
     if (!cb) return ds_errorf("out of memory");
     cb->base.ops = &cuda_ops;
     cb->base.n_threads = 1;
+    cb->cfg = *config;
     cb->device = device;
     if ((e = cudaDeviceGetAttribute(&cb->sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess || cb->sms < 1 ||
         (e = cudaDeviceGetAttribute(&cb->cc_major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) {
@@ -314,17 +312,15 @@ extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {
         return ds_errorf("cuda backend: cannot allocate the matmul's tile counters on device %d: %s", device,
                          cudaGetErrorString(e));
     }
-    const char *trace = getenv("DS_CUDA_RING_TRACE");
-    if (trace && *trace) {
-        ds_error *te = ds_cu_ring_trace_open(cb, trace);
+    if (cb->cfg.ring_trace[0]) {
+        ds_error *te = ds_cu_ring_trace_open(cb, cb->cfg.ring_trace);
         if (te) {
             cu_destroy(&cb->base);
             return te;
         }
     }
     ds_cu_graphs_init(cb);
-    const char *prof = getenv("DS_CUDA_PROFILE");
-    if (prof && *prof && strcmp(prof, "0")) ds_cu_profile_wrap(cb);
+    if (cb->cfg.profile) ds_cu_profile_wrap(cb);
     *out = &cb->base;
     return NULL;
 }

@@ -22,6 +22,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/cuda/cuda_config.h"
 }
 
 /* Rows per launch for ops that take per-row host arrays. */
@@ -67,6 +68,7 @@ typedef struct {
 
 typedef struct {
     ds_backend base;
+    ds_cuda_config cfg; /* the switches (cuda_config.h) */
     int device;
     int sms;      /* streaming multiprocessors: the persistent kernels' grid */
     int cc_major; /* compute capability (9: Hopper's copy engine for the ring matmul) */
@@ -85,13 +87,13 @@ typedef struct {
     uint64_t markov_rows, markov_steps; /* rows the pruned Markov steps computed, and the steps (profile) */
     int64_t markov_vocab;
     struct ds_cu_tmaps *tmaps; /* the ring matmul's tensor maps (matmul_ring.cu) */
-    struct ds_cu_boxes *boxes; /* box-contiguous weight copies (weight_boxes.cu, DS_CUDA_RING_BOXES), or NULL */
+    struct ds_cu_boxes *boxes; /* box-contiguous weight copies (weight_boxes.cu, cfg.ring_boxes), or NULL */
     struct ds_cu_head *head;   /* the drafter's LM head in int8 for its bounds (head_bound.cu), or NULL */
     int *ring_ctr;             /* the ring matmul's tile counters: DS_CU_RING_CTRS pairs (next tile, blocks done) */
     unsigned ring_seq;         /* ring launches so far: launch i uses pair i % DS_CU_RING_CTRS */
     struct ds_cu_ring_trace *ring_trace; /* DS_CUDA_RING_TRACE's timeline (ring_trace.cu), or NULL */
     /* Step regions and their CUDA graphs (graphs.cu). */
-    bool graphs_on;       /* DS_CUDA_GRAPHS (default on; off with the profile or the ring trace) */
+    bool graphs_on;       /* cfg.graphs, off with the profile or the ring trace */
     uint64_t gen;         /* bumped whenever device memory a recording may hold is (re)allocated or freed */
     int32_t *d_step;      /* DS_CU_STEP_INTS + DS_CU_STEP_MAX (the carry) on the device */
     int carry_n;          /* outputs held in the carry (0: none) */
@@ -114,7 +116,7 @@ void ds_cu_tmaps_free(ds_cuda_backend *cb);
 /* Box-contiguous copies of bf16 weights for the ring (weight_boxes.cu; DS_CUDA_RING_BOXES=auto|1|0): a weight
  * is registered as it is uploaded (=1: copied then), found by its data (auto: copied at its first use outside a
  * recording, where memory allows), dropped with it. */
-bool ds_cu_boxes_on(void);
+bool ds_cu_boxes_on(const ds_cuda_backend *cb);
 void ds_cu_boxes_stats(const ds_cuda_backend *cb, int64_t *tensors, int64_t *bytes);
 ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols);
 const uint16_t *ds_cu_boxes_of(ds_cuda_backend *cb, const void *w, int64_t rows, int64_t cols, int64_t stride);
@@ -174,7 +176,7 @@ __device__ __forceinline__ float ds_cu_gelu_tanh_mul(float x, float u) {
  * as fp32 (exact widening). Loaded as bits, several elements can be in
  * flight before the first is widened: ds_cu_load's branch on the dtype
  * around each load makes a caller's loads one round trip each (the fused
- * attention prologue's eight weights took eight, session 13). */
+ * attention prologue's eight weights took eight). */
 __device__ __forceinline__ uint32_t ds_cu_load_bits(const void *p, int dtype, int64_t i) {
     return dtype == DS_F32 ? ((const uint32_t *)p)[i] : (uint32_t)((const uint16_t *)p)[i];
 }
@@ -230,19 +232,7 @@ template <> __device__ __forceinline__ void ds_cu_load8<DS_F16>(const void *p, i
  * programmatic dependent launch (Hopper): it may be scheduled while the
  * kernel before it in the stream drains, and its first statement is
  * ds_cu_grid_wait(), which waits for that kernel's results. That hides the
- * launch gap between the ~250 small dependent kernels of a decode step.
- * DS_CUDA_PDL=0 launches plainly (for comparison). */
-bool ds_cu_pdl_enabled(void);
-/* False when the environment variable `name` is "0" (a switch for comparing runs), else true. */
-static inline bool ds_cu_env_on(const char *name) {
-    const char *v = getenv(name);
-    return !(v && !strcmp(v, "0"));
-}
-/* True when the environment variable `name` is "1" (an experiment's switch, off by default). */
-static inline bool ds_cu_env_set(const char *name) {
-    const char *v = getenv(name);
-    return v && !strcmp(v, "1");
-}
+ * launch gap between the ~250 small dependent kernels of a decode step. */
 /* Whether positions pos[0..n) are pos[0], pos[0] + 1, ... */
 static inline bool ds_cu_consecutive(const int32_t *pos, int64_t n) {
     for (int64_t i = 1; i < n; i++)
@@ -262,7 +252,7 @@ static inline void ds_cu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = ds_cu_pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...); /* errors surface in ds_cu_launched() */
 }
 template <typename... P, typename... A>

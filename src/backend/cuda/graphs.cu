@@ -39,20 +39,13 @@ struct ds_cu_graph {
     uint64_t gen;         /* generation the recording is valid for */
 };
 
-static bool env_graphs(void) {
-    if (!ds_cu_env_on("DS_CUDA_GRAPHS")) return false;
-    const char *prof = getenv("DS_CUDA_PROFILE"), *trace = getenv("DS_CUDA_RING_TRACE");
-    /* Per-op timing and the ring timeline are per call: they need the calls. */
-    if (prof && *prof && strcmp(prof, "0")) return false;
-    if (trace && *trace) return false;
-    return true;
-}
 
 /* The outputs' pinned staging, after the slots. */
 static int32_t *h_out(ds_cuda_backend *cb) { return cb->h_step + DS_CU_STEP_SLOTS * DS_CU_STEP_INTS; }
 
 void ds_cu_graphs_init(ds_cuda_backend *cb) {
-    cb->graphs_on = env_graphs();
+    /* Per-op timing and the ring timeline are per call: they need the calls. */
+    cb->graphs_on = cb->cfg.graphs && !cb->cfg.profile && !cb->cfg.ring_trace[0];
     if (!cb->graphs_on) return;
     const size_t host = (size_t)(DS_CU_STEP_SLOTS * DS_CU_STEP_INTS + DS_CU_STEP_MAX) * sizeof(int32_t);
     if (cudaMallocHost(&cb->h_step, host) != cudaSuccess ||

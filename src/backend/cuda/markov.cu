@@ -534,7 +534,7 @@ __global__ void __launch_bounds__(PRUNE_THREADS)
  * (s + 1) * blocks), where every block merges all blocks' bests itself, so
  * the next step's previous token needs no second round trip through a
  * last block; per step this saves a launch boundary and that round trip
- * (a separate launch a step took ~10 us, H200, 8B drafter). The parts of
+ * (a separate launch a step took ~10 us at the 8B drafter). The parts of
  * the bounds that do not depend on the previous token (each thread's coef
  * and radius rows) are loaded before the grid wait, the next step's base
  * logits before the barrier. The ticket is zero at the launch (the walk's
@@ -694,19 +694,15 @@ static bool bound_fits(const ds_markov_bound *b, int64_t V, int64_t r) {
            b->proj.dtype == DS_F32 && b->coef.dtype == DS_F32 && b->radius.dtype == DS_F32;
 }
 
-/* The one-launch walk pays where the vocabulary spreads over many blocks:
- * H200, draft round at the Qwen3-8B shape (V = 151936, 149 blocks) 1.006-
- * 1.008 ms vs 1.021-1.024 a launch a step. At the pico pair's 8 blocks
- * (V = 8192) no gain: whole-run tokens/s 6183-6721 in one launch vs
- * 6815-6837 a launch a step (session 15, calls 7-8), 6989 vs 6965 once the
- * step kernel loaded its coef rows before the wait (call 9): a step's
- * launch costs about what the barrier and every block's merge do there.
- * DS_CUDA_MARKOV_FUSED=0 / 1 forces either (read at each call, so a test
- * can run both). */
+/* The one-launch walk pays where the vocabulary spreads over many blocks
+ * (the Qwen3-8B shape's 149: a draft round ~1.5 % faster); at a few blocks
+ * a step's launch costs about what the grid barrier and every block's merge
+ * do, so small vocabularies keep a launch a step. cfg.markov_fused
+ * (DS_CUDA_MARKOV_FUSED=0 / 1) forces either, read at each call so that a
+ * test can run both. */
 #define WALK_FUSED_MIN_BLOCKS 64
-static bool walk_fused(unsigned blocks) {
-    const char *v = getenv("DS_CUDA_MARKOV_FUSED");
-    return v ? strcmp(v, "0") != 0 : blocks >= WALK_FUSED_MIN_BLOCKS;
+static bool walk_fused(const ds_cuda_backend *cb, unsigned blocks) {
+    return cb->cfg.markov_fused >= 0 ? cb->cfg.markov_fused != 0 : blocks >= WALK_FUSED_MIN_BLOCKS;
 }
 
 /* Whether all `blocks` blocks of the walk kernel can be resident at once
@@ -898,7 +894,7 @@ static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor b
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
     const unsigned walk_blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
     bool fused = false; /* the whole walk in one launch (markov_walk_kernel) */
-    if (prune && !lat && walk_fused(walk_blocks)) { /* (the fused walk has no latent step) */
+    if (prune && !lat && walk_fused(cb, walk_blocks)) { /* (the fused walk has no latent step) */
         const unsigned blocks = walk_blocks;
         const size_t smem = (size_t)r * sizeof(float);
 #define WALK(DT_)                                                                                                   \
@@ -1030,9 +1026,9 @@ void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_te
     const int r = markov ? (int)w1.cols : 0;
     const unsigned blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
     const size_t smem = ((size_t)((r + 3) & ~3) + 2 * (size_t)head.cols) * sizeof(float);
-    bool q = ds_cu_env_on("DS_CUDA_HEAD_BOUND") && markov && bound && w2.rows == V && w2.cols == r &&
+    bool q = cb->cfg.head_bound && markov && bound && w2.rows == V && w2.cols == r &&
              emb.rows >= G && emb.cols == r && bound_fits(bound, V, r) && step_fits(w2, emb) && G <= 8 &&
-             x.dtype == DS_F32 && walk_fused(blocks) && ds_cu_float_dtype(cb, "markov_greedy_head", w1.dtype);
+             x.dtype == DS_F32 && walk_fused(cb, blocks) && ds_cu_float_dtype(cb, "markov_greedy_head", w1.dtype);
     if (q)
         q = w2.dtype == DS_BF16   ? walk_fits(cb, markov_walk_kernel<DS_BF16, true>, blocks, smem)
             : w2.dtype == DS_F16 ? walk_fits(cb, markov_walk_kernel<DS_F16, true>, blocks, smem)

@@ -15,40 +15,30 @@
  * weights are requested before the kernel waits for the previous one (they
  * do not depend on it). The norm weight is requested with them, or first
  * of all at M = 1: a load issued after the ring's worth of requests waits
- * behind them (~200 KB per SM, ~7 us at each SM's share of HBM), and the
- * norm weight gates every product of the kernel. On the H200 at the
- * Qwen3-8B shape: AR step 5.45 -> 5.01 ms, verify of 8 rows 6.18 -> 5.06 ms
- * (bench/RESULTS.md, session 5); the norm weight first, AR 4.97 -> 4.87
- * (session 6, found with DS_CUDA_RING_TRACE: ring_trace.cu).
+ * behind them (~7 us at an SM's share of HBM), and the norm weight gates
+ * every product of the kernel (ring_trace.cu found it).
  *
- * The ring holds ~10 stages, but at most RING_FLIGHT of them are requested
- * and not yet landed (where x is split once per block). A block enters while
- * the kernel before it drains and requests its stages at once; the x loads
- * its consumers issue after the wait then come back behind what this SM
- * has in flight (~170 KB at an SM's ~32 GB/s share of HBM is ~5 us; traced:
- * such blocks reached their first product 3.9-4.2 us after the wait, blocks
- * whose ring had landed 1.4-1.7), and the split x gates every product.
- * Three stages (48 KB at M = 1; two wide ones since session 20) still
- * cover an SM's share of HBM's latency, and a block that enters early still
- * fills the whole ring.
- * H200, Qwen3-8B shape: AR 4.707 -> 4.575-4.606 ms, verify of 8 rows 4.94
- * -> 4.91-4.94 (session 9; caps 2 / 4 / 5: 4.647 / 4.622 / 4.673).
+ * Where x is split once per block (XC), at most RING_FLIGHT stages are
+ * requested and not yet landed: a block enters while the kernel before it
+ * drains and requests its stages at once, and the x loads its consumers
+ * issue after the wait come back behind what this SM has in flight, while
+ * the split x gates every product. Two wide stages still cover an SM's
+ * share of HBM's latency, and a block that enters early still fills the
+ * whole ring.
  *
  * Where x rides in the stages (o_proj and down of a verify or a drafted
  * block: 5-8 rows), a tile is a pair of 16-row units sharing x's slice:
- * x was as many bytes as the weights in every stage, all of it from L2
- * (33 MB for o_proj, 100 MB for down). H200, Qwen3-8B shape: verify of 8
- * rows 4.709-4.726 -> 4.595-4.609 ms, round 1.311 -> 1.283 AR steps
- * (session 16).
+ * otherwise x is as many bytes as the weights in every stage, all of it
+ * from L2.
  *
  * Wide stages (XC with one weight: QKV, o_proj, down, lm_head): a stage is
  * 1024 k, two chunks a consumer warp (w, then w + 16, as in the warp's
  * order: the same sums). A consumer warp pays a fixed cost a stage (the
  * full wait, the release, the loop around 4 products), and with 16 KB
- * stages at one row that set the pace: the consumers-skip probe ran AR
- * 12 % faster, lm_head streamed 4.25 TB/s without products and 3.55 with.
- * H200, 8B shape: AR 4.691 -> 4.400 ms (4.291 with two stages in flight),
- * verify of 8 4.822 -> 4.707 where two wide stages fit (session 20).
+ * stages at one row that set the pace.
+ *
+ * The constants below were chosen by measurement at the Qwen3-8B shape
+ * (bench/journal/ has the runs; bench/ab_cuda.sh compares variants).
  *
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
@@ -62,11 +52,6 @@
 #include "backend/cuda/matmul_mma_frag.cuh"
 #include "backend/cuda/ring_trace.h"
 
-/* DS_CUDA_RING_PROBE_XHALF (timing probes, see ring_settings) is compiled in only on request. */
-#ifndef DS_RING_PROBE_X
-#define DS_RING_PROBE_X 0
-#endif
-
 #define RING_KS (32 * MMA_WARPS)            /* k per stage: one chunk per consumer warp */
 #define RING_BOX 256                        /* k per tensor copy (the largest box side) */
 #define RING_BOXES (RING_KS / RING_BOX)     /* tensor copies per operand and stage */
@@ -78,17 +63,17 @@
 #define RING_XC_MIN_RING (48 * 1024)        /* ring bytes that still keep an SM's share of HBM in flight */
 #define RING_XC_MAX_K 16384                 /* the longest row split once per block (XC): 4 bytes a k, 2 with bf16 x */
 /* o_proj and down (residual epilogue) split x once per block only up to 4
- * rows: at 8 rows x in the stages made verify-8 0.03-0.05 ms faster (H200,
- * 8B shape, session 12: 4.874 / 4.896 vs 4.920 / 4.944 ms; o_proj's 8-row
- * split prologue took 3.6 us against 1.3 at one row); gate/up kept it
- * (DS_CUDA_RING_XC_SWIGLU=4: 4.950 / 4.939, no gain). */
+ * rows: at more, x in the stages (pairs) is faster, as the split prologue
+ * grows with the rows (verify of 8 ~1 % faster); the other calls split x up
+ * to 8 rows (gate/up gained nothing from a cap). */
 #define RING_XC_RESIDUAL_ROWS 4
 /* ... and at several rows only where the ring beside x's split holds three
  * wide stages: otherwise the pairs with x in the stages (three 48 KB stages)
- * stream faster. Down (K = 12288) of 3 rows split 147 KB and kept a 70 KB
- * ring (two wide stages): H200, 8B shape, verify of 3 rows 4.582-4.590 ->
- * 4.455-4.467 ms, the other row counts unchanged (session 21). */
+ * stream faster (down, K = 12288, of 3 rows: verify of 3 rows ~3 % faster). */
 #define RING_XC_RESIDUAL_MIN_RING (96 * 1024)
+/* XC blocks of up to this many rows keep RING_SMEM, so that a small kernel (attention, q/k norm) still fits
+ * beside them; more rows take RING_SMEM_XC (at 2 rows keeping RING_SMEM gained nothing). */
+#define RING_SMEM_ROWS 1
 #define RING_XB 4                           /* x groups a prologue thread has in flight */
 /* The same where x is normed: only the 4 lanes of row g load x's row g, so
  * at K = 4096 a lane's 8 chunks were two round trips at RING_XB, each
@@ -96,11 +81,12 @@
  * came 3-5.4 us after their wait at one row, o_proj's and down's 1.5-1.9). */
 #define RING_XB_NORM 8
 #define RING_WIDE_SLOTS 2                   /* the fewest wide stages a ring must hold to take them */
-/* XC: stages requested and not yet landed, at most (see above); 2 since
- * stages are wide (32 KB at M = 1: 64 KB in flight against 48 before):
- * H200, 8B shape, AR 4.400 -> 4.291 ms, verify of 8 4.707 -> 4.697
- * (session 20). */
+/* XC: stages requested and not yet landed, at most (see above), at every row count: 32 KB wide stages at
+ * M = 1, so 64 KB in flight (1 stage starved the SM, no cap was no faster). */
 #define RING_FLIGHT 2
+/* The tile epilogue's threads take the 128 outputs by lane (mma_store_rows' by_lane): a warp reads 32 banks
+ * of the partial sums, not 8 four ways at 8 rows. The same bits; verify of 8 rows ~0.7 % faster. */
+#define RING_BY_LANE true
 #define RING_NWBAR (16 * 32)                /* the norm weight's barrier (XC), after the slots' (room for 32) */
 /* DS_X_BF16, XC with a norm: the sums of squares' slots [SS_SLOTS][8 rows], then each row's 1 / rms */
 #define RING_RS_OFF (SS_SLOTS * 8)
@@ -127,24 +113,10 @@ typedef struct {
     int nws_off;     /* XC with a norm: the norm weight, [K] */
     int flight;      /* XC: most stages requested and not yet landed, below slots (0: the ring's depth) */
     bool pair;       /* tiles of two 16-row units (residual, x in the stages): see ds_cu_ring_launch */
-    bool pipe;       /* DS_CUDA_RING_PIPE=1: a consumer warp takes the next stage before the products of this one */
     bool red2;       /* alternate tiles' partial sums in two places, one sync a tile (see ds_cu_ring_launch) */
     int red_floats;  /* one place's partial sums */
-    int skip;        /* DS_CUDA_RING_SKIP=1|2 (timing probe, wrong results): no products / also no stage loads */
-#if DS_RING_PROBE_X
-    int xhalf;       /* DS_CUDA_RING_PROBE_XHALF=2 (timing probe, wrong results): see ring_settings */
-#endif
     bool wide;       /* stages of 1024 k, two chunks a consumer warp (XC, one weight): see ds_cu_ring_launch */
-    bool by_lane;    /* default (DS_CUDA_RING_STORE_LANE=0: off): the epilogue's threads take outputs by lane (mma_store_rows) */
 } ring_plan;
-/* The probe's mode (0 unless compiled in). */
-__host__ __device__ __forceinline__ int ring_probe_x(const ring_plan &p) {
-#if DS_RING_PROBE_X
-    return p.xhalf;
-#else
-    return (void)p, 0;
-#endif
-}
 /* The operands as 2-D tensors for the copy engine (TMA): w and w2 of each
  * segment, then x. One tensor copy moves a 16 x 256 weight box (8 KB): bulk
  * copies of single rows (0.5-1 KB) ran at 1-2.6 TB/s, bound by the copies
@@ -432,9 +404,6 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
                         if (g >= M)
 #pragma unroll
                             for (int j = 0; j < 8; j++) xf[i][j] = 0.0f;
-                        else if (ring_probe_x(p) == 2) /* the probe */
-#pragma unroll
-                            for (int j = 0; j < 8; j++) xf[i][j] = 1.0f; /* (none of x) */
                         else ds_cu_load8<DS_F32>(xg, k, xf[i]);
                     }
 #pragma unroll
@@ -532,27 +501,25 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         const unsigned char *st = smem + p.ring_off + cc.slot * p.stage_bytes;
 #pragma unroll
         for (int j = 0; j < CH; j++) h.mine[j] = (warp + MMA_WARPS * j) * 32 < cc.kn;
-        if (p.skip < 2) {
 #pragma unroll
-            for (int j = 0; j < CH; j++)
-                if (h.mine[j])
+        for (int j = 0; j < CH; j++)
+            if (h.mine[j])
 #pragma unroll
-                    for (int v = 0; v < NW; v++) { /* chunk warp + 16 j: two boxes further on */
-                        h.wa[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs);
-                        h.wb[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs8);
-                    }
-            if (!XC && h.mine[0] && g < M) {
-                const float4 *xp = (const float4 *)(st + xofs);
-                ds_cu_unpack_f32x8(xp[0], xp[1], h.f);
-            } else if (!XC) {
+                for (int v = 0; v < NW; v++) { /* chunk warp + 16 j: two boxes further on */
+                    h.wa[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs);
+                    h.wb[j][v] = *(const uint4 *)(st + (v * BOXES + 2 * j) * RING_WBOX + wofs8);
+                }
+        if (!XC && h.mine[0] && g < M) {
+            const float4 *xp = (const float4 *)(st + xofs);
+            ds_cu_unpack_f32x8(xp[0], xp[1], h.f);
+        } else if (!XC) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) h.f[i] = 0.0f;
-            }
-            if (NORM && !XC && h.mine[0]) unpack_norm8(st + nofs, p.nw_size, h.nf);
+            for (int i = 0; i < 8; i++) h.f[i] = 0.0f;
         }
+        if (NORM && !XC && h.mine[0]) unpack_norm8(st + nofs, p.nw_size, h.nf);
         __syncwarp();
         if (lane == 0) bar_arrive(empty0 + 8 * cc.slot); /* the slot's data is in registers */
-        if (XC && p.skip < 2)
+        if (XC)
 #pragma unroll
             for (int j = 0; j < CH; j++) {
                 if (!h.mine[j]) continue;
@@ -568,11 +535,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             }
         return true;
     };
-    /* DS_CUDA_RING_PIPE=1: a warp takes stage i + 1 into registers before its products of stage i, so that
-     * the shared-memory loads' latency overlaps the tensor cores' chain instead of adding to it (ncu: the
-     * loop body, one latency-bound chain, was 35-44 % of a consumer warp's time). Same products, same order. */
     held cur, nxt;
-    const bool pipe = CH == 1 && p.pipe; /* two wide stages held at once would not fit the registers */
     int tile = -1;
     bool have = fetch(c, cur, tile);
     if (have) S = &mma_tile_seg(s, UNITS * tile, &n0);
@@ -580,11 +543,9 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
         ring_cursor n = c;
         cursor_next<KS>(n, K, p.slots);
         int tile_n = tile;
-        bool have_n = true;
-        if (pipe) have_n = fetch(n, nxt, tile_n);
 #pragma unroll
         for (int j = 0; j < CH; j++) {
-            if (!cur.mine[j] || p.skip) continue;
+            if (!cur.mine[j]) continue;
             if (!XC) split_x8<NORM>(cur.f, g, M, cur.nf, &ss, cur.xh[0][0], cur.xl[0][0]);
 #pragma unroll
             for (int v = 0; v < NW; v++) mma_chunk<1>(acc[v], cur.wa[j][v], cur.wb[j][v], cur.xh[j], cur.xl[j]);
@@ -608,10 +569,10 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
             if constexpr (PAIR) { /* each half of the consumers stores a unit, as a tile of its own */
                 const int u = threadIdx.x >= MMA_WARPS * 16;
                 mma_store_rows<1, MODE, NORM, 2>(*S, rd + u * 4 * 32, ssp, 8, n0 + u * MMA_ROWS, 0, M, K, s.eps,
-                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, p.by_lane);
+                                                 threadIdx.x - u * MMA_WARPS * 16, MMA_WARPS * 16, RING_BY_LANE);
             } else {
                 mma_store_rows<NW, MODE, NORM>(*S, rd, ssp, 8, n0, 0, M, K, s.eps, threadIdx.x, MMA_WARPS * 32,
-                                               p.by_lane);
+                                               RING_BY_LANE);
             }
             if (!p.red2) consumers_sync(); /* red and ss_part are read before the next tile writes them */
             ss = 0.0f;
@@ -620,7 +581,7 @@ __global__ void __launch_bounds__(RING_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[v][0][i] = 0.0f;
         }
-        if (!pipe) have_n = fetch(n, nxt, tile_n);
+        const bool have_n = fetch(n, nxt, tile_n);
         c = n;
         cur = nxt;
         tile = tile_n;
@@ -644,115 +605,6 @@ static void plan_sums(ring_plan *p, int nw) {
     p->ss_off = p->red_off + two * p->red_floats * 4;
     const int ss_floats = two * MMA_WARPS * 8 > RING_RS_OFF + 8 ? two * MMA_WARPS * 8 : RING_RS_OFF + 8;
     p->ring_off = round_up(p->ss_off + ss_floats * 4, 128);
-}
-
-/* Overrides, read once: DS_CUDA_RING=0 sends every call to the
- * one-block-per-tile kernel (for comparison); DS_CUDA_RING_PAIR=0 keeps
- * 16-row tiles everywhere; DS_CUDA_RING_DYN=0 deals
- * tiles statically (b, b + grid, ...); DS_CUDA_RING_BOXES (auto, 1 or 0)
- * decides which weights get box-contiguous copies to stream (weight_boxes.cu:
- * auto, the default, where memory allows; 0, none); DS_CUDA_RING_KB caps the ring's
- * bytes per block; DS_CUDA_RING_XC=R splits x once per block for up to R
- * rows (0: x in the stages at M = 1 too); DS_CUDA_RING_MIN_TILES sets the
- * fewest tiles a call needs (default: one per SM; test_cuda_ops: 1, to
- * check every shape); DS_CUDA_RING_FLIGHT=F caps the stages in flight
- * (default RING_FLIGHT; 0: the ring's depth), DS_CUDA_RING_FLIGHT_WIDE=F
- * those of calls of several rows only (H200, 8B shape, verify of 8 rows:
- * F = 1 5.17-5.20 ms, 2 4.738-4.744, 0 4.719-4.720 vs 4.713-4.750 with
- * RING_FLIGHT; session 15); DS_CUDA_RING_XC_SWIGLU=R and
- * DS_CUDA_RING_XC_RESIDUAL=R cap XC's rows for those calls alone (residual
- * default RING_XC_RESIDUAL_ROWS), DS_CUDA_RING_XC_RESIDUAL_MIN_KB=B the ring
- * a residual call of several rows needs for XC (default
- * RING_XC_RESIDUAL_MIN_RING); DS_CUDA_RING_SMEM_ROWS=R has XC blocks of up to R rows keep
- * RING_SMEM, so that a small kernel (attention, q/k norm) still fits beside
- * them, as at one row (measured with bf16 x, session 22: verify of 2 rows
- * 4.306-4.319 ms at R = 2 against 4.277-4.288, no gain); DS_CUDA_RING_RED2=0 keeps one place for
- * a tile's partial sums at one row too (two syncs a tile), DS_CUDA_RING_RED2_ROWS=R
- * takes two at 2..R rows too where they cost no stage; DS_CUDA_RING_PIPE=1
- * has each consumer warp take the next stage before this one's products
- * (within noise on the H200 at the 8B shape, session 19; not with wide
- * stages: two held stages would not fit the registers); DS_CUDA_RING_WIDE=0
- * keeps 512-k stages where wide ones fit, DS_CUDA_RING_WIDE_SLOTS=S takes
- * wide stages only where the ring holds S of them (default RING_WIDE_SLOTS);
- * DS_CUDA_RING_SKIP=1|2 is a timing probe with WRONG results: the consumers
- * skip the products (2: and the stage loads), to tell how much of a
- * kernel's time its consumers set (session 20: AR -8.6 % / -12.1 %).
- * The tile epilogue's threads take the 128 outputs by lane (mma_store_rows'
- * by_lane: a warp reads 32 banks of the partial sums, not 8 four ways at 8
- * rows; the same bits; session 30 on the H200: verify of 8 rows 4.271 vs
- * 4.299 ms); DS_CUDA_RING_STORE_LANE=0 takes them by row as before.
- * DS_CUDA_RING_PROBE_XHALF=2, a timing probe with WRONG results: the
- * normed prologue, which reads x's rows (fp32) from L2 in every block,
- * reads none of x (ones instead), the most any cheaper read could save
- * (session 24, the two-pass prologue: verify of 8 rows 4.295 vs 4.447 ms).
- * It needs a build with -DDS_RING_PROBE_X=1 (bench/ab_cuda.sh: CMAKE_EXTRA=
- * -DCMAKE_CUDA_FLAGS=-DDS_RING_PROBE_X=1): compiled in, probes changed the
- * ring kernels' registers (residual 66 -> 72), which the default build must
- * not pay for. Its =1 (the prologue reads a bf16 copy of x) and =3 (normed
- * launches of 5+ rows take bf16 x in their stages, no prologue) were
- * measured and dropped, and =3 as a real hand-off from the residual
- * launches too (bench/RESULTS.md, sessions 26 and 27). */
-typedef struct {
-    bool on, dyn;
-    int flight;    /* most stages in flight (XC; 0: no cap) */
-    int flight_wide; /* the same for calls of several rows */
-    int xc_rows;   /* most rows of x split once per block (XC) */
-    int xc_swiglu, xc_residual; /* the same for SwiGLU (gate/up) and residual (o_proj, down) calls */
-    bool pair;     /* residual calls with x in the stages take 32-row tiles */
-    bool pipe;     /* consumers take the next stage before the products of this one */
-    bool red2;     /* partial sums of alternate tiles in two places */
-    int red2_rows; /* DS_CUDA_RING_RED2_ROWS=R: also at 2..R rows, where that costs no stage */
-    int xc_residual_min; /* DS_CUDA_RING_XC_RESIDUAL_MIN_KB: ring bytes a residual call of several rows needs for XC */
-    int small_rows; /* DS_CUDA_RING_SMEM_ROWS=R: XC blocks keep RING_SMEM up to R rows (default 1) */
-    bool wide;     /* see ring_plan */
-    int wide_slots; /* the fewest wide stages the ring must hold for them */
-    int skip;
-    int xhalf;
-    bool by_lane;  /* see ring_plan */
-    int budget;    /* ring bytes cap */
-    int min_tiles; /* < 0: one per SM */
-} ring_settings;
-
-/* A stage cap from the environment: F > 0 caps, 0 (or less) means none; unset, dflt. */
-static int env_flight(const char *name, int dflt) {
-    const char *v = getenv(name);
-    return v && *v ? (atoi(v) > 0 ? atoi(v) : 0) : dflt;
-}
-
-static const ring_settings *ring_env(void) {
-    static ring_settings r;
-    static bool read = false;
-    if (!read) {
-        const char *kb = getenv("DS_CUDA_RING_KB"), *xc = getenv("DS_CUDA_RING_XC");
-        const char *mt = getenv("DS_CUDA_RING_MIN_TILES");
-        r.on = ds_cu_env_on("DS_CUDA_RING");
-        r.xc_rows = xc && *xc ? (atoi(xc) < 0 ? 0 : atoi(xc) > 8 ? 8 : atoi(xc)) : 8;
-        const char *xs = getenv("DS_CUDA_RING_XC_SWIGLU"), *xr = getenv("DS_CUDA_RING_XC_RESIDUAL");
-        r.xc_swiglu = xs && *xs ? atoi(xs) : r.xc_rows;
-        r.xc_residual = xr && *xr ? atoi(xr) : RING_XC_RESIDUAL_ROWS;
-        if (r.xc_swiglu > r.xc_rows) r.xc_swiglu = r.xc_rows; /* each kind's cap within xc_rows */
-        if (r.xc_residual > r.xc_rows) r.xc_residual = r.xc_rows;
-        r.dyn = ds_cu_env_on("DS_CUDA_RING_DYN");
-        r.pair = ds_cu_env_on("DS_CUDA_RING_PAIR");
-        r.flight = env_flight("DS_CUDA_RING_FLIGHT", RING_FLIGHT);
-        r.flight_wide = env_flight("DS_CUDA_RING_FLIGHT_WIDE", r.flight);
-        r.budget = kb && atoi(kb) > 0 ? atoi(kb) * 1024 : INT32_MAX;
-        r.min_tiles = mt && *mt ? atoi(mt) : -1;
-        r.pipe = ds_cu_env_set("DS_CUDA_RING_PIPE");
-        r.red2 = ds_cu_env_on("DS_CUDA_RING_RED2");
-        const char *v;
-        r.red2_rows = (v = getenv("DS_CUDA_RING_RED2_ROWS")) && *v ? atoi(v) : 1;
-        r.small_rows = (v = getenv("DS_CUDA_RING_SMEM_ROWS")) && *v ? atoi(v) : 1;
-        r.xc_residual_min = (v = getenv("DS_CUDA_RING_XC_RESIDUAL_MIN_KB")) && *v ? atoi(v) * 1024
-                                                                                 : RING_XC_RESIDUAL_MIN_RING;
-        r.wide = ds_cu_env_on("DS_CUDA_RING_WIDE");
-        r.wide_slots = (v = getenv("DS_CUDA_RING_WIDE_SLOTS")) && atoi(v) >= 2 ? atoi(v) : RING_WIDE_SLOTS;
-        r.skip = (v = getenv("DS_CUDA_RING_SKIP")) && *v ? atoi(v) : 0;
-        r.xhalf = (v = getenv("DS_CUDA_RING_PROBE_XHALF")) && *v ? atoi(v) : 0;
-        r.by_lane = ds_cu_env_on("DS_CUDA_RING_STORE_LANE");
-        read = true;
-    }
-    return &r;
 }
 
 /* Tensor maps are encoded by the driver (reached through the runtime, so
@@ -855,7 +707,7 @@ static int xc_norm_bytes(const ds_mma_args *a, int K, const ring_plan &p) {
 
 /* The launch's layout for x of M rows: x split once per block (XC) or in the stages, pairs, the stages'
  * width, the slots; red2: two places for the partial sums. False where the ring does not take the call. */
-static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
+static bool ring_layout(const ds_cuda_backend *cb, int mode, const ds_mma_args *a,
                         ds_tensor x, int tiles, bool red2, ring_plan *out, bool *xc_out, int *nw_out) {
     ring_plan p = {};
     const int M = (int)x.rows, K = (int)x.cols;
@@ -868,35 +720,31 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
     nw = mode == DS_MMA_SWIGLU ? 2 : 1;
     /* The barriers (room for 32 slots), the slots' tiles, the partial sums, then the ring. */
     p.tile_off = round_up(RING_NWBAR + 8, 128);
-    p.pipe = env->pipe;
     p.red2 = red2;
-    p.skip = env->skip;
-    p.by_lane = env->by_lane;
-#if DS_RING_PROBE_X
-    p.xhalf = env->xhalf == 2 ? 2 : 0;
-#endif
     plan_sums(&p, nw);
     /* x split once per block (XC) when its rows leave the ring room for RING_XC_MIN_RING and two stages: then
      * stages carry weights only and nothing is split per tile (a verify of 8 rows at K = 4096 splits 128 KB).
      * Otherwise x's slice rides in every stage. The same sums either way. Several rows may use the most shared
-     * memory a block can have; one row keeps RING_SMEM (a small kernel's block still fits beside it). */
+     * memory a block can have; up to RING_SMEM_ROWS keep RING_SMEM (a small kernel's block still fits beside it).
+     * o_proj and down (residual) split x up to RING_XC_RESIDUAL_ROWS only, and at several rows only where the
+     * ring keeps RING_XC_RESIDUAL_MIN_RING beside the split. */
     const int nw_bytes = xc_norm_bytes(a, K, p);
-    const int smem_cap = M <= env->small_rows ? RING_SMEM : RING_SMEM_XC;
+    const int smem_cap = M <= RING_SMEM_ROWS ? RING_SMEM : RING_SMEM_XC;
     p.xc_row = (DS_X_BF16_ON ? K / 2 : K) + 4; /* DS_X_BF16: hi halves only */
     const int xc_room = smem_cap - p.ring_off - (M * p.xc_row * 4 + nw_bytes);
-    const int xc_cap = mode == DS_MMA_SWIGLU ? env->xc_swiglu : mode == DS_MMA_RESIDUAL ? env->xc_residual : env->xc_rows;
+    const int xc_cap = mode == DS_MMA_RESIDUAL ? RING_XC_RESIDUAL_ROWS : 8;
     const bool xc = M <= xc_cap && K <= RING_XC_MAX_K && (uintptr_t)x.data % 16 == 0 &&
                     x.stride % 4 == 0 && xc_room >= RING_XC_MIN_RING && xc_room >= 2 * nw * RING_BOXES * RING_WBOX &&
-                    (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= env->xc_residual_min);
+                    (mode != DS_MMA_RESIDUAL || a->norm_w || M == 1 || xc_room >= RING_XC_RESIDUAL_MIN_RING);
     *xc_out = xc;
     /* Pairs: where x rides in every stage (o_proj and down of a verify or a drafted block), a tile of 32 weight
      * rows carries x's slice once for both halves, so a stage is 2/3 weights instead of 1/2 and half as many
      * bytes of x come from L2. Each half is summed as a 16-row tile would be (the same bits). Only where the
      * makespan in units stays (Qwen3-8B's 256 units: 2 a block over 128 blocks, or 2 over 124 and 1 over 8);
-     * 128 units would take 64 blocks twice as long. DS_CUDA_RING_MIN_TILES (tests) takes pairs at any count. */
+     * 128 units would take 64 blocks twice as long. cfg.ring_min_tiles (tests) takes pairs at any count. */
     const int waves = (tiles + cb->sms - 1) / cb->sms, pair_waves = (tiles / 2 + cb->sms - 1) / cb->sms;
-    p.pair = env->pair && mode == DS_MMA_RESIDUAL && !a->norm_w && !xc && a->nseg == 1 &&
-             a->seg[0].n % (2 * MMA_ROWS) == 0 && (env->min_tiles >= 0 || 2 * pair_waves <= waves);
+    p.pair = mode == DS_MMA_RESIDUAL && !a->norm_w && !xc && a->nseg == 1 && a->seg[0].n % (2 * MMA_ROWS) == 0 &&
+             (cb->cfg.ring_min_tiles >= 0 || 2 * pair_waves <= waves);
     if (p.pair) {
         nw = 2; /* the two halves' boxes: the partial sums of two 16-row tiles */
         plan_sums(&p, nw);
@@ -908,20 +756,18 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
      * still holds RING_WIDE_SLOTS such stages. */
     const int xc_bytes = xc ? M * p.xc_row * 4 + nw_bytes : 0; /* split x, the norm weight */
     const int room = (xc ? smem_cap : RING_SMEM) - p.ring_off - xc_bytes;
-    p.wide = env->wide && xc && nw == 1 && !p.pair &&
-             room >= env->wide_slots * 2 * RING_BOXES * RING_WBOX;
+    p.wide = xc && nw == 1 && !p.pair && room >= RING_WIDE_SLOTS * 2 * RING_BOXES * RING_WBOX;
     const int boxes = RING_BOXES * (p.wide ? 2 : 1);
     p.x_off = nw * boxes * RING_WBOX;
     p.nw_off = p.x_off + (xc ? 0 : RING_BOXES * RING_XBOX);
     p.stage_bytes = round_up(p.nw_off + (xc ? 0 : RING_KS * p.nw_size), 128);
     /* As many stages as fit (without XC, a SwiGLU stage at M = 8 is 50 KB: both weights' boxes and x's). */
     p.x_stride = (int)x.stride;
-    p.slots = (env->budget < room ? env->budget : room) / p.stage_bytes;
+    p.slots = room / p.stage_bytes;
     p.slots = p.slots < 2 ? 2 : p.slots > 32 ? 32 : p.slots;
     /* The cap only below the ring's depth: the producer's empty wait limits the rest, and the barrier of a
      * stage a ring's depth back may already be rearmed for a later one. */
-    const int flight = M == 1 ? env->flight : env->flight_wide;
-    p.flight = xc && flight < p.slots ? flight : 0;
+    p.flight = xc && RING_FLIGHT < p.slots ? RING_FLIGHT : 0;
     p.xc_off = p.ring_off + p.slots * p.stage_bytes;
     p.nws_off = p.xc_off + (xc ? M * p.xc_row * 4 : 0);
     *out = p;
@@ -929,33 +775,22 @@ static bool ring_layout(const ring_settings *env, const ds_cuda_backend *cb, int
 }
 
 bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_mma_args *a, ds_tensor x, int tiles) {
-    const ring_settings *env = ring_env();
     const int M = (int)x.rows, K = (int)x.cols;
     /* Fewer tiles than SMs (small models' projections): the per-tile kernel starts faster, and the ring has
      * nothing to keep streaming. */
-    if (!env->on || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 || x.stride % 4 ||
-        tiles < (env->min_tiles >= 0 ? env->min_tiles : cb->sms) || tiles < 1)
+    if (!cb->cfg.ring || cb->cc_major < 9 || M < 1 || M > 8 || K < RING_BOX || (uintptr_t)x.data % 16 ||
+        x.stride % 4 || tiles < (cb->cfg.ring_min_tiles >= 0 ? cb->cfg.ring_min_tiles : cb->sms) || tiles < 1)
         return false;
     if (mode == DS_MMA_SWIGLU && a->nseg != 1) return false; /* one map for the up weight */
-    /* Two places for the partial sums (one sync a tile) at one row. At several rows they took x's split its room
-     * from gate/up (verify of 8: 5.03 -> 5.37 ms, session 19); DS_CUDA_RING_RED2_ROWS=8 takes them wherever they
-     * cost no stage and no XC (QKV, o_proj, down, the LM head): verify of 8 4.705 against 4.704 ms (session 21),
-     * so not by default. */
+    /* Two places for the partial sums (one sync a tile) at one row only: at several rows they took x's split its
+     * room from gate/up (verify of 8 ~7 % slower), and where they cost nothing they gained nothing. */
     ring_plan p;
     bool xc;
     int nw;
-    if (!ring_layout(env, cb, mode, a, x, tiles, env->red2 && M == 1, &p, &xc, &nw)) return false;
+    if (!ring_layout(cb, mode, a, x, tiles, M == 1, &p, &xc, &nw)) return false;
     /* DS_X_BF16: a norm needs its 1 / rms before the split, which only XC's prologue (a whole row) has here;
      * otherwise the per-tile kernel, which makes a pass over x first. */
     if (DS_X_BF16_ON && a->norm_w && !xc) return false;
-    if (env->red2 && M > 1 && M <= env->red2_rows) {
-        ring_plan q;
-        bool xq;
-        int nq;
-        if (ring_layout(env, cb, mode, a, x, tiles, true, &q, &xq, &nq) && xq == xc && q.pair == p.pair &&
-            q.wide == p.wide && q.slots == p.slots)
-            p = q;
-    }
     ring_maps maps;
     memset(&maps, 0, sizeof maps);
     for (int i = 0; i < a->nseg; i++)
@@ -965,7 +800,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
                 return true;
     if (!xc && !tensor_map(cb, op, x.data, M, K, x.stride, DS_F32, &maps.x)) return true;
     /* Weights with a box copy (weight_boxes.cu) stream it, where every stage's boxes lie inside K. */
-    if (ds_cu_boxes_on() && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
+    if (ds_cu_boxes_on(cb) && K % (RING_KS * (p.wide ? 2 : 1)) == 0) {
         for (int i = 0; i < a->nseg; i++) maps.bx[i] = ds_cu_boxes_of(cb, a->seg[i].w, a->seg[i].n, K, a->seg[i].ws);
         if (nw == 2 && !p.pair) maps.bx_up = ds_cu_boxes_of(cb, a->seg[0].w2, a->seg[0].n, K, a->seg[0].ws);
     }
@@ -975,7 +810,7 @@ bool ds_cu_ring_launch(ds_cuda_backend *cb, const char *op, int mode, const ds_m
     /* A counter pair per launch, in turn: kernels that overlap (programmatic launches) never share one, and each
      * pair is back at zero long before its turn comes again. */
     int *ctr = NULL;
-    if (env->dyn && cb->ring_ctr) ctr = cb->ring_ctr + 2 * (int)(cb->ring_seq++ % DS_CU_RING_CTRS);
+    if (cb->ring_ctr) ctr = cb->ring_ctr + 2 * (int)(cb->ring_seq++ % DS_CU_RING_CTRS);
     switch (mode) {
     case DS_MMA_PLAIN:
         norm ? ring_start_xc<DS_MMA_PLAIN, true>(cb, op, a, p, maps, x, grid, bytes, xc, ctr)

@@ -3,10 +3,9 @@
  *
  * The ring streams a weight in boxes of 16 rows x 256 k (matmul_ring.cu):
  * from the row-major weight, by a 2-D tensor map, each box is 16 runs of
- * 512 B a weight row apart. bench_boundary's ring streamed 4.52 TB/s on the
- * H200 in 8 KB runs against 4.34 in dspark's 16 x 512 B boxes (session 23),
- * and the AR step at the Qwen3-8B shape ran 4.8 % faster from box copies
- * (4.056 against 4.261 ms, same call). So each bf16 weight whose shape fits
+ * 512 B a weight row apart, and HBM streams one 8 KB run faster than 16
+ * short ones (the AR step ~5 % faster at the Qwen3-8B shape: bench/RESULTS.md).
+ * So each bf16 weight whose shape fits
  * (rows % 16 == 0, cols % 256 == 0, rows contiguous) gets a second copy on
  * the device in which box (r, b) -- rows 16r .. 16r + 15, k 256b .. 256b +
  * 255, in the same order within the box as the tensor copy lays it into
@@ -23,7 +22,7 @@
  * made at upload would not know the later weights' needs: a model that fits
  * without copies could then fail to load. Weights that get no copy stream
  * by tensor map, as with DS_CUDA_RING_BOXES=0 (an 8B model and its drafter
- * on the H200: all 294 copied, 21 GB more). DS_CUDA_RING_BOXES=1 copies
+ * on a 141 GB GPU: all copied, 21 GB more). DS_CUDA_RING_BOXES=1 copies
  * every weight as it is uploaded, and fails the upload where it cannot. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,21 +48,7 @@ struct ds_cu_boxes {
     int64_t bytes; /* held by the copies */
 };
 
-enum { BOXES_BAD = -2, BOXES_UNREAD = -1, BOXES_NEVER = 0, BOXES_ALWAYS = 1, BOXES_AUTO = 2 };
-
-static int boxes_mode(void) {
-    static int mode = BOXES_UNREAD;
-    if (mode == BOXES_UNREAD) {
-        const char *v = getenv("DS_CUDA_RING_BOXES");
-        mode = !v || !*v || !strcmp(v, "auto") ? BOXES_AUTO
-               : !strcmp(v, "1")                ? BOXES_ALWAYS
-               : !strcmp(v, "0")                ? BOXES_NEVER
-                                                : BOXES_BAD;
-    }
-    return mode;
-}
-
-bool ds_cu_boxes_on(void) { return boxes_mode() > 0; }
+bool ds_cu_boxes_on(const ds_cuda_backend *cb) { return cb->cfg.ring_boxes != DS_CU_BOXES_NEVER; }
 
 void ds_cu_boxes_stats(const ds_cuda_backend *cb, int64_t *tensors, int64_t *bytes) {
     *tensors = cb->boxes ? cb->boxes->made : 0;
@@ -124,16 +109,13 @@ static ds_error *make_copy(ds_cuda_backend *cb, const char *name, const void *w,
 }
 
 ds_error *ds_cu_boxes_add(ds_cuda_backend *cb, const char *name, const void *w, int64_t rows, int64_t cols) {
-    const int mode = boxes_mode();
-    if (mode == BOXES_BAD)
-        return ds_errorf("cuda backend: DS_CUDA_RING_BOXES must be auto, 0 or 1, not '%s'",
-                         getenv("DS_CUDA_RING_BOXES"));
-    if (mode == BOXES_NEVER || rows % BOX_ROWS || cols % BOX_K || rows <= 0) return NULL;
+    const int mode = cb->cfg.ring_boxes;
+    if (mode == DS_CU_BOXES_NEVER || rows % BOX_ROWS || cols % BOX_K || rows <= 0) return NULL;
     if (!cb->boxes && !(cb->boxes = (ds_cu_boxes *)calloc(1, sizeof *cb->boxes)))
         return ds_errorf("cuda backend: out of memory (the weights' box table)");
     if (cb->boxes->n >= BOXES_CAP / 2) return NULL; /* the table kept sparse: later weights stream by tensor map */
     uint16_t *p = NULL;
-    if (mode == BOXES_ALWAYS) DS_TRY(make_copy(cb, name, w, rows, cols, false, &p));
+    if (mode == DS_CU_BOXES_ALWAYS) DS_TRY(make_copy(cb, name, w, rows, cols, false, &p));
     const size_t i = probe(cb->boxes, w); /* (free: a released weight's entry went with it) */
     cb->boxes->e[i] = box_entry{w, rows, cols, p, false};
     cb->boxes->n++;
