@@ -8,17 +8,17 @@
 # (quantiles of wait, prologue, key loop, drain; us from the launch before), the
 # critical paths of a decode, a verify and a draft, and the draft head's walk per step;
 # KEEP_TRACE=1 also brings the trace back (ab/trace.txt.xz in $OUT/ab.tar.xz; the 8B bench's trace is
-# ~700 MB of text: with TESTS=1 and a round of bench, a traced call takes 400-500 s, session 31).
+# ~700 MB of text: with TESTS=1 and a round of bench, a traced call takes 400-500 s).
 #
 #   bash bench/make_devdata.sh            # here, once per checkout
 #   # on the device (carry: [".devdata/root.tar.xz", ".devdata/devenv.sh"]: the tracked tree
 #   # is ~61 MiB and .devdata/root, which a local build unpacks, would pass the 64 MiB a call carries), e.g.
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
-#   VARIANTS="fused=DS_X=1 unfused=DS_CUDA_FUSED_ATTN=9" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
+#   VARIANTS="graphs=DS_X=1 opbyop=DS_CUDA_GRAPHS=0" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh
 #   BASE_FILES=- bash bench/ab_cuda.sh    # an A/A: the base is the working tree itself, built in /tmp/base
 #   BASE_REV=935d2bd BASE_FILES="src/backend/cuda/matmul_ring.cu" bash bench/ab_cuda.sh  # the base's files from a rev
 #   (or BASE_FROM=DIR: from DIR/<file>, e.g. a carried .devdata/base made by `git archive REV FILES | tar -x -C DIR`)
-# The device's .git is the session's first commit (session 27), not the local HEAD: without BASE_FROM, the base's
+# The device's .git is the session's first commit, not the local HEAD: without BASE_FROM, the base's
 # files come from there.
 #
 # CMAKE_EXTRA: more cmake flags for the working tree's build only, e.g. BASE_FILES=- CMAKE_EXTRA=-DDS_X_BF16=ON
@@ -30,6 +30,10 @@
 # VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
 # (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
 # "base". Logs in /tmp/ab (tarred to $OUT/ab.tar.xz when OUT is set).
+# The kernels' tuning is constants in the source (README: the few switches
+# the engine reads), so a tuning A/B is BASE_FILES / BASE_REV against the
+# working tree with the constant changed, or an experiment's own variable
+# read in the working tree only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .devdata/devenv.sh
@@ -65,12 +69,12 @@ if [ -n "${TESTS:-}" ]; then
     echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
     timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
     echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
-    # an experiment's tests get 60 s each (a hang, as DS_CUDA_RING_XREG's in session 24, costs no more)
+    # an experiment's tests get 60 s each (a hung experiment costs no more)
     [ -z "${TESTS_ENV:-}" ] || { env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/test_cuda_ops >$R/ops_env.log 2>&1
         echo "test_cuda_ops with $TESTS_ENV rc=$? $(tail -1 $R/ops_env.log)"
-        env $(echo "$TESTS_ENV" | tr , ' ') DS_CUDA_RING_MIN_TILES=1 timeout 60 ./$B/tests/test_cuda_graphs >$R/graphs_env.log 2>&1
+        env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/test_cuda_graphs --ring >$R/graphs_env.log 2>&1
         echo "test_cuda_graphs, ring kernels, with $TESTS_ENV rc=$? $(tail -1 $R/graphs_env.log)"; }
-    DS_CUDA_RING_MIN_TILES=1 timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs_ring.log 2>&1
+    timeout 120 ./$B/tests/test_cuda_graphs --ring >$R/graphs_ring.log 2>&1
     echo "test_cuda_graphs, ring kernels at the test shapes rc=$? $(tail -1 $R/graphs_ring.log)"
     DS_BACKEND=cuda timeout 200 ctest --test-dir $B -R '^test_(qwen3|dspark|gemma4|dspark_gemma4|gemma4_unified|pico|sample_ops)$' \
         -j6 >$R/golden.log 2>&1
