@@ -15,6 +15,7 @@
  * with hi = bf16(x) and lo = bf16(x - hi) keeps 16 bits of mantissa; each
  * step runs the hi product and then the lo product into the fp32
  * accumulator. */
+#include "backend/cuda/matmul_mma.h"
 #include "backend/cuda/matmul_mma_frag.cuh"
 
 /* 2 chunks of weights in flight per warp. */

@@ -30,7 +30,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/matmul_mma.h"
+#include "backend/cuda/matmul_mma_args.h"
 
 #define MMA_ROWS 16 /* weight rows (outputs) per tile */
 /* Warps splitting K (chunk c goes to warp c mod MMA_WARPS). Fixed for every
