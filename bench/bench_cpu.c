@@ -15,8 +15,8 @@
 
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
-#include "spec/generate.h"
-#include "spec/metrics.h"
+#include "speculate/generate.h"
+#include "speculate/metrics.h"
 
 #define MAX_PROMPTS 64
 

@@ -3,7 +3,7 @@
 
 Reads every `#include "..."` under src/ (C, CUDA, headers) and fails when
   1. a file includes a header of a higher layer (RANK below: the speculative
-     loop, spec/, sits above backend/, model/ and draft/, which sit above the
+     loop, speculate/, sits above backend/, model/ and draft/, which sit above the
      sampling math and the basics), or a folder has no layer yet, or
   2. the file graph has a cycle. A node is a file's stem: x.c, x.cu and x.h
      are one node "x", since a header and its implementation are one module,
@@ -17,7 +17,7 @@ import sys
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 # The layers, bottom up; a file may include its own layer and those below.
 # io/ and tokenizer/ use each other's files (prompt files, tokenizer.json), so share one.
-RANK = {"base": 0, "io": 1, "tokenizer": 1, "sample": 1, "backend": 2, "model": 3, "draft": 4, "spec": 5, "api": 6}
+RANK = {"base": 0, "io": 1, "tokenizer": 1, "sample": 1, "backend": 2, "model": 3, "draft": 4, "speculate": 5, "api": 6}
 EXTS = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define TOL 1e-4

@@ -20,7 +20,7 @@
 #include "io/prompt_file.h"
 #include "io/safetensors.h"
 #include "model/target.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define FIX DS_TESTDATA "/fixtures/qwen3-tiny"

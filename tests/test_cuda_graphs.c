@@ -32,7 +32,7 @@
 
 #include "backend/cuda/cuda_config.h"
 #include "draft/drafter.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define MAX_PROMPT 200

@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "draft/drafter.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "drafter_goldens.h"
 #include "testlib.h"
 

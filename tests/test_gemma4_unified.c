@@ -26,7 +26,7 @@
 #include "io/checkpoint.h"
 #include "model/gemma4_layer.h"
 #include "model/gemma4_layout.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define IMAGE_ID 500 /* gemma4-tiny's image_token_id in the unified layout */

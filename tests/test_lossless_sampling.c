@@ -40,7 +40,7 @@
 #include "sample/draw.h"
 #include "sample/probs.h"
 #include "sample/verify.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define FIX DS_TESTDATA "/fixtures/qwen3-tiny"

@@ -1,4 +1,4 @@
-/* Acceptance metrics (spec/metrics.c, SPEC §5 "Metrics") against values
+/* Acceptance metrics (speculate/metrics.c, SPEC §5 "Metrics") against values
  * computed by hand on hand-made results, and the pooled summary line that
  * `dspark generate --json --prompt-file` ends with, recomputed from the
  * per-prompt lines the same run printed. */
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spec/metrics.h"
+#include "speculate/metrics.h"
 #include "testlib.h"
 
 /* A result with the given rounds; the arrays are the caller's (not freed). */

@@ -18,7 +18,7 @@
 #include "draft/drafter.h"
 #include "pico_prompts.h"
 #include "pinned.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define NEW_TOKENS 128

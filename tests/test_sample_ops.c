@@ -19,7 +19,7 @@
 #include "sample/draw.h"
 #include "sample/probs.h"
 #include "sample/verify.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 static ds_backend *cpu;

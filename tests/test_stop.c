@@ -17,7 +17,7 @@
 
 #include "draft/drafter.h"
 #include "pico_prompts.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 #define NEW_TOKENS 48

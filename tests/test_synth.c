@@ -21,7 +21,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors_write.h"
 #include "model/gemma4_layer.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 #include "testlib.h"
 
 /* This process's scratch directory, /tmp/ds_test_synth_<pid> (made on first use). */

@@ -7,8 +7,8 @@
 
 #include "dspark.h"
 #include "draft/drafter.h"
-#include "spec/generate.h"
-#include "spec/metrics.h"
+#include "speculate/generate.h"
+#include "speculate/metrics.h"
 
 struct ds_engine {
     ds_backend *be;

@@ -21,8 +21,8 @@
 #include "commands.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
-#include "spec/generate.h"
-#include "spec/metrics.h"
+#include "speculate/generate.h"
+#include "speculate/metrics.h"
 
 /* What reports before the measured floor divided by on every GPU (an H200's
  * practical figure; on an H100, which copies 3.03 TB/s, it put a step at 93 %
@@ -187,7 +187,7 @@ static ds_error *timed_forward(bench_state *b, const int32_t *ids, int n, int po
 
 /* One timed drafter round with n context rows (the taps of n rows after
  * the prompt, left by a forward), synchronized: the drafter's round alone,
- * or (loop) as the greedy generation loop runs it (spec/generate.c): the
+ * or (loop) as the greedy generation loop runs it (speculate/generate.c): the
  * drafted tokens kept on the backend, then the verify of γ+1 rows with the
  * acceptance there, one wait and one copy for both. */
 static ds_error *context_round(bench_state *b, int P, int n, bool loop, ds_rng *rng, double *secs) {

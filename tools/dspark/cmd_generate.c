@@ -12,8 +12,8 @@
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
 #include "io/prompt_file.h"
-#include "spec/generate.h"
-#include "spec/metrics.h"
+#include "speculate/generate.h"
+#include "speculate/metrics.h"
 #include "tokenizer/chat_template.h"
 
 typedef struct {

@@ -6,7 +6,7 @@
 #define DS_METRICS_H
 
 #include "draft/drafter.h"
-#include "spec/generate.h"
+#include "speculate/generate.h"
 
 typedef struct {
     int samples, rounds;

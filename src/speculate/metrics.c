@@ -1,4 +1,4 @@
-#include "spec/metrics.h"
+#include "speculate/metrics.h"
 
 void ds_metrics_add(ds_metrics *m, const ds_gen_result *r) {
     m->samples++;

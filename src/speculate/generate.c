@@ -1,4 +1,4 @@
-#include "spec/generate.h"
+#include "speculate/generate.h"
 
 #include <stdlib.h>
 #include <string.h>
