@@ -2,7 +2,15 @@
  * block position adds the bias of the token drawn at the position before
  * it, so the walk is sequential, but every step's inputs are already on the
  * device: the previous token's index is read by the next step's gather, and
- * only the gamma drawn tokens cross to the host, once, at the end. */
+ * only the gamma drawn tokens cross to the host, once, at the end.
+ *
+ * In this file: a step over every vocabulary row, or over only the
+ * rows markov_bound.c's exact bias bound leaves in contention (a row's value
+ * is the same in both); the whole pruned walk in one launch, blocks meeting
+ * at a grid barrier a step, where the vocabulary spans many blocks;
+ * markov_greedy_head, which reads head_bound.cu's bounds instead of a written
+ * LM head and computes the rows in contention itself; the gated / RNN heads'
+ * latent, one block a step on the device; the sampled walk (sample.cu's draw). */
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
