@@ -1,0 +1,263 @@
+/* The CUDA backend's ops timed on their own (moved out of the op tests:
+ * tests assert numbers, benches time): narrow bf16 matmul bandwidth on a
+ * weight much larger than L2, the Qwen3-8B decode projections as the model
+ * calls them (fused ops, M = 1 and 8), and what a sampled verification
+ * round and a sampled drafted block cost at Qwen3's vocabulary. Reported,
+ * not checked; `dspark bench` measures the whole engine.
+ *
+ *   bench_cuda_ops [--device N] [--test-config]
+ *
+ * --test-config: the thresholds the op tests lower (every shape through the
+ * ring matmul however few its tiles, the fused norm + attention from one
+ * row, packed attention however small the grid), as these numbers were
+ * printed by test_cuda_ops before; without it the engine's config
+ * (environment switches included). Exits 77 without a CUDA device. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_config.h"
+#include "base/rng.h"
+
+static ds_backend *gpu;
+static ds_rng urng;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static void die_on(ds_error *e, const char *what) {
+    if (!e) return;
+    fprintf(stderr, "%s: %s\n", what, ds_error_message(e));
+    ds_error_free(e);
+    exit(1);
+}
+
+static void check_gpu_ok(const char *what) { die_on(ds_backend_check(gpu), what); }
+
+/* A GPU activation [rows, cols], zeros or v. */
+static ds_tensor act(int64_t rows, int64_t cols, const float *v) {
+    ds_tensor t;
+    die_on(gpu->ops->alloc(gpu, DS_F32, rows, cols, &t), "alloc");
+    if (v) gpu->ops->upload(gpu, t, v);
+    return t;
+}
+
+static ds_tensor act_rand(int64_t rows, int64_t cols, float scale) {
+    const size_t n = (size_t)(rows * cols);
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+    ds_tensor t = act(rows, cols, v);
+    free(v);
+    return t;
+}
+
+/* A GPU-only bf16 weight [rows, cols] from the first rows x cols values of host. */
+static ds_tensor bw_weight(const uint16_t *host, int64_t rows, int64_t cols) {
+    ds_st_tensor st = {.name = "w", .dtype = DS_BF16, .ndim = 2, .shape = {rows, cols}, .data = host,
+                       .nbytes = (size_t)(rows * cols) * 2};
+    ds_tensor t = ds_no_tensor();
+    die_on(gpu->ops->weight(gpu, &st, rows, cols, &t), "weight");
+    return t;
+}
+
+/* A bf16 weight [rows, cols] of v's values rounded to bf16. */
+static ds_tensor bf16_weight_of(const float *v, int64_t rows, int64_t cols) {
+    uint16_t *b = malloc((size_t)(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; i++) b[i] = ds_f32_to_bf16(v[i]);
+    ds_tensor t = bw_weight(b, rows, cols);
+    free(b);
+    return t;
+}
+
+/* A random bf16 weight, multiples of 2^-10 in (-1, 1). */
+static ds_tensor weight(int64_t rows, int64_t cols) {
+    uint16_t *b = malloc((size_t)(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; i++) b[i] = ds_f32_to_bf16((float)((int)(frand() * 1023.0f)) / 1024.0f);
+    ds_tensor t = bw_weight(b, rows, cols);
+    free(b);
+    return t;
+}
+
+static void release(ds_tensor *t) { gpu->ops->release(gpu, t); }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Narrow matmul bandwidth on a bf16 weight much larger than L2. */
+static void linear_bandwidth(void) {
+    const int64_t N = 16384, K = 8192; /* 256 MiB of bf16 */
+    ds_tensor w[2] = {weight(N, K), weight(N, K)};
+    ds_tensor x = act_rand(64, K, 1.0f), out = act(64, N, NULL);
+    const int64_t Ms[] = {1, 4, 8, 16, 32, 64};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        const int64_t M = Ms[i];
+        for (int r = 0; r < 2; r++) gpu->ops->linear(gpu, ds_rows(out, 0, M), ds_rows(x, 0, M), w[r], ds_no_tensor());
+        check_gpu_ok("bandwidth warm-up");
+        const int reps = 20;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            gpu->ops->linear(gpu, ds_rows(out, 0, M), ds_rows(x, 0, M), w[r % 2], ds_no_tensor());
+        check_gpu_ok("bandwidth");
+        double dt = (now_s() - t0) / reps;
+        printf("  linear bf16 %lldx%lld, M=%-2lld (%s): %7.1f us  %6.0f GB/s of weights  %6.1f TFLOP/s\n",
+               (long long)N, (long long)K, (long long)M, M > 32 ? "cuBLAS" : "narrow", dt * 1e6,
+               (double)(N * K * 2) / dt / 1e9, 2.0 * (double)(M * N * K) / dt / 1e12);
+    }
+    release(&w[0]);
+    release(&w[1]);
+    release(&x);
+    release(&out);
+}
+
+/* The Qwen3-8B decode projections as the model calls them (fused ops, M = 1
+ * and 8), each alternating two copies of its weights so that L2 (50 MB)
+ * does not hold them: where the in-model matmul time goes, shape by shape. */
+static void model_shapes_bandwidth(void) {
+    const int64_t H = 4096, F = 12288, KV = 1024;
+    uint16_t *host = malloc((size_t)(F * H) * 2); /* random bf16, shared by every weight */
+    for (int64_t i = 0; i < F * H; i++) host[i] = ds_f32_to_bf16((float)((int)(frand() * 1023.0f)) / 1024.0f);
+    ds_tensor q[2], k[2], v[2], o[2], g[2], u[2], d[2];
+    for (int c = 0; c < 2; c++) {
+        q[c] = bw_weight(host, H, H), k[c] = bw_weight(host, KV, H), v[c] = bw_weight(host, KV, H);
+        o[c] = bw_weight(host, H, H), g[c] = bw_weight(host, F, H), u[c] = bw_weight(host, F, H);
+        d[c] = bw_weight(host, H, F);
+    }
+    free(host);
+    ds_tensor nw = weight(1, H), xs = act_rand(8, F, 1.0f), hs = act_rand(8, F, 1.0f);
+    ds_tensor oq = act(8, H, NULL), ok = act(8, KV, NULL), ov = act(8, KV, NULL), res = act_rand(8, H, 1.0f);
+    /* The last: o_proj on one copy of its weights (32 MB, held by L2 after the warm-up): how fast an SM takes
+     * weights that do not come from HBM (session 18: a ring landed before the first product was not consumed
+     * faster than a streamed one). Session 19, H200: 16.0 us vs 16.2 from HBM at one row, 10.2 vs 12.4 at 8:
+     * the one-row kernel is not bound by HBM alone (ncu: its consumer warps' chain per stage, and its tiles'
+     * epilogues). */
+    const char *what[5] = {"qkv: rmsnorm_linear_multi (4096+1024+1024) x 4096", "o_proj: linear_residual 4096 x 4096",
+                           "gate/up: rmsnorm_linear_swiglu 2 x 12288 x 4096", "down: linear_residual 4096 x 12288",
+                           "o_proj, one copy of the weights (from L2)"};
+    const double bytes[5] = {2.0 * (H + 2 * KV) * H, 2.0 * H * H, 4.0 * F * H, 2.0 * H * F, 2.0 * H * H};
+    for (int mi = 0; mi < 2; mi++) {
+        const int64_t M = mi ? 8 : 1;
+        ds_tensor xh = ds_cols(ds_rows(xs, 0, M), 0, H), xf = ds_rows(xs, 0, M), hh = ds_rows(hs, 0, M);
+        for (int op = 0; op < 5; op++) {
+            const int reps = 40;
+            double t0 = 0;
+            for (int r = -2; r < reps; r++) { /* two warm-up calls */
+                if (r == 0) {
+                    check_gpu_ok("bandwidth warm-up");
+                    t0 = now_s();
+                }
+                const int c = op == 4 ? 0 : r & 1;
+                if (op == 0) {
+                    const ds_tensor outs[3] = {ds_rows(oq, 0, M), ds_rows(ok, 0, M), ds_rows(ov, 0, M)};
+                    const ds_tensor ws[3] = {q[c], k[c], v[c]};
+                    const ds_tensor bs[3] = {ds_no_tensor(), ds_no_tensor(), ds_no_tensor()};
+                    gpu->ops->rmsnorm_linear_multi(gpu, 3, outs, xh, nw, 1e-6f, ws, bs);
+                } else if (op == 1 || op == 4) {
+                    gpu->ops->linear_residual(gpu, ds_rows(res, 0, M), xh, o[c], ds_no_tensor(),
+                                              ds_rows(res, 0, M));
+                } else if (op == 2) {
+                    gpu->ops->rmsnorm_linear_swiglu(gpu, hh, xh, nw, 1e-6f, g[c], u[c]);
+                } else {
+                    gpu->ops->linear_residual(gpu, ds_rows(res, 0, M), xf, d[c], ds_no_tensor(),
+                                              ds_rows(res, 0, M));
+                }
+            }
+            check_gpu_ok("bandwidth");
+            const double dt = (now_s() - t0) / reps;
+            printf("  %-52s M=%lld: %7.1f us  %5.2f TB/s of weights\n", what[op], (long long)M, dt * 1e6,
+                   bytes[op] / dt / 1e12);
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        ds_tensor *all[] = {&q[c], &k[c], &v[c], &o[c], &g[c], &u[c], &d[c]};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) gpu->ops->release(gpu, all[i]);
+    }
+    ds_tensor *ps[] = {&nw, &xs, &hs, &oq, &ok, &ov, &res};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
+}
+
+/* What a verification round and a drafted block cost on the GPU at Qwen3's
+ * vocabulary: verify_sample of 17 rows (16 drafts) and a 16-position
+ * sampled walk (vanilla head, r = 256, bf16), with top-k 20 and top-p
+ * 0.95, and without truncation. */
+static void sample_speed(void) {
+    const int64_t V = 151936, G = 16, r = 256;
+    float *l = malloc((size_t)((G + 1) * V) * sizeof *l);
+    for (int64_t i = 0; i < (G + 1) * V; i++) l[i] = 4.0f * frand();
+    float *w = malloc((size_t)(V * r) * sizeof *w);
+    for (int64_t i = 0; i < V * r; i++) w[i] = (float)(int)(frand() * 16) / 256.0f;
+    ds_tensor lt = act(G + 1, V, l), pd = act(G, V, NULL), pb = act(G, V, l), pe = act(G, r, NULL);
+    ds_tensor pw1 = bf16_weight_of(w, V, r), pw2 = bf16_weight_of(w, V, r);
+    const ds_sampling sets[2] = {{.temperature = 0.8f, .top_k = 20, .top_p = 0.95f}, {.temperature = 1.0f, .top_p = 1.0f}};
+    for (int si = 0; si < 2; si++) {
+        const ds_sampling *s = &sets[si];
+        gpu->ops->probs(gpu, pd, ds_rows(lt, 0, G), s);
+        int32_t x[16], out[2], tok[16];
+        for (int i = 0; i < G; i++) x[i] = (int32_t)(i * 1000);
+        double u[17];
+        for (int i = 0; i <= G; i++) u[i] = ds_rng_uniform(&urng);
+        const int reps = 10;
+        double tv = 0, tv8 = 0, tm = 0, tp = 0;
+        for (int rep = -1; rep < reps; rep++) { /* one warm-up */
+            double t0 = now_s();
+            gpu->ops->verify_sample(gpu, lt, x, (int)G, pd, s, u, out);
+            double t1 = now_s();
+            gpu->ops->markov_sample(gpu, pb, ds_no_tensor(), pd, pw1, pw2, true, 5, s, u, pe, tok);
+            double t2 = now_s();
+            gpu->ops->verify_sample(gpu, ds_rows(lt, 0, 9), x, 8, pd, s, u, out);
+            double t3 = now_s();
+            gpu->ops->probs(gpu, pd, ds_rows(lt, 0, G), s);
+            check_gpu_ok("sampling speed");
+            double t4 = now_s();
+            if (rep >= 0) tv += t1 - t0, tm += t2 - t1, tv8 += t3 - t2, tp += t4 - t3;
+        }
+        check_gpu_ok("sampling speed");
+        printf("  V=151936 T=%.1f top_k=%d top_p=%.2f: verify_sample (16 drafts) %.1f us, (8 drafts) %.1f us, "
+               "markov_sample (16 steps, r=256 bf16) %.1f us (%.1f us a step), probs of 16 rows %.1f us\n",
+               (double)s->temperature, s->top_k, (double)s->top_p, 1e6 * tv / reps, 1e6 * tv8 / reps,
+               1e6 * tm / reps, 1e6 * tm / reps / G, 1e6 * tp / reps);
+    }
+    release(&lt), release(&pd), release(&pb), release(&pe), release(&pw1), release(&pw2);
+    free(l), free(w);
+}
+
+int main(int argc, char **argv) {
+    int device = 0;
+    bool test_config = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            device = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--test-config")) {
+            test_config = true;
+        } else {
+            fprintf(stderr, "usage: %s [--device N] [--test-config]\n", argv[0]);
+            return 2;
+        }
+    }
+    ds_cuda_config cfg;
+    die_on(ds_cuda_config_from_env(&cfg), "config");
+    if (test_config) cfg.ring_min_tiles = 1, cfg.fused_attn_min_rows = 1, cfg.att_pack_min_blocks = 1;
+    ds_error *e = ds_backend_cuda_new_with(device, &cfg, &gpu);
+    if (e) {
+        printf("SKIP: no CUDA device [%s]\n", ds_error_message(e));
+        ds_error_free(e);
+        return 77;
+    }
+    ds_rng_seed(&urng, 31337);
+    printf("# cuda ops, device %d, %s config\n", device, test_config ? "the op tests'" : "the engine's");
+    linear_bandwidth();
+    model_shapes_bandwidth();
+    sample_speed();
+    check_gpu_ok("end");
+    gpu->ops->destroy(gpu);
+    return 0;
+}
