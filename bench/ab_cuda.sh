@@ -26,7 +26,7 @@
 # ROUNDS: benches per variant (default 2), alternating.
 # VERIFY_ALL=1: each bench line also lists the verify of n = 1..gamma+1 rows (a verify's cost by row count).
 # Without TESTS only dspark_cli is built (a fresh machine's build: ~75 s with the tests, less without).
-# TESTS_ENV (with TESTS): test_cuda_ops and test_cuda_graphs (ring kernels) again with ENV=V[,ENV2=V].
+# TESTS_ENV (with TESTS): the test_cuda_* op tests and test_cuda_graphs (ring kernels) again with ENV=V[,ENV2=V].
 # VARIANTS: space-separated name=ENV=V[,ENV2=V] run with the new binary
 # (default "new=DS_X=1"); with BASE_FILES the base binary runs first as
 # "base". Logs in /tmp/ab (tarred to $OUT/ab.tar.xz when OUT is set).
@@ -65,13 +65,18 @@ wait
     touch $M.done; }
 t built
 if [ -n "${TESTS:-}" ]; then
-    timeout 120 ./$B/tests/test_cuda_ops >$R/ops.log 2>&1
-    echo "test_cuda_ops rc=$? $(tail -1 $R/ops.log)"
+    CUDA_OP_TESTS="test_cuda_elementwise test_cuda_matmul test_cuda_attention test_cuda_norm_rope test_cuda_sample test_cuda_markov"
+    for t in $CUDA_OP_TESTS; do
+        timeout 120 ./$B/tests/$t >$R/$t.log 2>&1
+        echo "$t rc=$? $(tail -1 $R/$t.log)"
+    done
     timeout 120 ./$B/tests/test_cuda_graphs >$R/graphs.log 2>&1
     echo "test_cuda_graphs rc=$? $(tail -1 $R/graphs.log)"
     # an experiment's tests get 60 s each (a hung experiment costs no more)
-    [ -z "${TESTS_ENV:-}" ] || { env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/test_cuda_ops >$R/ops_env.log 2>&1
-        echo "test_cuda_ops with $TESTS_ENV rc=$? $(tail -1 $R/ops_env.log)"
+    [ -z "${TESTS_ENV:-}" ] || { for t in $CUDA_OP_TESTS; do
+            env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/$t >$R/${t}_env.log 2>&1
+            echo "$t with $TESTS_ENV rc=$? $(tail -1 $R/${t}_env.log)"
+        done
         env $(echo "$TESTS_ENV" | tr , ' ') timeout 60 ./$B/tests/test_cuda_graphs --ring >$R/graphs_env.log 2>&1
         echo "test_cuda_graphs, ring kernels, with $TESTS_ENV rc=$? $(tail -1 $R/graphs_env.log)"; }
     timeout 120 ./$B/tests/test_cuda_graphs --ring >$R/graphs_ring.log 2>&1

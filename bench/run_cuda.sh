@@ -21,9 +21,16 @@ grep -E "warning|error" "$OUT/build.log" | grep -v "^--" | head -20
 echo "build rc=$rc"
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 
-timeout 300 ./$B/tests/test_cuda_ops >"$OUT/test_cuda_ops.log" 2>&1
-echo "test_cuda_ops rc=$?"
-cat "$OUT/test_cuda_ops.log"
+# The op tests, a program per op family of src/backend/cuda/, each against the CPU backend.
+for t in elementwise matmul attention norm_rope sample markov; do
+    timeout 300 ./$B/tests/test_cuda_$t >"$OUT/test_cuda_$t.log" 2>&1
+    echo "test_cuda_$t rc=$?"
+    cat "$OUT/test_cuda_$t.log"
+done
+# The ops timed alone: matmul bandwidth, the 8B's projections, a sampled round (the op tests' config).
+timeout 300 ./$B/bench/bench_cuda_ops --test-config >"$OUT/bench_cuda_ops.log" 2>&1
+echo "bench_cuda_ops rc=$?"
+cat "$OUT/bench_cuda_ops.log"
 
 # CUDA graphs (step regions) against the same GPU op by op, bit for bit.
 timeout 300 ./$B/tests/test_cuda_graphs >"$OUT/test_cuda_graphs.log" 2>&1

@@ -36,8 +36,10 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON "$@" >"$OUT/build.log" 
     cmake --build $B -j4 >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 t "dspark built"
 # Correctness first: the op checks and the golden tests on the GPU.
-timeout 120 ./$B/tests/test_cuda_ops >"$OUT/test_cuda_ops.log" 2>&1
-echo "test_cuda_ops rc=$? $(tail -1 "$OUT/test_cuda_ops.log")"
+for t in elementwise matmul attention norm_rope sample markov; do
+    timeout 120 ./$B/tests/test_cuda_$t >"$OUT/test_cuda_$t.log" 2>&1
+    echo "test_cuda_$t rc=$? $(tail -1 "$OUT/test_cuda_$t.log")"
+done
 timeout 200 ./$B/tests/test_cuda_graphs >"$OUT/test_cuda_graphs.log" 2>&1
 echo "test_cuda_graphs rc=$? $(tail -1 "$OUT/test_cuda_graphs.log")"
 DS_BACKEND=cuda timeout 200 ./$B/tests/test_sample_ops >"$OUT/test_sample_ops.log" 2>&1

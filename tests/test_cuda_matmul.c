@@ -1,0 +1,262 @@
+/* The CUDA backend's matmuls (matmul.cu, matmul_mma.cu, matmul_ring.cu,
+ * weight_boxes.cu) and fused linear ops (linear_fused.cu) against the CPU
+ * backend on random inputs: normalized error within 2e-5 (fp32 sums in
+ * another order), for bf16, fp32 and f16 weights, the row tiers, aligned
+ * and unaligned inputs. Row invariance, bit for bit on the GPU: a row of a
+ * linear computed in an M-row call equals the same row computed alone
+ * (decode vs verify), across the kernels (ring, per-tile, cuBLAS). A fused
+ * norm's rounded x is the same bits on every path. Skips (exit 77) where no
+ * CUDA device can be used. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_vs_cpu.h"
+
+/* ---- linear ------------------------------------------------------------- */
+
+static void linear_case(ds_dtype dt, int64_t M, int64_t N, int64_t K, bool bias, bool odd_stride) {
+    pair w = weight(dt, N, K), b = {0};
+    if (bias) b = weight(DS_F32, 1, N);
+    /* odd_stride: x is a column window of a wider buffer (no 16-byte loads). */
+    pair xb = act_rand(M, K + (odd_stride ? 3 : 0), 1.0f);
+    ds_tensor xg = ds_cols(xb.g, odd_stride ? 1 : 0, K), xc = ds_cols(xb.c, odd_stride ? 1 : 0, K);
+    pair out = act(M, N, NULL);
+    gpu->ops->linear(gpu, out.g, xg, w.g, bias ? b.g : ds_no_tensor());
+    cpu->ops->linear(cpu, out.c, xc, w.c, bias ? b.c : ds_no_tensor());
+    char what[96];
+    snprintf(what, sizeof what, "linear %s M=%lld N=%lld K=%lld%s%s", ds_dtype_name(dt), (long long)M, (long long)N,
+             (long long)K, bias ? " +bias" : "", odd_stride ? " unaligned" : "");
+    compare(out.g, out.c, 2e-5, what);
+    release(&w);
+    if (bias) release(&b);
+    release(&xb);
+    release(&out);
+}
+
+static void test_linear_vs_cpu(void) {
+    const ds_dtype dts[] = {DS_BF16, DS_F32, DS_F16};
+    const int64_t Ms[] = {1, 2, 3, 5, 8, 13, 32, 33, 100};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) linear_case(dts[t], Ms[i], 300, 1024, i % 2, false);
+    linear_case(DS_BF16, 4, 257, 300, true, false);   /* K not a multiple of 8 */
+    linear_case(DS_BF16, 5, 130, 1000, false, true);  /* unaligned x */
+    linear_case(DS_F32, 7, 64, 4096, true, true);
+    linear_case(DS_BF16, 64, 1500, 4096, true, false); /* cuBLAS with widened tiles */
+    linear_case(DS_F32, 40, 96, 33, false, true);      /* cuBLAS, odd shapes */
+}
+
+/* Row i of an M-row call == row i computed alone, bit for bit, for every
+ * narrow row count and for aligned and unaligned inputs. */
+static void test_linear_row_invariance(void) {
+    /* bf16 with K % 32 == 0 takes the tensor-core kernel, the rest the CUDA-core one. */
+    /* bf16 rows of at most 8 take the persistent ring kernel, more rows the
+     * one-block-per-tile one: the same sums in the same order. K = 1120 ends
+     * on a partial ring stage, and 4000 rows make more tiles than SMs. */
+    const ds_dtype dts[] = {DS_BF16, DS_BF16, DS_BF16, DS_F32, DS_F16};
+    const int64_t Ks[] = {2048, 1120, 2056, 2056, 2056}, Ns[] = {515, 4000, 515, 515, 515};
+    const int64_t MAXM = 32;
+    for (int t = 0; t < 5; t++) {
+        const int64_t K = Ks[t], N = Ns[t];
+        pair w = weight(dts[t], N, K), b = weight(DS_BF16, 1, N);
+        pair x = act_rand(MAXM, K, 1.0f);
+        pair xu = act(MAXM, K + 1, NULL); /* the same rows at an odd stride */
+        gpu->ops->copy(gpu, ds_cols(xu.g, 0, K), x.g);
+        pair ref = act(MAXM, N, NULL), out = act(MAXM, N, NULL);
+        for (int64_t i = 0; i < MAXM; i++)
+            gpu->ops->linear(gpu, ds_rows(ref.g, i, 1), ds_rows(x.g, i, 1), w.g, b.g);
+        float *want = fetch(gpu, ref.g);
+        const int64_t Ms[] = {2, 3, 4, 5, 8, 9, 17, 32};
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (int u = 0; u < 2; u++) {
+                const int64_t M = Ms[mi];
+                ds_tensor xin = u ? ds_cols(ds_rows(xu.g, 0, M), 0, K) : ds_rows(x.g, 0, M);
+                gpu->ops->linear(gpu, ds_rows(out.g, 0, M), xin, w.g, b.g);
+                float *got = fetch(gpu, ds_rows(out.g, 0, M));
+                int bad = -1;
+                for (int64_t i = 0; i < M && bad < 0; i++)
+                    if (memcmp(got + i * N, want + i * N, (size_t)N * 4)) bad = (int)i;
+                CHECK(bad < 0, "linear %s: row %d of an M=%lld%s call differs from the 1-row call",
+                      ds_dtype_name(dts[t]), bad, (long long)M, u ? " unaligned" : "");
+                free(got);
+            }
+        printf("  linear %s N=%lld K=%lld: rows of M=2..32 calls (aligned and not) == 1-row calls, bitwise\n",
+               ds_dtype_name(dts[t]), (long long)N, (long long)K);
+        check_gpu_ok("linear row invariance");
+        free(want);
+        release(&w);
+        release(&b);
+        release(&x);
+        release(&xu);
+        release(&ref);
+        release(&out);
+    }
+}
+
+/* ---- fused linear ops ----------------------------------------------------- */
+
+/* The GPU's fused ops against the CPU's unfused sequence (the CPU backend
+ * has no fused ops, so the ds_* helpers run linear + add / swiglu there). */
+static void fused_case(ds_dtype dt, int64_t M, int64_t K) {
+    const int64_t N = 300, NK = 64;
+    pair wq = weight(dt, N, K), wk = weight(dt, NK, K), wv = weight(dt, NK, K), bq = weight(DS_F32, 1, N);
+    pair wo = weight(dt, K, N), wg = weight(dt, N, K), wu = weight(dt, N, K);
+    pair x = act_rand(M, K, 1.0f), att = act_rand(M, N, 1.0f), res = act_rand(M, K, 1.0f);
+    pair q = act(M, N, NULL), k = act(M, NK, NULL), v = act(M, NK, NULL), h = act(M, N, NULL), tmp = act(M, N, NULL);
+    pair tmpk = act(M, K, NULL);
+    char what[96];
+    const ds_tensor og[3] = {q.g, k.g, v.g}, wgs[3] = {wq.g, wk.g, wv.g}, bg[3] = {bq.g, ds_no_tensor(), ds_no_tensor()};
+    const ds_tensor oc[3] = {q.c, k.c, v.c}, wcs[3] = {wq.c, wk.c, wv.c}, bc[3] = {bq.c, ds_no_tensor(), ds_no_tensor()};
+    ds_linear_multi(gpu, 3, og, x.g, wgs, bg);
+    ds_linear_multi(cpu, 3, oc, x.c, wcs, bc);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "linear_multi %s M=%lld K=%lld, output %d", ds_dtype_name(dt), (long long)M,
+                 (long long)K, i);
+        compare(og[i], oc[i], 2e-5, what);
+    }
+    /* Residual in place, as the model uses it. */
+    ds_linear_residual(gpu, res.g, att.g, wo.g, ds_no_tensor(), res.g, tmpk.g);
+    ds_linear_residual(cpu, res.c, att.c, wo.c, ds_no_tensor(), res.c, tmpk.c);
+    snprintf(what, sizeof what, "linear_residual %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(res.g, res.c, 2e-5, what);
+    ds_linear_swiglu(gpu, h.g, x.g, wg.g, wu.g, tmp.g);
+    ds_linear_swiglu(cpu, h.c, x.c, wg.c, wu.c, tmp.c);
+    snprintf(what, sizeof what, "linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
+    /* The input RMSNorm fused in front (the GPU recomputes each row's rms in the matmul). */
+    pair nw = weight(M % 2 ? DS_F32 : DS_BF16, 1, K), xn = act(M, K, NULL); /* both norm dtypes */
+    ds_rmsnorm_linear_multi(gpu, 3, og, x.g, nw.g, 1e-6f, wgs, bg, xn.g);
+    ds_rmsnorm_linear_multi(cpu, 3, oc, x.c, nw.c, 1e-6f, wcs, bc, xn.c);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "rmsnorm_linear_multi %s M=%lld, output %d", ds_dtype_name(dt), (long long)M, i);
+        compare(og[i], oc[i], 2e-5, what);
+    }
+    ds_rmsnorm_linear_swiglu(gpu, h.g, x.g, nw.g, 1e-6f, wg.g, wu.g, xn.g, tmp.g);
+    ds_rmsnorm_linear_swiglu(cpu, h.c, x.c, nw.c, 1e-6f, wg.c, wu.c, xn.c, tmp.c);
+    snprintf(what, sizeof what, "rmsnorm_linear_swiglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
+    /* Gemma's MLP: the GELU-tanh epilogue (the CPU: rmsnorm, two linears, geglu_tanh) */
+    ds_rmsnorm_linear_geglu(gpu, h.g, x.g, nw.g, 1e-6f, wg.g, wu.g, xn.g, tmp.g);
+    ds_rmsnorm_linear_geglu(cpu, h.c, x.c, nw.c, 1e-6f, wg.c, wu.c, xn.c, tmp.c);
+    snprintf(what, sizeof what, "rmsnorm_linear_geglu %s M=%lld", ds_dtype_name(dt), (long long)M);
+    compare(h.g, h.c, 2e-5, what);
+    pair *all[] = {&wq, &wk, &wv, &bq, &wo, &wg, &wu, &x, &att, &res, &q, &k, &v, &h, &tmp, &tmpk, &nw, &xn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+}
+
+static void test_fused_linear(void) {
+    const int64_t Ms[] = {1, 3, 8, 9, 32, 40};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        fused_case(DS_BF16, Ms[i], 1024); /* tensor cores up to M = 32 */
+        fused_case(DS_F32, Ms[i], 520);   /* the unfused fallback */
+    }
+    fused_case(DS_BF16, 4, 1000); /* K % 32 != 0: fallback for bf16 too */
+}
+
+/* Fused ops keep rows invariant too: rows of an M-row call == 1-row calls. */
+static void test_fused_row_invariance(void) {
+    /* N = 288: as o_proj's K, at least one ring box (256) and a partial ring stage (288 of 512). */
+    const int64_t N = 288, K = 4096, MAXM = 17;
+    pair wg = weight(DS_BF16, N, K), wu = weight(DS_BF16, N, K), wo = weight(DS_BF16, K, N);
+    pair x = act_rand(MAXM, K, 1.0f), att = act_rand(MAXM, N, 1.0f);
+    pair h1 = act(MAXM, N, NULL), hm = act(MAXM, N, NULL), r1 = act_rand(MAXM, K, 1.0f), rm = act(MAXM, K, NULL);
+    gpu->ops->copy(gpu, rm.g, r1.g);
+    pair r8 = act(MAXM, K, NULL); /* rows 0-7 as one ring call, 8-12 as another (o_proj's 32-row tiles) */
+    gpu->ops->copy(gpu, r8.g, r1.g);
+    for (int64_t i = 0; i < MAXM; i++) {
+        gpu->ops->linear_swiglu(gpu, ds_rows(h1.g, i, 1), ds_rows(x.g, i, 1), wg.g, wu.g);
+        gpu->ops->linear_residual(gpu, ds_rows(r1.g, i, 1), ds_rows(att.g, i, 1), wo.g, ds_no_tensor(),
+                                  ds_rows(r1.g, i, 1));
+    }
+    gpu->ops->linear_swiglu(gpu, hm.g, x.g, wg.g, wu.g);
+    gpu->ops->linear_residual(gpu, rm.g, att.g, wo.g, ds_no_tensor(), rm.g);
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 0, 8), ds_rows(att.g, 0, 8), wo.g, ds_no_tensor(), ds_rows(r8.g, 0, 8));
+    gpu->ops->linear_residual(gpu, ds_rows(r8.g, 8, 5), ds_rows(att.g, 8, 5), wo.g, ds_no_tensor(), ds_rows(r8.g, 8, 5));
+    /* The fused-norm variant too: each row's rms must not depend on the others. */
+    pair nw = weight(DS_BF16, 1, K), n1 = act(MAXM, N, NULL), nm = act(MAXM, N, NULL);
+    for (int64_t i = 0; i < MAXM; i++)
+        gpu->ops->rmsnorm_linear_swiglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
+    gpu->ops->rmsnorm_linear_swiglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
+    float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
+    free(e1), free(em);
+    for (int64_t i = 0; i < MAXM; i++)
+        gpu->ops->rmsnorm_linear_geglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
+    gpu->ops->rmsnorm_linear_geglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
+    e1 = fetch(gpu, n1.g), em = fetch(gpu, nm.g);
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4),
+          "rmsnorm_linear_geglu: rows of a 17-row call differ from 1-row calls");
+    free(e1), free(em);
+    float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
+    CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
+    CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
+    float *e8 = fetch(gpu, r8.g);
+    CHECK(!memcmp(c, e8, (size_t)(13 * K) * 4), "linear_residual: rows of 8- and 5-row calls differ from 1-row calls");
+    free(e8);
+    release(&r8);
+    /* rmsnorm_linear_multi (QKV) the same way: two projections of one normed x (into n1 / h1, nm / hm). */
+    const ds_tensor w2[2] = {wg.g, wu.g}, b2[2] = {ds_no_tensor(), ds_no_tensor()}, om[2] = {nm.g, hm.g};
+    for (int64_t i = 0; i < MAXM; i++) {
+        const ds_tensor o1[2] = {ds_rows(n1.g, i, 1), ds_rows(h1.g, i, 1)};
+        gpu->ops->rmsnorm_linear_multi(gpu, 2, o1, ds_rows(x.g, i, 1), nw.g, 1e-6f, w2, b2);
+    }
+    gpu->ops->rmsnorm_linear_multi(gpu, 2, om, x.g, nw.g, 1e-6f, w2, b2);
+    float *q1[2] = {fetch(gpu, n1.g), fetch(gpu, h1.g)}, *qm[2] = {fetch(gpu, nm.g), fetch(gpu, hm.g)};
+    for (int o = 0; o < 2; o++) {
+        CHECK(!memcmp(q1[o], qm[o], (size_t)(MAXM * N) * 4),
+              "rmsnorm_linear_multi output %d: rows of a 17-row call differ from 1-row calls", o);
+        free(q1[o]), free(qm[o]);
+    }
+    release(&nw), release(&n1), release(&nm);
+    printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu / _geglu, rmsnorm_linear_multi bf16: rows of a "
+           "17-row call == 1-row calls, bitwise (linear_residual: of 8- and 5-row calls too)\n");
+    free(a), free(b), free(c), free(d);
+    check_gpu_ok("fused row invariance");
+    pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+}
+
+/* DS_X_BF16: a fused norm computes the same bits on every path (the ring at 1 and 8 rows, the per-tile kernel at
+ * 20, the wide path at 64, the CPU): x * w rounds to the same bf16 values, and each row's 1 / rms, taken in the
+ * tile order everywhere, scales the products' sums. Through an identity weight the output is 1 / rms times x * w's
+ * rounded value (one exact product a sum), so the rows must agree bit for bit; an rms one ulp apart moves them. */
+static void test_normed_x_paths(void) {
+    if (!DS_X_BF16_ON) {
+        printf("  (the fp32-x build: x is not rounded, nothing to check)\n");
+        return;
+    }
+    const int64_t K = 2048, MAXM = 64;
+    pair eye = {0};
+    eye.host = calloc((size_t)(K * K), 2);
+    for (int64_t i = 0; i < K; i++) ((uint16_t *)eye.host)[i * K + i] = ds_f32_to_bf16(1.0f);
+    weight_load(&eye, DS_BF16, K, K);
+    pair nw = weight(DS_BF16, 1, K), x = act_rand(MAXM, K, 3.0f), out = act(MAXM, K, NULL), xn = act(MAXM, K, NULL);
+    const ds_tensor b1[1] = {ds_no_tensor()};
+    ds_rmsnorm_linear_multi(cpu, 1, &out.c, x.c, nw.c, 1e-6f, &eye.c, b1, xn.c); /* (the CPU: norm, then linear) */
+    float *want = fetch(cpu, out.c);
+    const int64_t Ms[] = {1, 8, 20, MAXM};
+    for (size_t c = 0; c < sizeof Ms / sizeof Ms[0]; c++) {
+        for (int64_t r0 = 0; r0 + Ms[c] <= MAXM; r0 += Ms[c] == 1 ? 21 : Ms[c]) {
+            const ds_tensor o = ds_rows(out.g, r0, Ms[c]);
+            gpu->ops->rmsnorm_linear_multi(gpu, 1, &o, ds_rows(x.g, r0, Ms[c]), nw.g, 1e-6f, &eye.g, b1);
+        }
+        check_gpu_ok("rmsnorm_linear_multi through the identity");
+        float *got = fetch(gpu, out.g);
+        int64_t bad = -1, nbad = 0;
+        for (int64_t r = 0; r < MAXM; r++) {
+            if (Ms[c] == 1 && r % 21) continue;
+            for (int64_t k = 0; k < K; k++)
+                if (memcmp(&got[r * K + k], &want[r * K + k], 4)) bad = bad < 0 ? r * K + k : bad, nbad++;
+        }
+        printf("  rmsnorm_linear_multi bf16 through the identity, %2lld-row calls: %lld values differ from the CPU's\n",
+               (long long)Ms[c], (long long)nbad);
+        CHECK(nbad == 0, "%lld-row calls: %lld rounded values differ from the CPU's (first: row %lld, k %lld: %.9g vs %.9g)",
+              (long long)Ms[c], (long long)nbad, (long long)(bad / K), (long long)(bad % K), got[bad], want[bad]);
+        free(got);
+    }
+    free(want);
+    release(&eye), release(&nw), release(&x), release(&out), release(&xn);
+}
+
+RUN_CUDA_TESTS("cuda_matmul", test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,
+               test_fused_row_invariance, test_normed_x_paths)
