@@ -49,6 +49,14 @@ ds_error *ds_detok_push(ds_detok *d, int32_t id, const char **out, size_t *out_l
 ds_error *ds_detok_finish(ds_detok *d, const char **out, size_t *out_len);
 void ds_detok_free(ds_detok *d);
 
+/* ---- chat prompts ------------------------------------------------------ */
+/* One turn of a conversation. A model's chat template renders a list of
+ * them into the prompt text (see ds_engine_chat_encode). */
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* UTF-8, NUL-terminated */
+} ds_chat_message;
+
 /* ---- engine: a target (+ drafter) ready to generate -------------------- */
 typedef struct ds_engine ds_engine;
 
@@ -57,41 +65,112 @@ typedef struct {
     const char *drafter_dir; /* DeepSpec drafter directory, or NULL for plain decoding */
     const char *backend;     /* "cpu" (default) or "cuda" */
     int threads;             /* CPU threads (0: all online CPUs) */
+    const char *tokenizer;   /* a tokenizer.json or a directory holding one; NULL: the model
+                                directory's tokenizer.json if it has one, else no tokenizer
+                                (prompts are then ids and output is ids) */
+    int device;              /* CUDA device index (backend "cuda"; 0: the first GPU) */
 } ds_engine_opts;
 
+/* Opens the backend, the target, the drafter and the tokenizer, in that
+ * order; the first that fails is the error (naming its directory or file). */
 ds_error *ds_engine_open(const ds_engine_opts *opts, ds_engine **out);
 void ds_engine_free(ds_engine *e);
-/* The target's tokenizer (owned by the engine). */
+/* The engine's tokenizer (owned by the engine), or NULL when it has none:
+ * no ds_engine_opts.tokenizer and no tokenizer.json in the model directory. */
 const ds_tokenizer *ds_engine_tokenizer(const ds_engine *e);
 
+/* What an open engine serves. */
 typedef struct {
-    int max_new;       /* tokens to generate at most */
-    float temperature; /* 0: greedy */
+    int context;        /* tokens the target's context holds, prompt and generated together */
+    int vocab_size;     /* the target's vocabulary: prompt ids lie in [0, vocab_size) */
+    int block_size;     /* the drafter's proposal positions, the largest gamma (0: no drafter) */
+    bool has_drafter;
+    bool has_tokenizer;
+} ds_engine_info;
+void ds_engine_get_info(const ds_engine *e, ds_engine_info *info);
+
+/* Renders msgs[0..n) (n >= 1) with the model directory's chat template, as
+ * transformers' apply_chat_template(add_generation_prompt=True,
+ * enable_thinking=False) renders it, and encodes the text without adding
+ * special tokens (the templates write any BOS themselves): the prompt ids
+ * for ds_engine_generate, *ids malloc'd. Errors: no tokenizer, no or an
+ * unsupported chat template (Qwen3 ChatML, Gemma 3 and Gemma 4 are
+ * supported; the template is found on first use), a bad message (named by
+ * its index). */
+ds_error *ds_engine_chat_encode(ds_engine *e, const ds_chat_message *msgs, size_t n, int32_t **ids, size_t *n_ids);
+/* The rendered text alone (NUL-terminated, malloc'd); needs no tokenizer. */
+ds_error *ds_engine_chat_render(ds_engine *e, const ds_chat_message *msgs, size_t n, char **text);
+
+typedef struct {
+    int max_new;       /* tokens to generate at most (>= 0) */
+    float temperature; /* 0: greedy; finite and >= 0 */
     int top_k;         /* 0: off */
     float top_p;       /* 0 or >= 1: off */
     uint64_t seed;
-    float threshold;   /* confidence threshold (0: keep the whole block) */
-    int gamma;         /* proposal positions to use (0: the drafter's block size) */
+    float threshold;   /* confidence threshold in [0, 1] (0: keep the whole block) */
+    int gamma;         /* proposal positions to use, at most the block size (0: all of them) */
     bool no_draft;     /* decode autoregressively even with a drafter */
     bool ignore_eos;   /* do not stop at the model's stop tokens */
 } ds_generate_opts;
+
+/* Why a generation ended. */
+typedef enum {
+    DS_FINISH_LENGTH,  /* max_new tokens were generated */
+    DS_FINISH_STOP,    /* a stop token, the last of the output */
+    DS_FINISH_CONTEXT, /* the model's context ran out before max_new */
+    DS_FINISH_CALLER,  /* the ds_on_token callback returned false */
+} ds_finish_reason;
+/* "length", "stop", "context" or "caller" (OpenAI-style names for the first two). */
+const char *ds_finish_reason_name(ds_finish_reason r);
 
 typedef struct {
     int32_t *tokens; /* generated ids (a final stop token included) */
     int n_tokens;
     bool stopped;    /* ended on a stop token */
-    int rounds;      /* verify passes (drafted decoding) */
-    double acceptance_length; /* tau: mean tokens committed per round */
-    double prefill_s, draft_s, verify_s, total_s;
+    ds_finish_reason finish_reason;
+    int rounds;      /* verify passes (drafted decoding; 0 otherwise) */
+    /* Per round, rounds of each (NULL without rounds): */
+    int *accepted;   /* drafted tokens the target accepted */
+    int *proposed;   /* drafted tokens sent to verification (cut to the stop token in a stop round) */
+    int *accept_len; /* tokens the round committed: accepted + 1 (the target's own next token),
+                        or accepted where a drafted stop token ended the round */
+    double acceptance_length; /* tau: mean accept_len */
+    double prefill_s, draft_s, verify_s, total_s; /* wall time: prompt, drafting, verification, all */
 } ds_output;
 
 /* Called with every committed token as soon as it is final; return false to stop. */
 typedef bool (*ds_on_token)(void *user, int32_t token);
 
-/* Generates from prompt ids. The engine serves one generation at a time. */
+/* Generates from prompt ids (from a tokenizer, ds_engine_chat_encode, or
+ * given as is: each in [0, vocab_size), no BOS added). The engine serves one
+ * generation at a time. Options out of range are errors naming the field. */
 ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *opts,
                              ds_on_token on_token, void *user, ds_output *out);
 void ds_output_free(ds_output *o);
+
+/* ---- metrics pooled over generations ------------------------------------ */
+/* The meaning of DeepSpec's build_metrics_row, over every round of every
+ * output added. */
+typedef struct ds_stats ds_stats;
+
+ds_error *ds_stats_new(ds_stats **out);
+void ds_stats_free(ds_stats *s);
+void ds_stats_add(ds_stats *s, const ds_output *o);
+
+typedef struct {
+    int outputs;                 /* outputs added */
+    long tokens;                 /* tokens generated */
+    int rounds;                  /* verify passes */
+    double acceptance_length;    /* tau: sum of accept_len / rounds */
+    double verify_rate;          /* sum of accept_len / (sum of proposed + rounds) */
+    double proposed_per_round;   /* sum of proposed / rounds */
+    double total_s, prefill_s, draft_s, verify_s; /* sums */
+} ds_stats_summary; /* ratios are 0 without rounds */
+void ds_stats_summarize(const ds_stats *s, ds_stats_summary *out);
+/* Acceptance at draft position k (0-based): rounds that accepted more than
+ * k drafts / rounds that proposed more than k; -1 where no round proposed
+ * more than k, so positions 0, 1, ... up to the first -1 are the profile. */
+double ds_stats_accept_rate_at(const ds_stats *s, int k);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,14 @@
 /* The public API end to end on the bundled pico pair: text in, tokens out,
  * drafted greedy == plain greedy, streaming callback sees every token, a
- * callback can stop the generation, and bad options are errors. */
+ * callback can stop the generation, per-round metrics and their pooled
+ * summary, chat prompts through a chat template, an engine without a
+ * tokenizer (ids in, ids out) or with another's, and bad options are errors
+ * that name the field. */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testlib.h"
 
@@ -59,20 +65,300 @@ static void test_callback_stops(void) {
     ds_output_free(&o);
 }
 
+/* Per round: accepted <= proposed <= block size, accept_len = accepted (+ 1
+ * but in a stop round), tau their mean; the pooled stats of two outputs are
+ * the stats of their rounds together. */
+static void test_round_metrics(void) {
+    ds_engine_info info;
+    ds_engine_get_info(eng, &info);
+    CHECK(info.has_drafter && info.has_tokenizer && info.block_size == 7 && info.context == 512 &&
+              info.vocab_size > 0,
+          "info: drafter %d tokenizer %d block %d context %d vocab %d", info.has_drafter, info.has_tokenizer,
+          info.block_size, info.context, info.vocab_size);
+    int32_t p1[] = {2811, 385, 1969}, p2[] = {1866, 379, 263, 4770};
+    ds_generate_opts g = {.max_new = 40, .gamma = 4};
+    ds_output a, b;
+    CHECK_OK(ds_engine_generate(eng, p1, 3, &g, NULL, NULL, &a));
+    CHECK_OK(ds_engine_generate(eng, p2, 4, &g, NULL, NULL, &b));
+    const ds_output *outs[] = {&a, &b};
+    long rounds = 0, len_sum = 0, proposed_sum = 0, tokens = 0;
+    for (int o = 0; o < 2; o++) {
+        const ds_output *r = outs[o];
+        CHECK(r->rounds > 0 && r->accepted && r->proposed && r->accept_len, "output %d: %d rounds", o, r->rounds);
+        CHECK(r->finish_reason == DS_FINISH_LENGTH && r->n_tokens == 40 && !r->stopped, "output %d: %s, %d tokens", o,
+              ds_finish_reason_name(r->finish_reason), r->n_tokens);
+        long sum = 0;
+        for (int i = 0; i < r->rounds; i++) {
+            CHECK(r->accepted[i] >= 0 && r->accepted[i] <= r->proposed[i] && r->proposed[i] <= 4,
+                  "output %d round %d: accepted %d proposed %d", o, i, r->accepted[i], r->proposed[i]);
+            CHECK(r->accept_len[i] == r->accepted[i] + 1, "output %d round %d: accept_len %d accepted %d", o, i,
+                  r->accept_len[i], r->accepted[i]);
+            sum += r->accept_len[i];
+            proposed_sum += r->proposed[i];
+        }
+        /* The prefill's token, then every round's; the last round's may run past max_new. */
+        CHECK(1 + sum >= r->n_tokens && 1 + sum <= r->n_tokens + 4, "output %d: %d tokens from rounds committing %ld",
+              o, r->n_tokens, sum);
+        CHECK(fabs(r->acceptance_length - (double)sum / r->rounds) < 1e-12, "output %d: tau %g, rounds say %g", o,
+              r->acceptance_length, (double)sum / r->rounds);
+        CHECK(r->draft_s > 0 && r->verify_s > 0 && r->total_s >= r->prefill_s + r->draft_s + r->verify_s - 1e-3,
+              "output %d: times %g %g %g %g", o, r->prefill_s, r->draft_s, r->verify_s, r->total_s);
+        rounds += r->rounds;
+        len_sum += sum;
+        tokens += r->n_tokens;
+    }
+    ds_stats *st;
+    CHECK_OK(ds_stats_new(&st));
+    ds_stats_add(st, &a);
+    ds_stats_add(st, &b);
+    ds_stats_summary m;
+    ds_stats_summarize(st, &m);
+    CHECK(m.outputs == 2 && m.tokens == tokens && m.rounds == rounds, "pooled: %d outputs %ld tokens %d rounds",
+          m.outputs, m.tokens, m.rounds);
+    CHECK(fabs(m.acceptance_length - (double)len_sum / rounds) < 1e-12, "pooled tau %g", m.acceptance_length);
+    CHECK(fabs(m.verify_rate - (double)len_sum / (double)(proposed_sum + rounds)) < 1e-12, "verify rate %g",
+          m.verify_rate);
+    CHECK(fabs(m.proposed_per_round - (double)proposed_sum / rounds) < 1e-12, "proposed a round %g",
+          m.proposed_per_round);
+    CHECK(fabs(m.total_s - (a.total_s + b.total_s)) < 1e-9, "pooled time %g", m.total_s);
+    /* gamma 4: positions 0..3 proposed in every round, none past them. */
+    for (int k = 0; k < 4; k++) {
+        long acc = 0;
+        for (int o = 0; o < 2; o++)
+            for (int i = 0; i < outs[o]->rounds; i++) acc += outs[o]->accepted[i] > k;
+        double rate = ds_stats_accept_rate_at(st, k);
+        CHECK(fabs(rate - (double)acc / rounds) < 1e-12, "position %d: rate %g, want %g", k, rate,
+              (double)acc / rounds);
+    }
+    CHECK(ds_stats_accept_rate_at(st, 4) == -1 && ds_stats_accept_rate_at(st, -1) == -1 &&
+              ds_stats_accept_rate_at(st, 1 << 20) == -1,
+          "a rate where nothing was proposed");
+    ds_stats_free(st);
+    /* Plain decoding has no rounds: empty per-round arrays, zero ratios. */
+    g.no_draft = true;
+    ds_output c;
+    CHECK_OK(ds_engine_generate(eng, p1, 3, &g, NULL, NULL, &c));
+    CHECK(c.rounds == 0 && !c.accepted && !c.proposed && !c.accept_len && c.acceptance_length == 0,
+          "plain decoding: %d rounds", c.rounds);
+    CHECK_OK(ds_stats_new(&st));
+    ds_stats_add(st, &c);
+    ds_stats_summarize(st, &m);
+    CHECK(m.outputs == 1 && m.tokens == 40 && m.rounds == 0 && m.acceptance_length == 0 && m.verify_rate == 0 &&
+              ds_stats_accept_rate_at(st, 0) == -1,
+          "plain summary: %d rounds tau %g", m.rounds, m.acceptance_length);
+    ds_stats_free(st);
+    ds_output_free(&a);
+    ds_output_free(&b);
+    ds_output_free(&c);
+    CHECK(!a.tokens && !a.accepted && a.rounds == 0, "ds_output_free leaves the output empty");
+}
+
+/* Why each generation ended, and the names the CLI's JSON prints. */
+static void test_finish_reasons(void) {
+    int32_t ids[] = {2811, 385, 1969};
+    ds_generate_opts g = {.max_new = 6, .ignore_eos = true};
+    counter c = {.stop_after = 2};
+    ds_output o;
+    CHECK_OK(ds_engine_generate(eng, ids, 3, &g, count, &c, &o));
+    CHECK(o.finish_reason == DS_FINISH_CALLER && !o.stopped, "callback stop: %s",
+          ds_finish_reason_name(o.finish_reason));
+    ds_output_free(&o);
+    g.max_new = 2000; /* past the context of 512 */
+    CHECK_OK(ds_engine_generate(eng, ids, 3, &g, NULL, NULL, &o));
+    CHECK(o.finish_reason == DS_FINISH_CONTEXT && o.n_tokens == 512 - 3 + 1, "context: %s after %d tokens",
+          ds_finish_reason_name(o.finish_reason), o.n_tokens);
+    ds_output_free(&o);
+    CHECK(!strcmp(ds_finish_reason_name(DS_FINISH_LENGTH), "length") &&
+              !strcmp(ds_finish_reason_name(DS_FINISH_STOP), "stop") &&
+              !strcmp(ds_finish_reason_name(DS_FINISH_CONTEXT), "context") &&
+              !strcmp(ds_finish_reason_name(DS_FINISH_CALLER), "caller"),
+          "finish reason names");
+}
+
+/* A scratch model directory: pico's files linked, plus a Qwen3 chat template. */
+static char chat_dir[64];
+static const char *const pico_files[] = {"config.json", "generation_config.json", "model.safetensors",
+                                         "tokenizer.json"};
+
+static void make_chat_model(void) {
+    snprintf(chat_dir, sizeof chat_dir, "/tmp/ds_engine_api_XXXXXX");
+    CHECK(mkdtemp(chat_dir) != NULL, "mkdtemp %s", chat_dir);
+    char from[512], to[512];
+    for (size_t i = 0; i < sizeof pico_files / sizeof *pico_files; i++) {
+        snprintf(from, sizeof from, "%s/pico-qwen3/%s", DS_MODELS, pico_files[i]);
+        snprintf(to, sizeof to, "%s/%s", chat_dir, pico_files[i]);
+        CHECK(symlink(from, to) == 0, "symlink %s", to);
+    }
+    snprintf(to, sizeof to, "%s/chat_template.jinja", chat_dir);
+    FILE *f = fopen(to, "w");
+    CHECK(f != NULL, "cannot write %s", to);
+    if (f) {
+        fputs("{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is false %}"
+              "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}",
+              f);
+        fclose(f);
+    }
+}
+
+static void remove_chat_model(void) {
+    char path[512];
+    for (size_t i = 0; i < sizeof pico_files / sizeof *pico_files; i++) {
+        snprintf(path, sizeof path, "%s/%s", chat_dir, pico_files[i]);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/chat_template.jinja", chat_dir);
+    unlink(path);
+    rmdir(chat_dir);
+}
+
+/* Messages rendered by the model's chat template, encoded without added
+ * special tokens; a model without a template, and bad messages, are errors. */
+static void test_chat(void) {
+    ds_chat_message hi[] = {{"system", "Be brief."}, {"user", "Hello there"}};
+    int32_t *ids;
+    size_t n;
+    CHECK_ERR(ds_engine_chat_encode(eng, hi, 2, &ids, &n), "pico-qwen3 (model_type \"qwen3\"): no chat template");
+    make_chat_model();
+    ds_engine *ce;
+    ds_engine_opts o = {.model_dir = chat_dir, .drafter_dir = DS_MODELS "/pico-qwen3-dspark", .threads = 1};
+    ds_error *err = ds_engine_open(&o, &ce);
+    remove_chat_model(); /* the engine has read what it needs, the template but for its first use */
+    CHECK_OK(err);
+    char *text;
+    CHECK_ERR(ds_engine_chat_render(ce, hi, 2, &text), "no chat template"); /* found on first use: gone now */
+    ds_engine_free(ce);
+    make_chat_model();
+    err = ds_engine_open(&o, &ce);
+    CHECK_OK(err);
+    err = ds_engine_chat_render(ce, hi, 2, &text);
+    remove_chat_model();
+    CHECK_OK(err);
+    const char *want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+                       "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    CHECK(!strcmp(text, want), "rendered:\n%s", text);
+    int32_t *want_ids;
+    size_t want_n;
+    CHECK_OK(ds_tokenizer_encode(ds_engine_tokenizer(ce), text, strlen(text), false, &want_ids, &want_n));
+    free(text);
+    CHECK_OK(ds_engine_chat_encode(ce, hi, 2, &ids, &n));
+    CHECK(n == want_n && !memcmp(ids, want_ids, n * sizeof *ids), "chat ids: %zu, the text's %zu", n, want_n);
+    ds_generate_opts g = {.max_new = 8};
+    ds_output out;
+    CHECK_OK(ds_engine_generate(ce, ids, n, &g, NULL, NULL, &out));
+    CHECK(out.n_tokens == 8 && out.rounds > 0, "chat generation: %d tokens, %d rounds", out.n_tokens, out.rounds);
+    ds_output_free(&out);
+    free(ids);
+    free(want_ids);
+    ds_chat_message bad[] = {{"robot", "beep"}};
+    CHECK_ERR(ds_engine_chat_encode(ce, bad, 1, &ids, &n), "chat message 0: role \"robot\" is not system, user or");
+    CHECK_ERR(ds_engine_chat_encode(ce, hi, 0, &ids, &n), "the conversation has no messages");
+    ds_engine_free(ce);
+}
+
+/* The qwen3-tiny fixture has no tokenizer.json: the engine opens, takes ids
+ * and gives the reference's ids; text and chat prompts need a tokenizer,
+ * which opts.tokenizer may give (a file or a directory holding one). */
+static void test_ids_without_tokenizer(void) {
+    static const int32_t prompt[] = {401, 486, 458, 307, 274, 357, 222, 314, 270, 349, 135, 218,
+                                     25,  272, 295, 92,  17,  261, 169, 180, 244, 400, 145, 246};
+    static const int32_t want[] = {291, 17, 511, 276, 198, 224, 454, 40};
+    const char *fix = DS_TESTDATA "/fixtures/qwen3-tiny";
+    char target[512], drafter[512];
+    snprintf(target, sizeof target, "%s/target", fix);
+    snprintf(drafter, sizeof drafter, "%s/drafter", fix);
+    ds_engine *te;
+    ds_engine_opts o = {.model_dir = target, .drafter_dir = drafter, .threads = 1};
+    CHECK_OK(ds_engine_open(&o, &te));
+    ds_engine_info info;
+    ds_engine_get_info(te, &info);
+    CHECK(!info.has_tokenizer && !ds_engine_tokenizer(te) && info.has_drafter && info.context == 1024,
+          "tiny: tokenizer %d drafter %d context %d", info.has_tokenizer, info.has_drafter, info.context);
+    for (int draft = 0; draft < 2; draft++) {
+        ds_generate_opts g = {.max_new = 8, .no_draft = !draft};
+        ds_output out;
+        CHECK_OK(ds_engine_generate(te, prompt, 24, &g, NULL, NULL, &out));
+        CHECK(out.n_tokens == 8 && !memcmp(out.tokens, want, sizeof want), "tiny %s: not the reference's ids",
+              draft ? "drafted" : "plain");
+        ds_output_free(&out);
+    }
+    ds_chat_message hi = {"user", "hi"};
+    int32_t *ids;
+    size_t n;
+    CHECK_ERR(ds_engine_chat_encode(te, &hi, 1, &ids, &n), "a chat prompt needs a tokenizer, and");
+    CHECK_ERR(ds_engine_chat_encode(te, &hi, 1, &ids, &n), "ds_engine_opts.tokenizer");
+    ds_engine_free(te);
+    char file[512];
+    snprintf(file, sizeof file, "%s/pico-qwen3/tokenizer.json", DS_MODELS);
+    const char *given[] = {DS_MODELS "/pico-qwen3", file};
+    for (int i = 0; i < 2; i++) {
+        o.tokenizer = given[i];
+        CHECK_OK(ds_engine_open(&o, &te));
+        ds_engine_get_info(te, &info);
+        CHECK(info.has_tokenizer && ds_engine_tokenizer(te), "tokenizer %s not loaded", given[i]);
+        ds_engine_free(te);
+    }
+    o.tokenizer = DS_MODELS "/no-such-tokenizer.json";
+    CHECK_ERR(ds_engine_open(&o, &te), "no-such-tokenizer.json");
+}
+
+/* Threads are a choice of speed, not of result; CUDA device numbers are checked. */
+static void test_backend_choice(void) {
+    int32_t ids[] = {2811, 385, 1969};
+    ds_generate_opts g = {.max_new = 16};
+    ds_output a, b;
+    CHECK_OK(ds_engine_generate(eng, ids, 3, &g, NULL, NULL, &a));
+    ds_engine *one;
+    ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
+                        .backend = "cpu", .threads = 1};
+    CHECK_OK(ds_engine_open(&o, &one));
+    CHECK_OK(ds_engine_generate(one, ids, 3, &g, NULL, NULL, &b));
+    CHECK(a.n_tokens == b.n_tokens && !memcmp(a.tokens, b.tokens, (size_t)a.n_tokens * sizeof *a.tokens),
+          "1 thread and all threads differ");
+    ds_output_free(&a);
+    ds_output_free(&b);
+    ds_engine_free(one);
+    ds_engine_opts bad = {.model_dir = DS_MODELS "/pico-qwen3", .backend = "cuda", .device = -1};
+    CHECK_ERR(ds_engine_open(&bad, &one), "device must be >= 0, got -1");
+    bad = (ds_engine_opts){.model_dir = DS_MODELS "/pico-qwen3", .threads = -2};
+    CHECK_ERR(ds_engine_open(&bad, &one), "threads must be >= 0 (0: all CPUs), got -2");
+}
+
 static void test_bad_options(void) {
     ds_engine *e2;
     ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .backend = "tpu"};
     CHECK_ERR(ds_engine_open(&o, &e2), "unknown backend \"tpu\"");
     ds_engine_opts none = {0};
     CHECK_ERR(ds_engine_open(&none, &e2), "no model directory");
+    o = (ds_engine_opts){.model_dir = DS_MODELS "/no-such-model"};
+    CHECK_ERR(ds_engine_open(&o, &e2), "no-such-model");
     int32_t ids[600] = {0};
     ds_generate_opts g = {.max_new = 4};
     ds_output out;
     CHECK_ERR(ds_engine_generate(eng, ids, 600, &g, NULL, NULL, &out), "does not fit the model's context of 512");
     int32_t bad[] = {9000};
     CHECK_ERR(ds_engine_generate(eng, bad, 1, &g, NULL, NULL, &out), "outside the vocabulary");
+    static const struct {
+        ds_generate_opts g;
+        const char *message;
+    } cases[] = {
+        {{.max_new = -1}, "ds_generate_opts.max_new must be >= 0, got -1"},
+        {{.max_new = 4, .temperature = NAN}, "ds_generate_opts.temperature must be a finite number >= 0, got nan"},
+        {{.max_new = 4, .temperature = -1}, "temperature must be a finite number >= 0, got -1"},
+        {{.max_new = 4, .top_k = -1}, "ds_generate_opts.top_k must be >= 0"},
+        {{.max_new = 4, .top_p = NAN}, "ds_generate_opts.top_p must be >= 0"},
+        {{.max_new = 4, .threshold = 1.5f}, "ds_generate_opts.threshold must be in [0, 1], got 1.5"},
+        {{.max_new = 4, .gamma = -1}, "ds_generate_opts.gamma must be >= 0"},
+        {{.max_new = 4, .gamma = 8}, "ds_generate_opts.gamma 8 is above the drafter's block size 7"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        CHECK_ERR(ds_engine_generate(eng, ids, 3, &cases[i].g, NULL, NULL, &out), cases[i].message);
+    /* Without drafting, gamma is not used. */
+    g = (ds_generate_opts){.max_new = 2, .gamma = 8, .no_draft = true};
+    CHECK_OK(ds_engine_generate(eng, ids, 3, &g, NULL, NULL, &out));
+    ds_output_free(&out);
 }
 
 static void teardown(void) { ds_engine_free(eng); }
 
-RUN_TESTS("engine_api", setup, test_drafted_equals_plain, test_callback_stops, test_bad_options, teardown)
+RUN_TESTS("engine_api", setup, test_drafted_equals_plain, test_callback_stops, test_round_metrics,
+          test_finish_reasons, test_chat, test_ids_without_tokenizer, test_backend_choice, test_bad_options, teardown)

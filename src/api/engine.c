@@ -1,5 +1,6 @@
 /* The public engine API: the internal target, drafter, tokenizer and loop
  * behind the few calls of include/dspark.h. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,14 +8,18 @@
 
 #include "dspark.h"
 #include "draft/drafter.h"
+#include "io/checkpoint.h"
 #include "speculate/generate.h"
 #include "speculate/metrics.h"
+#include "tokenizer/chat_template.h"
 
 struct ds_engine {
     ds_backend *be;
     ds_target *target;
     ds_drafter *drafter;
     ds_tokenizer *tok;
+    char *model_dir;     /* where the chat template is looked up */
+    ds_chat_family chat; /* detected on first use */
 };
 
 void ds_engine_free(ds_engine *e) {
@@ -23,28 +28,41 @@ void ds_engine_free(ds_engine *e) {
     ds_drafter_free(e->drafter);
     ds_target_free(e->target);
     if (e->be) e->be->ops->destroy(e->be);
+    free(e->model_dir);
     free(e);
 }
 
+/* The given tokenizer, else the model directory's tokenizer.json if there
+ * is one; none is fine (id prompts, id output). */
+static ds_error *open_tokenizer(const ds_engine_opts *o, ds_tokenizer **out) {
+    if (o->tokenizer) return ds_tokenizer_load(o->tokenizer, out);
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir) >= (int)sizeof path)
+        return ds_errorf("%s: model directory path too long", o->model_dir);
+    return ds_path_exists(path) ? ds_tokenizer_load(path, out) : NULL;
+}
+
 ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
+    if (!out) return ds_errorf("ds_engine_open: out is NULL");
     *out = NULL;
     if (!o || !o->model_dir) return ds_errorf("ds_engine_open: no model directory given");
+    if (o->threads < 0) return ds_errorf("ds_engine_open: threads must be >= 0 (0: all CPUs), got %d", o->threads);
+    if (o->device < 0) return ds_errorf("ds_engine_open: device must be >= 0, got %d", o->device);
     ds_engine *e = calloc(1, sizeof *e);
-    if (!e) return ds_errorf("out of memory");
+    if (!e || !(e->model_dir = strdup(o->model_dir))) {
+        free(e);
+        return ds_errorf("out of memory");
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->threads > 0 ? o->threads : cpus > 0 ? (int)cpus : 1;
     ds_error *err = NULL;
     if (!o->backend || !strcmp(o->backend, "cpu")) err = ds_backend_cpu_new(threads, &e->be);
-    else if (!strcmp(o->backend, "cuda")) err = ds_backend_cuda_new(0, &e->be);
-    else err = ds_errorf("unknown backend \"%s\" (cpu or cuda)", o->backend);
+    else if (!strcmp(o->backend, "cuda")) err = ds_backend_cuda_new(o->device, &e->be);
+    else err = ds_errorf("ds_engine_open: unknown backend \"%s\" (cpu or cuda)", o->backend);
     ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, NULL, &e->drafter);
-    if (!err) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-        err = ds_tokenizer_load(path, &e->tok);
-    }
+    if (!err) err = open_tokenizer(o, &e->tok);
     if (err) {
         ds_engine_free(e);
         return err;
@@ -55,10 +73,83 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
 
 const ds_tokenizer *ds_engine_tokenizer(const ds_engine *e) { return e->tok; }
 
+void ds_engine_get_info(const ds_engine *e, ds_engine_info *info) {
+    *info = (ds_engine_info){.context = e->target->max_ctx,
+                             .vocab_size = e->target->vocab,
+                             .block_size = e->drafter ? e->drafter->gamma : 0,
+                             .has_drafter = e->drafter != NULL,
+                             .has_tokenizer = e->tok != NULL};
+}
+
+ds_error *ds_engine_chat_render(ds_engine *e, const ds_chat_message *msgs, size_t n, char **text) {
+    *text = NULL;
+    if (e->chat == DS_CHAT_UNKNOWN) DS_TRY(ds_chat_detect(e->model_dir, &e->chat));
+    return ds_chat_render(e->chat, msgs, n, true, text);
+}
+
+ds_error *ds_engine_chat_encode(ds_engine *e, const ds_chat_message *msgs, size_t n, int32_t **ids, size_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (!e->tok)
+        return ds_errorf("a chat prompt needs a tokenizer, and %s has no tokenizer.json: open the engine with "
+                         "ds_engine_opts.tokenizer (a tokenizer.json or a directory holding one)",
+                         e->model_dir);
+    char *text;
+    DS_TRY(ds_engine_chat_render(e, msgs, n, &text));
+    /* The templates write any BOS themselves: nothing special is added. */
+    ds_error *err = ds_tokenizer_encode(e->tok, text, strlen(text), false, ids, n_ids);
+    free(text);
+    return err;
+}
+
+/* Each option's range, written so that NaN fails it too. */
+static ds_error *check_opts(const ds_engine *e, const ds_generate_opts *o) {
+    if (!(o->max_new >= 0)) return ds_errorf("ds_generate_opts.max_new must be >= 0, got %d", o->max_new);
+    if (!(o->temperature >= 0 && isfinite(o->temperature)))
+        return ds_errorf("ds_generate_opts.temperature must be a finite number >= 0, got %g", o->temperature);
+    if (!(o->top_k >= 0)) return ds_errorf("ds_generate_opts.top_k must be >= 0 (0: off), got %d", o->top_k);
+    if (!(o->top_p >= 0)) return ds_errorf("ds_generate_opts.top_p must be >= 0 (0 or >= 1: off), got %g", o->top_p);
+    if (!(o->threshold >= 0 && o->threshold <= 1))
+        return ds_errorf("ds_generate_opts.threshold must be in [0, 1], got %g", o->threshold);
+    if (!(o->gamma >= 0)) return ds_errorf("ds_generate_opts.gamma must be >= 0 (0: the block size), got %d", o->gamma);
+    if (e->drafter && !o->no_draft && o->gamma > e->drafter->gamma)
+        return ds_errorf("ds_generate_opts.gamma %d is above the drafter's block size %d", o->gamma,
+                         e->drafter->gamma);
+    return NULL;
+}
+
+static ds_finish_reason finish_reason(ds_stop_reason r) {
+    switch (r) {
+    case DS_STOP_TOKEN: return DS_FINISH_STOP;
+    case DS_STOP_CONTEXT: return DS_FINISH_CONTEXT;
+    case DS_STOP_CALLER: return DS_FINISH_CALLER;
+    case DS_STOP_LENGTH: break;
+    }
+    return DS_FINISH_LENGTH;
+}
+
+const char *ds_finish_reason_name(ds_finish_reason r) {
+    switch (r) {
+    case DS_FINISH_LENGTH: return ds_stop_reason_name(DS_STOP_LENGTH);
+    case DS_FINISH_STOP: return ds_stop_reason_name(DS_STOP_TOKEN);
+    case DS_FINISH_CONTEXT: return ds_stop_reason_name(DS_STOP_CONTEXT);
+    case DS_FINISH_CALLER: return ds_stop_reason_name(DS_STOP_CALLER);
+    }
+    return "unknown";
+}
+
+/* An output's rounds as the loop's result, for the metrics code (a view: it owns nothing). */
+static ds_gen_result result_view(const ds_output *o) {
+    return (ds_gen_result){.n_tokens = o->n_tokens, .rounds = o->rounds, .accepted = o->accepted,
+                           .proposed = o->proposed, .accept_len = o->accept_len, .prefill_s = o->prefill_s,
+                           .draft_s = o->draft_s, .verify_s = o->verify_s, .total_s = o->total_s};
+}
+
 ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *o,
                              ds_on_token on_token, void *user, ds_output *out) {
     memset(out, 0, sizeof *out);
     if (!o) return ds_errorf("ds_engine_generate: no options");
+    DS_TRY(check_opts(e, o));
     if (n_prompt > (size_t)e->target->max_ctx)
         return ds_errorf("prompt of %zu tokens does not fit the model's context of %d tokens", n_prompt,
                          e->target->max_ctx);
@@ -71,17 +162,52 @@ ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_promp
                        .ignore_stop = o->ignore_eos};
     ds_gen_result r;
     DS_TRY(ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, (int)n_prompt, &p, on_token, user, &r));
+    *out = (ds_output){.tokens = r.tokens, .n_tokens = r.n_tokens, .stopped = r.stopped,
+                       .finish_reason = finish_reason(r.stop_reason), .rounds = r.rounds, .accepted = r.accepted,
+                       .proposed = r.proposed, .accept_len = r.accept_len, .prefill_s = r.prefill_s,
+                       .draft_s = r.draft_s, .verify_s = r.verify_s, .total_s = r.total_s};
     ds_metrics m = {0};
     ds_metrics_add(&m, &r);
-    *out = (ds_output){.tokens = r.tokens, .n_tokens = r.n_tokens, .stopped = r.stopped, .rounds = r.rounds,
-                       .acceptance_length = ds_metrics_tau(&m), .prefill_s = r.prefill_s, .draft_s = r.draft_s,
-                       .verify_s = r.verify_s, .total_s = r.total_s};
-    r.tokens = NULL; /* handed to *out */
-    ds_gen_result_free(&r);
-    return NULL;
+    out->acceptance_length = ds_metrics_tau(&m);
+    return NULL; /* r's arrays are *out's now */
 }
 
 void ds_output_free(ds_output *o) {
     free(o->tokens);
+    free(o->accepted);
+    free(o->proposed);
+    free(o->accept_len);
     memset(o, 0, sizeof *o);
 }
+
+struct ds_stats {
+    ds_metrics m;
+};
+
+ds_error *ds_stats_new(ds_stats **out) {
+    if (!(*out = calloc(1, sizeof **out))) return ds_errorf("out of memory");
+    return NULL;
+}
+
+void ds_stats_free(ds_stats *s) { free(s); }
+
+void ds_stats_add(ds_stats *s, const ds_output *o) {
+    ds_gen_result r = result_view(o);
+    ds_metrics_add(&s->m, &r);
+}
+
+void ds_stats_summarize(const ds_stats *s, ds_stats_summary *out) {
+    const ds_metrics *m = &s->m;
+    *out = (ds_stats_summary){.outputs = m->samples,
+                              .tokens = m->tokens,
+                              .rounds = m->rounds,
+                              .acceptance_length = ds_metrics_tau(m),
+                              .verify_rate = ds_metrics_verify_rate(m),
+                              .proposed_per_round = m->rounds ? (double)m->proposal_sum / m->rounds : 0,
+                              .total_s = m->total_s,
+                              .prefill_s = m->prefill_s,
+                              .draft_s = m->draft_s,
+                              .verify_s = m->verify_s};
+}
+
+double ds_stats_accept_rate_at(const ds_stats *s, int k) { return ds_metrics_accept_rate_at(&s->m, k); }

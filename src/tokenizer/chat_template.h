@@ -49,10 +49,7 @@
 
 #include "dspark.h"
 
-typedef struct {
-    const char *role;    /* "system", "user" or "assistant" */
-    const char *content; /* UTF-8, NUL-terminated */
-} ds_chat_message;
+/* ds_chat_message (a role and its content) is public: include/dspark.h. */
 
 typedef enum { DS_CHAT_UNKNOWN, DS_CHAT_CHATML_QWEN3, DS_CHAT_GEMMA3, DS_CHAT_GEMMA4 } ds_chat_family;
 
