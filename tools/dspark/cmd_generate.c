@@ -1,5 +1,7 @@
 /* dspark generate: text (or ids) in, continuation out, streamed as it is
- * committed; speculative with a DSpark drafter unless --no-draft. */
+ * committed; speculative with a DSpark drafter unless --no-draft. The
+ * engine is the public one of include/dspark.h; this file is flags, prompt
+ * files and printing. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <math.h>
@@ -9,12 +11,9 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "draft/drafter.h"
+#include "dspark.h"
 #include "io/checkpoint.h"
 #include "io/prompt_file.h"
-#include "speculate/generate.h"
-#include "speculate/metrics.h"
-#include "tokenizer/chat_template.h"
 
 typedef struct {
     const char *model, *drafter, *prompt, *prompt_file, *tokenizer;
@@ -22,7 +21,7 @@ typedef struct {
     bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
     bool cuda; /* --backend cuda */
-    ds_gen_params gen;
+    ds_generate_opts gen;
 } options;
 
 static void usage(FILE *f) {
@@ -65,14 +64,14 @@ static int int_arg(const char *s, char **end) {
 /* Each numeric option's range, written so that NaN fails it too (strtof
  * accepts "nan" and "inf", and every comparison with NaN is false). */
 static int check_ranges(const options *o) {
-    const ds_gen_params *g = &o->gen;
+    const ds_generate_opts *g = &o->gen;
     char bad[160] = "";
     if (!(g->max_new >= 0)) snprintf(bad, sizeof bad, "-n must be >= 0, got %d", g->max_new);
-    else if (!(g->sampling.temperature >= 0 && isfinite(g->sampling.temperature)))
-        snprintf(bad, sizeof bad, "--temp must be a finite number >= 0, got %g", g->sampling.temperature);
-    else if (!(g->sampling.top_k >= 0)) snprintf(bad, sizeof bad, "--top-k must be >= 0, got %d", g->sampling.top_k);
-    else if (!(g->sampling.top_p > 0 && g->sampling.top_p <= 1))
-        snprintf(bad, sizeof bad, "--top-p must be in (0, 1], got %g", g->sampling.top_p);
+    else if (!(g->temperature >= 0 && isfinite(g->temperature)))
+        snprintf(bad, sizeof bad, "--temp must be a finite number >= 0, got %g", g->temperature);
+    else if (!(g->top_k >= 0)) snprintf(bad, sizeof bad, "--top-k must be >= 0, got %d", g->top_k);
+    else if (!(g->top_p > 0 && g->top_p <= 1))
+        snprintf(bad, sizeof bad, "--top-p must be in (0, 1], got %g", g->top_p);
     else if (!(g->threshold >= 0 && g->threshold <= 1))
         snprintf(bad, sizeof bad, "--threshold must be in [0, 1], got %g", g->threshold);
     else if (o->gamma_given && !(g->gamma >= 1))
@@ -99,7 +98,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"chat", no_argument, 0, O_CHAT}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
-    o->gen.sampling.top_p = 1.0f;
+    o->gen.top_p = 1.0f;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = cpus > 0 ? (int)cpus : 1;
     optind = 1;
@@ -121,9 +120,9 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'n': NUM(o->gen.max_new, int_arg(optarg, &end), "-n"); break;
         case O_NO_DRAFT: o->no_draft = true; break;
         case O_PROMPT_FILE: o->prompt_file = optarg; break;
-        case O_TEMP: NUM(o->gen.sampling.temperature, strtof(optarg, &end), "--temp"); break;
-        case O_TOP_K: NUM(o->gen.sampling.top_k, int_arg(optarg, &end), "--top-k"); break;
-        case O_TOP_P: NUM(o->gen.sampling.top_p, strtof(optarg, &end), "--top-p"); break;
+        case O_TEMP: NUM(o->gen.temperature, strtof(optarg, &end), "--temp"); break;
+        case O_TOP_K: NUM(o->gen.top_k, int_arg(optarg, &end), "--top-k"); break;
+        case O_TOP_P: NUM(o->gen.top_p, strtof(optarg, &end), "--top-p"); break;
         case O_SEED: NUM(o->gen.seed, strtoull(optarg, &end, 10), "--seed"); break;
         case O_THRESHOLD: NUM(o->gen.threshold, strtof(optarg, &end), "--threshold"); break;
         case O_GAMMA:
@@ -132,7 +131,7 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case O_THREADS: NUM(o->threads, int_arg(optarg, &end), "--threads"); break;
         case O_JSON: o->json = true; break;
-        case O_IGNORE_EOS: o->gen.ignore_stop = true; break;
+        case O_IGNORE_EOS: o->gen.ignore_eos = true; break;
         case O_CHAT: o->chat = true; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_BACKEND:
@@ -191,10 +190,11 @@ static cJSON *int_array(const int *v, int n) {
 }
 
 /* The drafted fields a prompt's line and the summary both end with. */
-static void add_draft_fields(cJSON *o, const ds_metrics *m, double draft_s, double verify_s) {
+static void add_draft_fields(cJSON *o, const ds_stats *st, double draft_s, double verify_s) {
     cJSON *pp = cJSON_AddArrayToObject(o, "per_position_acceptance");
-    for (int k = 0; k < DS_MAX_GAMMA && m->proposals_at[k]; k++)
-        cJSON_AddItemToArray(pp, cJSON_CreateNumber(ds_metrics_accept_rate_at(m, k)));
+    double rate;
+    for (int k = 0; (rate = ds_stats_accept_rate_at(st, k)) >= 0; k++)
+        cJSON_AddItemToArray(pp, cJSON_CreateNumber(rate));
     cJSON_AddNumberToObject(o, "draft_time_s", draft_s);
     cJSON_AddNumberToObject(o, "verify_time_s", verify_s);
 }
@@ -207,7 +207,10 @@ static void put_json_line(cJSON *o) {
     cJSON_Delete(o);
 }
 
-static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, const ds_gen_result *r, bool drafted) {
+static ds_error *print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, const ds_output *r,
+                            bool drafted) {
+    ds_stats *one = NULL;
+    if (drafted) DS_TRY(ds_stats_new(&one));
     cJSON *o = cJSON_CreateObject();
     if (id) cJSON_AddItemToObject(o, "id", cJSON_Duplicate(id, 1));
     cJSON_AddNumberToObject(o, "prompt_tokens", n_prompt);
@@ -222,99 +225,81 @@ static void print_json(const ds_tokenizer *tok, const cJSON *id, int n_prompt, c
         free(text);
     }
     cJSON_AddBoolToObject(o, "stopped", r->stopped);
-    cJSON_AddStringToObject(o, "stop_reason", ds_stop_reason_name(r->stop_reason));
+    cJSON_AddStringToObject(o, "stop_reason", ds_finish_reason_name(r->finish_reason));
     cJSON_AddNumberToObject(o, "time_s", r->total_s);
     cJSON_AddNumberToObject(o, "prefill_time_s", r->prefill_s);
     double decode_s = r->total_s - r->prefill_s;
     cJSON_AddNumberToObject(o, "tokens_per_s", r->total_s > 0 ? r->n_tokens / r->total_s : 0);
     cJSON_AddNumberToObject(o, "decode_tokens_per_s", decode_s > 0 && r->n_tokens > 1 ? (r->n_tokens - 1) / decode_s : 0);
     if (drafted) {
-        ds_metrics m = {0};
-        ds_metrics_add(&m, r);
+        ds_stats_add(one, r);
         cJSON_AddNumberToObject(o, "rounds", r->rounds);
         cJSON_AddItemToObject(o, "accepted", int_array(r->accepted, r->rounds));
         cJSON_AddItemToObject(o, "proposed", int_array(r->proposed, r->rounds));
-        cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(&m));
-        add_draft_fields(o, &m, r->draft_s, r->verify_s);
+        cJSON_AddNumberToObject(o, "acceptance_length", r->acceptance_length);
+        add_draft_fields(o, one, r->draft_s, r->verify_s);
     }
     put_json_line(o);
+    ds_stats_free(one);
+    return NULL;
 }
 
-static void print_summary(const ds_metrics *m, bool drafted) {
+static void print_summary(const ds_stats *st, bool drafted) {
+    ds_stats_summary m;
+    ds_stats_summarize(st, &m);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "summary", drafted ? "speculative" : "autoregressive");
-    cJSON_AddNumberToObject(o, "prompts", m->samples);
-    cJSON_AddNumberToObject(o, "tokens", (double)m->tokens);
-    cJSON_AddNumberToObject(o, "time_s", m->total_s);
-    cJSON_AddNumberToObject(o, "tokens_per_s", m->total_s > 0 ? m->tokens / m->total_s : 0);
+    cJSON_AddNumberToObject(o, "prompts", m.outputs);
+    cJSON_AddNumberToObject(o, "tokens", (double)m.tokens);
+    cJSON_AddNumberToObject(o, "time_s", m.total_s);
+    cJSON_AddNumberToObject(o, "tokens_per_s", m.total_s > 0 ? m.tokens / m.total_s : 0);
     if (drafted) {
-        cJSON_AddNumberToObject(o, "rounds", m->rounds);
-        cJSON_AddNumberToObject(o, "acceptance_length", ds_metrics_tau(m));
-        cJSON_AddNumberToObject(o, "verify_rate", ds_metrics_verify_rate(m));
-        cJSON_AddNumberToObject(o, "draft_tokens_per_proposal", m->rounds ? (double)m->proposal_sum / m->rounds : 0);
-        add_draft_fields(o, m, m->draft_s, m->verify_s);
+        cJSON_AddNumberToObject(o, "rounds", m.rounds);
+        cJSON_AddNumberToObject(o, "acceptance_length", m.acceptance_length);
+        cJSON_AddNumberToObject(o, "verify_rate", m.verify_rate);
+        cJSON_AddNumberToObject(o, "draft_tokens_per_proposal", m.proposed_per_round);
+        add_draft_fields(o, st, m.draft_s, m.verify_s);
     }
     put_json_line(o);
 }
 
 typedef struct {
-    ds_backend *be;
-    ds_target *target;
-    ds_drafter *drafter;
-    ds_tokenizer *tok;
+    ds_engine *engine;
+    ds_engine_info info;
     const char *model_dir;
-    ds_chat_family chat; /* detected on first use */
 } session;
 
 static ds_error *open_session(const options *o, session *s) {
-    char path[4096];
     const char *model = o->model ? o->model : DS_DEFAULT_MODEL_DIR "/pico-qwen3";
     const char *drafter = o->drafter;
     if (!drafter && !o->model) drafter = DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark";
     if (o->no_draft) drafter = NULL;
     s->model_dir = model;
-    DS_TRY(o->cuda ? ds_backend_cuda_new(0, &s->be) : ds_backend_cpu_new(o->threads, &s->be));
-    ds_target_opts topts = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
-    DS_TRY(ds_target_open(s->be, model, &topts, &s->target));
-    if (drafter) DS_TRY(ds_drafter_open(s->be, drafter, s->target, NULL, &s->drafter));
-    if (s->drafter && o->gamma_given && o->gen.gamma > s->drafter->gamma)
-        return ds_errorf("--gamma %d is above the drafter's block size %d (%s/config.json block_size)", o->gen.gamma,
-                         s->drafter->gamma, drafter);
     /* No tokenizer is fine while every prompt is input_ids (a `dspark synth`
      * checkpoint has none): text prompts then fail in need_tokenizer(). */
-    const char *tok = o->tokenizer;
-    if (!tok) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", model);
-        if (!ds_path_exists(path)) return NULL;
-        tok = path;
-    }
-    return ds_tokenizer_load(tok, &s->tok);
+    ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o->cuda ? "cuda" : "cpu",
+                         .threads = o->threads, .tokenizer = o->tokenizer};
+    DS_TRY(ds_engine_open(&eo, &s->engine));
+    ds_engine_get_info(s->engine, &s->info);
+    if (s->info.has_drafter && o->gamma_given && o->gen.gamma > s->info.block_size)
+        return ds_errorf("--gamma %d is above the drafter's block size %d (%s/config.json block_size)", o->gen.gamma,
+                         s->info.block_size, drafter);
+    return NULL;
 }
 
 static ds_error *need_tokenizer(const session *s, const char *what) {
-    if (s->tok) return NULL;
+    if (s->info.has_tokenizer) return NULL;
     return ds_errorf("%s needs a tokenizer, and %s has no tokenizer.json: give --tokenizer PATH (a tokenizer.json or "
                      "a directory holding one), or give the prompt as input_ids in a --prompt-file",
                      what, s->model_dir);
 }
 
-static void close_session(session *s) {
-    ds_tokenizer_free(s->tok);
-    ds_drafter_free(s->drafter);
-    ds_target_free(s->target);
-    if (s->be) s->be->ops->destroy(s->be);
-}
+static void close_session(session *s) { ds_engine_free(s->engine); }
 
-/* Renders a conversation with the model's chat template and encodes it
- * (the templates write any BOS themselves, so no special tokens are added). */
+/* Renders a conversation with the model's chat template and encodes it. */
 static ds_error *chat_ids(session *s, const ds_chat_message *msgs, size_t n, int32_t **ids, size_t *n_ids) {
     DS_TRY(need_tokenizer(s, "a chat prompt"));
-    if (s->chat == DS_CHAT_UNKNOWN) DS_TRY(ds_chat_detect(s->model_dir, &s->chat));
-    char *text;
-    DS_TRY(ds_chat_render(s->chat, msgs, n, true, &text));
-    ds_error *e = ds_tokenizer_encode(s->tok, text, strlen(text), false, ids, n_ids);
-    free(text);
-    return e;
+    return ds_engine_chat_encode(s->engine, msgs, n, ids, n_ids);
 }
 
 /* One prompt: its input_ids, its messages through the chat template, or its
@@ -334,23 +319,24 @@ static ds_error *prompt_ids(const options *o, session *s, const ds_prompt *p, in
         return chat_ids(s, &user, 1, ids, n);
     }
     DS_TRY(need_tokenizer(s, "a text prompt"));
-    return ds_tokenizer_encode(s->tok, p->text, strlen(p->text), false, ids, n);
+    return ds_tokenizer_encode(ds_engine_tokenizer(s->engine), p->text, strlen(p->text), false, ids, n);
 }
 
-static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_metrics *m) {
+static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_stats *m) {
     int32_t *ids;
     size_t n;
     DS_TRY(prompt_ids(o, s, p, &ids, &n));
-    stream_ctx sc = {.detok = s->tok ? ds_detok_new(s->tok, true) : NULL, .stream = !o->json};
-    ds_gen_result r;
-    ds_error *e = ds_generate(s->target, s->drafter, ids, (int)n, &o->gen, on_token, &sc, &r);
-    if (!e && r.stop_reason == DS_STOP_CONTEXT)
+    const ds_tokenizer *tok = ds_engine_tokenizer(s->engine);
+    stream_ctx sc = {.detok = tok ? ds_detok_new(tok, true) : NULL, .stream = !o->json};
+    ds_output r;
+    ds_error *e = ds_engine_generate(s->engine, ids, n, &o->gen, on_token, &sc, &r);
+    if (!e && r.finish_reason == DS_FINISH_CONTEXT)
         fprintf(stderr, "dspark generate: warning: stopped after %d of %d new tokens: the model's context of %d "
                         "tokens is full (%zu prompt tokens)\n",
-                r.n_tokens, o->gen.max_new, s->target->max_ctx, n);
+                r.n_tokens, o->gen.max_new, s->info.context, n);
     if (!e) {
         if (o->json) {
-            print_json(s->tok, p->id, (int)n, &r, s->drafter != NULL);
+            e = print_json(tok, p->id, (int)n, &r, s->info.has_drafter);
         } else {
             const char *tail = "";
             size_t len = 0;
@@ -358,15 +344,11 @@ static ds_error *run_one(const options *o, session *s, const ds_prompt *p, ds_me
             fwrite(tail, 1, len, stdout);
             putchar('\n');
             fprintf(stderr, "[%d tokens, %.1f tok/s", r.n_tokens, r.total_s > 0 ? r.n_tokens / r.total_s : 0.0);
-            if (s->drafter) {
-                ds_metrics one = {0};
-                ds_metrics_add(&one, &r);
-                fprintf(stderr, ", tau %.2f over %d rounds", ds_metrics_tau(&one), r.rounds);
-            }
+            if (s->info.has_drafter) fprintf(stderr, ", tau %.2f over %d rounds", r.acceptance_length, r.rounds);
             fprintf(stderr, "]\n");
         }
-        ds_metrics_add(m, &r);
-        ds_gen_result_free(&r);
+        ds_stats_add(m, &r);
+        ds_output_free(&r);
     }
     if (sc.detok) ds_detok_free(sc.detok);
     free(ids);
@@ -389,7 +371,7 @@ static ds_error *read_prompts(const options *o, ds_prompt_list *list, char **std
     return NULL;
 }
 
-static ds_error *run_all(const options *o, session *s, const ds_prompt_list *list, ds_metrics *m) {
+static ds_error *run_all(const options *o, session *s, const ds_prompt_list *list, ds_stats *m) {
     const char *name = !o->prompt_file ? NULL : strcmp(o->prompt_file, "-") ? o->prompt_file : "<stdin>";
     ds_error *e = NULL;
     for (size_t i = 0; i < list->n && !e; i++) {
@@ -404,14 +386,16 @@ int cmd_generate(int argc, char **argv) {
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
     session s = {0};
-    ds_metrics m = {0};
+    ds_stats *m = NULL;
     ds_prompt_list list = {0};
     char *stdin_text;
     ds_error *e = read_prompts(&o, &list, &stdin_text);
+    if (!e) e = ds_stats_new(&m);
     if (!e) e = open_session(&o, &s);
-    if (!e) e = run_all(&o, &s, &list, &m);
-    if (!e && o.json && o.prompt_file) print_summary(&m, s.drafter != NULL);
+    if (!e) e = run_all(&o, &s, &list, m);
+    if (!e && o.json && o.prompt_file) print_summary(m, s.info.has_drafter);
     close_session(&s);
+    ds_stats_free(m);
     if (!o.prompt_file && list.items) list.items[0].text = NULL; /* -p's text is argv's or stdin_text */
     ds_prompt_list_free(&list);
     free(stdin_text);
