@@ -9,7 +9,7 @@
  * ... in increasing order, each chunk as two k16 steps (hi, then lo), and
  * the warps' partial sums are added in warp order (mma_store_rows). Both
  * kernels follow it exactly, so a row is bit-identical whichever kernel
- * computes it and however many rows share the call (test_cuda_ops). The
+ * computes it and however many rows share the call (test_cuda_matmul). The
  * arithmetic around the products is written with explicitly rounded
  * operations (__fmul_rn, __fsub_rn, ...): the compiler may not fuse a
  * multiply and an add into one FMA in one kernel and not in the other.

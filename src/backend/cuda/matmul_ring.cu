@@ -43,7 +43,7 @@
  * Same sums in the same order as matmul_mma.cu (matmul_mma_frag.cuh): a
  * stage is 512 k, one 32-wide chunk per consumer warp, so warp w takes
  * chunks w, w + 16, ... in order; rows stay bit-identical across kernels
- * and row counts (test_cuda_ops). */
+ * and row counts (test_cuda_matmul). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
