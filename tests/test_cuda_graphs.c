@@ -309,8 +309,8 @@ static void test_drafter_rounds(void) {
         const bool keep = rounds % 3 == 2; /* the corrected logits kept: another recording */
         for (int i = 0; i < 2; i++) {
             dr[i]->keep_logits = keep;
-            CHECK_OK(ds_drafter_round(dr[i], tg[i]->taps, ctx0[i], ctxn[i], last[i], start[i], &greedy, 0, &rng,
-                                      &prop[i]));
+            CHECK_OK(ds_drafter_round(dr[i], tg[i]->taps, ctx0[i], ctxn[i], last[i], start[i], &greedy, 0, false,
+                                      &rng, &prop[i]));
             if (i == 0 && keep) memcpy(keep0, prop[0].logits, (size_t)G * V * sizeof *keep0);
         }
         check_backends("drafter round");

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "io/checkpoint.h"
 #include "model/gemma4_layer.h"
+#include "speculate/round.h"
 #include "target_goldens.h"
 
 #define TINY DS_TESTDATA "/fixtures/gemma4-tiny"
@@ -258,9 +259,10 @@ static void test_verify_greedy_ring(void) {
     CHECK_OK(feed(t, full, 4, 0));
     int pos = 4;
     for (; pos + 3 <= 40 && pos + 3 <= (int)N; pos += 2) {
-        int32_t best[4], block[3] = {full[pos + 1], full[pos + 2], 0};
+        int32_t best[4];
+        ds_proposal prop = {.tokens = {full[pos + 1], full[pos + 2]}};
         int m = 0, acc = 0;
-        CHECK_OK(ds_target_verify_greedy(t, full[pos], block, 2, 0, 2, pos, best, &m, &acc));
+        CHECK_OK(ds_round_verify_greedy(t, full[pos], &prop, 2, 2, pos, best, &m, &acc));
         ds_target_crop(t, pos + 2);
     }
     CHECK_OK(feed(ref, full, pos, 0));
@@ -270,9 +272,10 @@ static void test_verify_greedy_ring(void) {
     be->ops->download(be, ds_rows(ref->logits, 0, 1), b);
     CHECK(!memcmp(a, b, (size_t)V * sizeof *a), "position %d: logits after verify rounds differ from forwards'", pos);
     ds_target_crop(t, pos - 20);
-    int32_t best[4], block[3] = {full[pos - 19], full[pos - 18], 0};
+    int32_t best[4];
+    ds_proposal prop = {.tokens = {full[pos - 19], full[pos - 18]}};
     int m = 0, acc = 0;
-    CHECK_ERR(ds_target_verify_greedy(t, full[pos - 20], block, 2, 0, 2, pos - 20, best, &m, &acc),
+    CHECK_ERR(ds_round_verify_greedy(t, full[pos - 20], &prop, 2, 2, pos - 20, best, &m, &acc),
               "sliding-window cache no longer holds position");
     printf("  verify rounds to position %d, then a forward: logits as forwards'; a rewind of 20 refused\n", pos);
     free(a);

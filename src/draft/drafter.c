@@ -204,7 +204,7 @@ ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n) {
 
 ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
                              ds_rng *rng, ds_proposal *out) {
-    return ds_drafter_round(d, ds_no_tensor(), start, 0, anchor, start, s, threshold, rng, out);
+    return ds_drafter_round(d, ds_no_tensor(), start, 0, anchor, start, s, threshold, false, rng, out);
 }
 
 bool ds_conf_below(float c, float t) { return 1.0f / (1.0f + expf(-c)) < t; }
@@ -236,7 +236,8 @@ float ds_conf_cutoff(float t) {
 }
 
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
-                           const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out) {
+                           const ds_sampling *s, float threshold, bool keep_on_backend, ds_rng *rng,
+                           ds_proposal *out) {
     if (n < 0) n = 0;
     if (n > 0) DS_TRY(check_append(d, pos0, n));
     const int have = n > 0 ? pos0 + n : d->n_ctx;
@@ -253,12 +254,12 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     for (int k = 1; k < G; k++) st->ids[k] = d->mask_id;
     st->n_keys = start + G;
     const bool walk = ds_markov_device_walk(d, s);
-    /* A chained round (d->keep_on_backend): the walked tokens stay on the
+    /* A chained round (keep_on_backend): the walked tokens stay on the
      * backend for the verify, and with a threshold the confidence head and
      * the cut run there too (conf_cut against the fp32 cutoff that decides
      * exactly as the host's sigmoid(c) < t): out = [tokens, n]. */
     const bool cut = d->confidence && threshold > 0;
-    const bool chain = walk && d->keep_on_backend && !d->keep_logits && d->graph_safe && (!cut || threshold <= 1.0f);
+    const bool chain = walk && keep_on_backend && !d->keep_logits && d->graph_safe && (!cut || threshold <= 1.0f);
     if (chain && cut && d->conf_cut_t != threshold) {
         const float c = ds_conf_cutoff(threshold);
         be->ops->upload(be, d->conf_cut, &c);

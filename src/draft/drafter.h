@@ -55,12 +55,6 @@ struct ds_drafter {
     /* Greedy proposals walked on the device leave the corrected logits there;
      * set this to have propose() copy them to the host too (out->logits). */
     bool keep_logits;
-    /* Set by the loop for a greedy round it verifies with
-     * ds_target_verify_greedy: a walk on the backend may then leave the
-     * tokens (and, with a threshold, the proposal length, decided there by
-     * conf_cut) on the backend (ds_proposal.n_kept). conf_logit is then not
-     * filled. */
-    bool keep_on_backend;
     ds_tensor conf_cut;     /* [1, 1]: the fp32 confidence logit below which a proposal is cut (conf_cut_t's) */
     float conf_cut_t;       /* the threshold conf_cut holds the cutoff of (0: none yet) */
     ds_tensor step_in, step_out; /* small Markov/confidence vectors */
@@ -91,7 +85,7 @@ typedef struct {
                                        they are on the backend only (probs_dev; ds_drafter_host_probs) */
     ds_tensor probs_dev;            /* the same on the backend, when it sampled the walk (else data NULL) */
     /* Entries of [tokens[0..gamma), n] the backend kept instead of the host
-     * (d->keep_on_backend): 0 (all on the host), gamma (the tokens: n is
+     * (ds_drafter_round's keep_on_backend): 0 (all on the host), gamma (the tokens: n is
      * gamma) or gamma + 1 (the tokens and n). Kept entries hold 0 here. */
     int n_kept;
 } ds_proposal;
@@ -117,9 +111,14 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
  * then ds_drafter_propose(d, anchor, start, ...), start == pos0 + n. On a
  * backend that records steps the context update, the block forward, the LM
  * head and a greedy walk on the device are one recording per (n, gamma),
- * with one device->host copy (the walked tokens). */
+ * with one device->host copy (the walked tokens). keep_on_backend: for a
+ * greedy round the caller verifies on the backend (speculate/round.h), a
+ * walk there may leave the tokens (and, with a threshold, the proposal
+ * length, decided by conf_cut) on the backend instead (out->n_kept), with
+ * no copy at all; conf_logit is then not filled. */
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
-                           const ds_sampling *s, float threshold, ds_rng *rng, ds_proposal *out);
+                           const ds_sampling *s, float threshold, bool keep_on_backend, ds_rng *rng,
+                           ds_proposal *out);
 
 /* Whether a confidence logit c cuts the proposal at threshold t:
  * sigmoid(c) < t, decided in fp32 as the reference does. */

@@ -44,7 +44,7 @@ struct ds_target {
     const char *placeholder_field[DS_MAX_PLACEHOLDERS];
     /* The reference computes logits in the checkpoint's dtype: with bf16
      * weights they are rounded to bf16 (argmax ties then go to the lowest id,
-     * as torch.argmax does). Greedy agreement and acceptance follow it. */
+     * as torch.argmax does). Greedy decisions follow it. */
     bool logits_bf16;
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
     ds_tensor taps;         /* [max_rows, n_taps*hidden] */
@@ -78,22 +78,16 @@ ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, i
  * (ties to the lowest id): on a backend that records steps, one recording
  * per shape and one device->host copy for the whole step. */
 ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits, int32_t *best);
-/* Greedy verification of a drafted block as one step (SPEC §5 greedy
- * acceptance). block = [draft_0 .. draft_{gamma-1}, n]: the drafter's
- * tokens and its proposal length (ds_proposal). The first n_kept entries
- * of block are not on the host but are the outputs a drafter round left on
- * the backend (backend.h ds_step keep_out / n_ids_prev; ds_proposal.n_kept):
- * block's values there are placeholders. Scores [anchor, draft_0 ..
- * draft_{cap-1}] at pos0.. (cap + 1 rows, cap <= gamma, which rows
- * past the proposal's length do not change: rows are causal and row
- * invariant), takes each row's argmax into best[0..cap] and accepts the
- * longest prefix a < m = min(cap, n) with best[i] == draft_i (backend.h
- * accept_prefix): *n_out = m, *accepted = a; the accepted drafts are
- * best[0..a) and the next token best[a]. On a backend that records steps:
- * one recording per (cap, gamma) and one device->host copy. */
-#define DS_VERIFY_BLOCK_MAX 40 /* gamma + 2 ids a verify step holds, at most (DS_MAX_GAMMA 32) */
-ds_error *ds_target_verify_greedy(ds_target *t, int32_t anchor, const int32_t *block, int gamma, int n_kept, int cap,
-                                  int pos0, int32_t *best, int *n_out, int *accepted);
+/* The least ids, positions and outputs a target's step holds: enough for
+ * a step over gamma + 2 ids (DS_MAX_GAMMA 32), whatever max_rows is. */
+#define DS_TARGET_STEP_MIN 40
+/* A forward's host side, for callers that build a target step themselves:
+ * whether id may be scored (ds_errorf when not); ids as the checkpoint's
+ * wrapper embeds them (placeholders -> pad_id); the config field that makes
+ * id a placeholder, or NULL. */
+ds_error *ds_target_check_id(const ds_target *t, int32_t id);
+void ds_target_embed_ids(const ds_target *t, int32_t *ids, int n);
+const char *ds_target_placeholder_of(const ds_target *t, int32_t id);
 /* Forgets cached positions >= len. */
 void ds_target_crop(ds_target *t, int len);
 bool ds_target_is_stop(const ds_target *t, int32_t id);

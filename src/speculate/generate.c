@@ -6,7 +6,7 @@
 
 #include "sample/draw.h"
 #include "sample/probs.h"
-#include "sample/verify.h"
+#include "speculate/round.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -47,36 +47,11 @@ static int32_t pick(const float *logits, int V, const ds_sampling *s, ds_rng *rn
     return ds_sample_probs(probs, V, rng);
 }
 
-/* Logits of the last forward to the host. The download waits for the
- * backend, so this is also where a failed device op surfaces as an error. */
-static ds_error *fetch_logits(ds_target *t, int rows, float *logits) {
-    t->be->ops->download(t->be, ds_rows(t->logits, 0, rows), logits);
-    return ds_backend_check(t->be);
-}
-
 /* Greedy decisions need only each row's argmax, computed where the logits
  * are (on a GPU only the indices cross to the host). */
 static ds_error *fetch_argmax(ds_target *t, int rows, int32_t *out) {
     t->be->ops->argmax(t->be, ds_rows(t->logits, 0, rows), out);
     return ds_backend_check(t->be);
-}
-
-/* Rejection sampling where the logits are (backend.h verify_sample): the
- * n + 1 uniforms ds_verify would draw, drawn here in its order, go down;
- * the accepted count and the next token come back. With n = 0 it is one
- * draw from row 0's processed distribution (the host's pick()). */
-_Static_assert(DS_MAX_GAMMA <= DS_VERIFY_MAX_DRAFT, "a round's drafts fit a verification");
-static ds_error *verify_on_backend(ds_target *t, const int32_t *draft, int n, ds_tensor draft_probs,
-                                   const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next) {
-    double u[DS_VERIFY_MAX_DRAFT + 1];
-    for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(rng);
-    int32_t res[2];
-    t->be->ops->verify_sample(t->be, ds_rows(t->logits, 0, n + 1), draft, n,
-                              n > 0 ? ds_rows(draft_probs, 0, n) : ds_no_tensor(), s, u, res);
-    DS_TRY(ds_backend_check(t->be));
-    *accepted = res[0];
-    *next = res[1];
-    return NULL;
 }
 
 /* The token after the last forward's last row: its argmax (greedy) or a
@@ -85,8 +60,8 @@ static ds_error *next_token(ds_target *t, const ds_sampling *s, ds_rng *rng, flo
                             int32_t *out) {
     if (ds_sampling_greedy(s)) return fetch_argmax(t, 1, out);
     int unused;
-    if (t->be->ops->verify_sample) return verify_on_backend(t, NULL, 0, ds_no_tensor(), s, rng, &unused, out);
-    DS_TRY(fetch_logits(t, 1, logits));
+    if (t->be->ops->verify_sample) return ds_round_verify_sample(t, NULL, 0, ds_no_tensor(), s, rng, &unused, out);
+    DS_TRY(ds_round_fetch_logits(t, 1, logits));
     *out = pick(logits, t->vocab, s, rng, probs);
     return NULL;
 }
@@ -122,85 +97,33 @@ static ds_error *prefill(ds_target *t, ds_drafter *d, const int32_t *prompt, int
     return NULL;
 }
 
-static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t last, ds_rng *rng, float *logits,
+/* DSpark rounds from the first token on, each committing its tokens as
+ * soon as it ends, until the output or the context is full or a stop token
+ * (speculate/round.c has the round itself). */
+static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t first, ds_rng *rng, float *logits,
                            float *scratch) {
     ds_target *t = em->t;
     const ds_gen_params *p = em->p;
     ds_gen_result *r = em->r;
-    const int V = t->vocab;
-    const int gamma = p->gamma > 0 && p->gamma < d->gamma ? p->gamma : d->gamma;
-    int start = n_prompt;
-    int32_t verify_ids[DS_MAX_GAMMA + 1];
-    /* The accepted rows' taps become drafter context at the start of the
-     * next round, in the same drafter round (one step region on the GPU). */
-    int ctx_pos0 = start, ctx_n = 0;
-    /* Greedy rounds verified by the target's argmax: the drafter may leave
-     * its tokens and proposal length on the backend, where the verify step
-     * reads them (one device->host copy a round, at the verify's end). */
-    const bool greedy = ds_sampling_greedy(&p->sampling) && !p->verify;
+    const ds_round_params rp = {.sampling = p->sampling, .threshold = p->threshold, .gamma = p->gamma,
+                                .ignore_stop = p->ignore_stop, .verify = p->verify, .logits = logits,
+                                .scratch = scratch};
+    /* Greedy rounds verified by the target's argmax keep the drafts on the
+     * backend where its forward runs as a step region. */
+    const bool keep = ds_sampling_greedy(&p->sampling) && !p->verify && t->graph_safe;
+    ds_round_state st = {.anchor = first, .start = n_prompt, .ctx_pos0 = n_prompt, .ctx_n = 0};
     /* start - n_prompt, not n_prompt + max_new: max_new may be INT_MAX. */
-    while (start - n_prompt < p->max_new && !em->done && start < t->max_ctx) {
-        double t0 = now_s();
-        ds_proposal prop;
-        d->keep_on_backend = greedy && t->graph_safe;
-        ds_error *de = ds_drafter_round(d, t->taps, ctx_pos0, ctx_n, last, start, &p->sampling, p->threshold, rng,
-                                        &prop);
-        d->keep_on_backend = false;
-        DS_TRY(de);
-        ctx_n = 0;
-        /* verify rows must fit the context */
-        const int cap = gamma < t->max_ctx - start - 1 ? gamma : t->max_ctx - start - 1;
-        int n = prop.n < cap ? prop.n : cap;
-        double t1 = now_s();
-        verify_ids[0] = last;
-        memcpy(verify_ids + 1, prop.tokens, (size_t)n * sizeof *verify_ids);
-        int32_t next;
-        int a;
-        if (greedy) {
-            /* longest prefix the target's argmax agrees with, then its argmax;
-             * with n on the backend, all cap drafts are scored (rows past n
-             * leave the first n + 1 rows' argmaxes unchanged) */
-            int32_t block[DS_MAX_GAMMA + 1], best[DS_MAX_GAMMA + 1];
-            memcpy(block, prop.tokens, (size_t)d->gamma * sizeof *block);
-            block[d->gamma] = prop.n;
-            DS_TRY(ds_target_verify_greedy(t, last, block, d->gamma, prop.n_kept,
-                                           prop.n_kept > d->gamma ? cap : n, start, best, &n, &a));
-            memcpy(prop.tokens, best, (size_t)a * sizeof *best); /* the accepted drafts (kept ones were not here) */
-            next = best[a];
-        } else if (!p->verify && t->be->ops->verify_sample && prop.probs_dev.data) {
-            DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
-            DS_TRY(verify_on_backend(t, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
-        } else {
-            DS_TRY(ds_drafter_host_probs(d, &prop)); /* a host verifier reads them there */
-            DS_TRY(ds_target_forward(t, verify_ids, n + 1, start, n + 1));
-            DS_TRY(fetch_logits(t, n + 1, logits));
-            a = (p->verify ? p->verify : ds_verify)(logits, V, prop.tokens, n, prop.probs, &p->sampling, rng, scratch,
-                                                    &next);
-        }
-        double t2 = now_s();
-        r->draft_s += t1 - t0;
-        r->verify_s += t2 - t1;
-        int stop_at = -1;
-        for (int i = 0; i < a && stop_at < 0; i++)
-            if (is_stop(em, prop.tokens[i])) stop_at = i;
-        if (stop_at >= 0) { /* cut after the stop token: no bonus, the round counts `accepted` */
-            a = stop_at + 1;
-            DS_TRY(record_round(r, a, a, a));
-            for (int i = 0; i < a; i++) emit(em, prop.tokens[i]);
-            break;
-        }
-        DS_TRY(record_round(r, a, n, a + 1));
-        for (int i = 0; i < a; i++) emit(em, prop.tokens[i]);
-        emit(em, next);
-        ds_target_crop(t, start + a + 1);
-        /* The anchor's and the accepted drafts' taps become context rows. */
-        ctx_pos0 = start;
-        ctx_n = a + 1;
-        start += a + 1;
-        last = next;
-        if (is_stop(em, next)) break;
+    while (st.start - n_prompt < p->max_new && !em->done && st.start < t->max_ctx) {
+        ds_round_result rr;
+        DS_TRY(ds_round(t, d, &rp, keep, rng, &st, &rr));
+        r->draft_s += rr.draft_s;
+        r->verify_s += rr.verify_s;
+        DS_TRY(record_round(r, rr.accepted, rr.proposed, rr.n_tokens));
+        for (int i = 0; i < rr.n_tokens; i++) emit(em, rr.tokens[i]);
+        if (rr.stop_draft || is_stop(em, st.anchor)) break;
     }
-    return ds_drafter_append(d, t->taps, ctx_pos0, ctx_n);
+    /* The last round's rows: the drafter's context matches the target's. */
+    return ds_drafter_append(d, t->taps, st.ctx_pos0, st.ctx_n);
 }
 
 static ds_error *autoregress(emitter *em, int n_prompt, int32_t last, ds_rng *rng, float *logits, float *probs) {

@@ -23,6 +23,7 @@
 #include "io/checkpoint.h"
 #include "speculate/generate.h"
 #include "speculate/metrics.h"
+#include "speculate/round.h"
 
 /* What reports before the measured floor divided by on every GPU (an H200's
  * practical figure; on an H100, which copies 3.03 TB/s, it put a step at 93 %
@@ -187,27 +188,24 @@ static ds_error *timed_forward(bench_state *b, const int32_t *ids, int n, int po
 
 /* One timed drafter round with n context rows (the taps of n rows after
  * the prompt, left by a forward), synchronized: the drafter's round alone,
- * or (loop) as the greedy generation loop runs it (speculate/generate.c): the
+ * or (loop) the greedy round as the generation loop runs it (ds_round): the
  * drafted tokens kept on the backend, then the verify of γ+1 rows with the
  * acceptance there, one wait and one copy for both. */
 static ds_error *context_round(bench_state *b, int P, int n, bool loop, ds_rng *rng, double *secs) {
     ds_drafter *d = b->d;
     ds_target *t = b->t;
-    const int G = d->gamma;
     const int32_t anchor = b->prompt[P + n];
     const ds_sampling greedy = {.top_p = 1.0f};
-    ds_proposal prop;
     const double t0 = now_s();
-    d->keep_on_backend = loop;
-    ds_error *e = ds_drafter_round(d, t->taps, P, n, anchor, P + n, &greedy, 0, rng, &prop);
-    d->keep_on_backend = false;
-    if (!e && loop) {
-        int32_t block[DS_MAX_GAMMA + 1], best[DS_MAX_GAMMA + 1];
-        int m, acc;
-        memcpy(block, prop.tokens, (size_t)G * sizeof *block);
-        block[G] = prop.n;
-        e = ds_target_verify_greedy(t, anchor, block, G, prop.n_kept, prop.n_kept > G ? G : prop.n, P + n, best, &m,
-                                    &acc);
+    ds_error *e;
+    if (loop) {
+        const ds_round_params rp = {.sampling = greedy, .ignore_stop = true};
+        ds_round_state st = {.anchor = anchor, .start = P + n, .ctx_pos0 = P, .ctx_n = n};
+        ds_round_result rr;
+        e = ds_round(t, d, &rp, true, rng, &st, &rr);
+    } else {
+        ds_proposal prop;
+        e = ds_drafter_round(d, t->taps, P, n, anchor, P + n, &greedy, 0, false, rng, &prop);
     }
     if (!e) e = ds_backend_check(b->be);
     *secs = now_s() - t0;
