@@ -43,7 +43,7 @@ void ds_round_bf16_n(float *x, size_t n);
  * GEMM instead of two. Where a norm comes first the rounded value is
  * bf16((x / rms) * w) on both backends, with 1 / rms taken in one order on
  * every path (rounding bf16(x * w) and scaling the sums by 1 / rms after
- * drifted from the reference: bench/RESULTS.md, session 21). A build
+ * drifted from the reference). A build
  * option, not a setting, so that each build's kernels carry one form. */
 #ifdef DS_X_BF16
 #define DS_X_BF16_ON 1

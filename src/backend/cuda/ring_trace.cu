@@ -13,9 +13,8 @@
  * Why: the kernels of a decode step overlap (programmatic dependent launch)
  * and their blocks start and finish at different times, so per-op times
  * (DS_CUDA_PROFILE) cannot show where HBM idles; this found the norm
- * weight queued behind the weight stream (bench/RESULTS.md, session 6).
- * Off by default; when on, the 8B shape's decode step runs ~13 % slower
- * (5.49 against 4.88 ms), so the times come out a little stretched. */
+ * weight queued behind the weight stream. Off by default; when on, a
+ * decode step runs ~13 % slower, so the times come out a little stretched. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
