@@ -5,7 +5,7 @@
  * generations: a CPU backend with the ops and one without them (the host
  * path: logits downloaded, sample/verify.c) give the same tokens for the
  * same seeds, and so does a custom verifier hook (p->verify). The GPU's
- * ops are checked against these in test_cuda_ops; with DS_BACKEND=cuda the
+ * ops are checked against these in test_cuda_sample; with DS_BACKEND=cuda the
  * generations run on the GPU (its sampling ops against the host path on
  * the same logits: the distributions agree to the last bit or so, so the
  * tokens must be the same barring a uniform within ~1e-12 of a boundary). */
