@@ -207,34 +207,6 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
     return ds_drafter_round(d, ds_no_tensor(), start, 0, anchor, start, s, threshold, false, rng, out);
 }
 
-bool ds_conf_below(float c, float t) { return 1.0f / (1.0f + expf(-c)) < t; }
-
-/* Floats in their order as unsigned keys (NaNs fall outside [-inf, +inf]). */
-static uint32_t fkey(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u >> 31 ? ~u : u | 0x80000000u;
-}
-static float fval(uint32_t k) {
-    const uint32_t u = k >> 31 ? k & 0x7fffffffu : ~k;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-float ds_conf_cutoff(float t) {
-    /* ds_conf_below(., t) holds at -inf (sigmoid 0 < t) and not at +inf
-     * (sigmoid 1 >= t), and never holds again once it has stopped holding
-     * (1 + expf(-c) only falls as c grows): bisect over the floats. */
-    uint32_t lo = fkey(-INFINITY), hi = fkey(INFINITY);
-    while (hi - lo > 1) {
-        const uint32_t mid = lo + (hi - lo) / 2;
-        if (ds_conf_below(fval(mid), t)) lo = mid;
-        else hi = mid;
-    }
-    return fval(hi);
-}
-
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
                            const ds_sampling *s, float threshold, bool keep_on_backend, ds_rng *rng,
                            ds_proposal *out) {
@@ -322,14 +294,7 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     } else {
         ds_markov_chain(d, anchor, s, rng, out);
     }
-    out->n = d->gamma;
-    if (d->confidence && threshold > 0)
-        for (int k = 0; k < d->gamma; k++)
-            /* sigmoid(c) < t, decided in fp32 as the reference does */
-            if (ds_conf_below(out->conf_logit[k], threshold)) {
-                out->n = k;
-                break;
-            }
+    out->n = d->confidence ? ds_conf_keep(out->conf_logit, d->gamma, threshold) : d->gamma;
     return NULL;
 }
 

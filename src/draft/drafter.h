@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "base/rng.h"
+#include "draft/confidence.h"
 #include "io/checkpoint.h"
 #include "model/target.h"
 #include "sample/sampling.h"
@@ -119,13 +120,6 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
                            const ds_sampling *s, float threshold, bool keep_on_backend, ds_rng *rng,
                            ds_proposal *out);
-
-/* Whether a confidence logit c cuts the proposal at threshold t:
- * sigmoid(c) < t, decided in fp32 as the reference does. */
-bool ds_conf_below(float c, float t);
-/* The least fp32 cutoff with: c < cutoff exactly when ds_conf_below(c, t)
- * (0 < t <= 1; NaN never cuts), so a backend decides by one comparison. */
-float ds_conf_cutoff(float t);
 
 /* Makes out->probs available on the host (a download when the walk was
  * sampled on the backend), for a verifier that runs on the host. */
