@@ -25,7 +25,7 @@ rc=$?; t "build rc=$rc"; grep -E "warning|error" "$OUT/build.log" | grep -v "^--
 ctest --test-dir $B -j4 -R 'cuda' --output-on-failure >"$OUT/ctest_cuda.log" 2>&1
 t "GPU tests rc=$?"; grep -E "Test +#|tests passed|FAIL" "$OUT/ctest_cuda.log"
 DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
-  -R '^test_(dspark|dspark_gemma4|qwen3|gemma4|gemma4_unified|markov_heads|stop|sample_ops|pico|lossless_sampling)$' \
+  -R '^test_(dspark|dspark_gemma4|qwen3|gemma4|gemma4_unified|markov_heads|stop|sample_ops|round_ops|engine_api|pico|lossless_sampling)$' \
   >"$OUT/ctest_on_cuda.log" 2>&1
 t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=0|agree" "$OUT/ctest_on_cuda.log"
 if [ -f .devdata/base.tar.xz ]; then
