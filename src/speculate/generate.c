@@ -172,8 +172,8 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
     if (d) d->n_ctx = 0;
     if (!e) e = prefill(t, d, prompt, n_prompt);
     /* A GPU runs the prefill after its calls return: wait for it, or its time
-     * is counted in the first decode step instead (a 512-token prompt on the
-     * H200 added ~43 ms there). The first token's argmax waits for it anyway. */
+     * is counted in the first decode step instead. The first token's argmax
+     * waits for it anyway. */
     if (!e) e = ds_backend_check(t->be);
     if (!e && d && d->be != t->be) e = ds_backend_check(d->be);
     out->prefill_s = now_s() - t0;

@@ -25,10 +25,9 @@
 #include "speculate/metrics.h"
 #include "speculate/round.h"
 
-/* What reports before the measured floor divided by on every GPU (an H200's
- * practical figure; on an H100, which copies 3.03 TB/s, it put a step at 93 %
- * of the card's floor at "65 %"): kept beside the measured floor so that
- * bench/RESULTS.md's earlier percentages stay comparable. */
+/* The bandwidth reports assumed before the floor was measured (one card's
+ * practical figure, wrong for others): kept beside the measured floor so
+ * that earlier percentages in bench/journal stay comparable. */
 #define ASSUMED_HBM_BYTES_PER_S 4.3e12
 #define MAX_TAUS 8
 
@@ -275,8 +274,8 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     /* Plain decoding at batch 1 (greedy, past stop tokens). */
     ds_gen_params gp = {.max_new = o->decode, .sampling = {.top_p = 1.0f}, .seed = o->seed, .ignore_stop = true};
     /* One untimed pass first, as llama-bench warms up: the first decode
-     * steps after loading run ~12 % slower on the H200 (clocks and caches
-     * settling), which is not the steady state a user sees. */
+     * steps after loading run slower (clocks and caches settling), which is
+     * not the steady state a user sees. */
     e = ds_generate(t, NULL, b->prompt, P, &gp, NULL, NULL, &ar);
     ds_gen_result_free(&ar);
     memset(&ar, 0, sizeof ar);
@@ -431,8 +430,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     double run_round_s = 0;
     /* An untimed pass first, as for plain decoding; with CUDA graphs it also
      * records the verify lengths and drafter context sizes the run meets,
-     * which a short timed run would otherwise pay for (pico: 0.57 vs 0.50 ms
-     * per round on the H200). */
+     * which a short timed run would otherwise pay for. */
     e = ds_generate(t, d, b->prompt, P, &gp, NULL, NULL, &sp);
     ds_gen_result_free(&sp);
     memset(&sp, 0, sizeof sp);
@@ -477,7 +475,7 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         const double tl = loop_round[lo] + (x - lo) * (loop_round[hi] - loop_round[lo]);
         cJSON_AddNumberToObject(it, "loop_round_ms", tl * 1e3);
         cJSON_AddNumberToObject(it, "speedup_vs_ar_loop_round", o->tau[i] * ar_tok / tl);
-        /* The same with the drafter's round alone (no context rows), as reported before session 24. */
+        /* The same with the drafter's round alone (no context rows). */
         cJSON_AddNumberToObject(it, "speedup_vs_ar_no_context", o->tau[i] * ar_tok / round_s);
         /* The same with the drafted run's whole round (drafter context append and host work included). */
         if (run_round_s > 0) {
