@@ -27,7 +27,7 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
-            "                       [--tokenizer PATH] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+            "                       [--tokenizer PATH] [--chat] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
             "                       [--threshold C] [--gamma G] [--threads N] [--backend cpu|cuda] [--ignore-eos] [--json]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
