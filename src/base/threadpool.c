@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 /* The claim word packs the job generation (high 24 bits) with the next
  * index (low 40 bits): a late worker that still holds an old generation can
@@ -16,7 +17,11 @@
  * tens to hundreds of microseconds between parallel ops (host-side sampling,
  * the drafter's Markov walk, single-threaded small ops); a worker that fell
  * asleep in such a gap takes a futex wake-up, often longer than the op
- * itself on a VM, and the op then runs at one thread's speed or worse. */
+ * itself on a VM, and the op then runs at one thread's speed or worse.
+ * With more threads than CPUs a spinner takes the CPU from the thread that
+ * holds a claimed chunk, and every op waits out scheduler slices (8
+ * threads on 2 cores: minutes for what takes seconds): then workers sleep
+ * at once. */
 #define SPIN_NS 2000000
 
 typedef struct {
@@ -26,6 +31,7 @@ typedef struct {
 
 struct ds_pool {
     int n_threads;
+    int64_t spin_ns; /* SPIN_NS, or 0 when oversubscribed */
     pthread_t *threads;
     worker_arg *args;
     /* current job, valid while generation == gen */
@@ -82,7 +88,7 @@ static void *worker_main(void *arg) {
             cpu_relax();
             if (++spins % 1024) continue; /* the clock only now and then */
             if (!since) since = now_ns();
-            if (now_ns() - since < SPIN_NS) continue;
+            if (now_ns() - since < p->spin_ns) continue;
             pthread_mutex_lock(&p->mu);
             p->sleepers++;
             while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
@@ -109,6 +115,8 @@ ds_pool *ds_pool_new(int n_threads) {
     ds_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n_threads = n_threads > 0 ? n_threads : 1;
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    p->spin_ns = cpus > 0 && p->n_threads > cpus ? 0 : SPIN_NS;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)p->n_threads, sizeof *p->threads);
