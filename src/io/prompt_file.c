@@ -31,12 +31,6 @@ static ds_error *parse_ids(const cJSON *arr, ds_prompt *p) {
     return NULL;
 }
 
-static char *dup_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
 
 static ds_error *parse_messages(const cJSON *arr, ds_prompt *p) {
     if (!cJSON_IsArray(arr)) return ds_errorf("messages is not a list");
@@ -50,8 +44,8 @@ static ds_error *parse_messages(const cJSON *arr, ds_prompt *p) {
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (!cJSON_IsString(role) || !cJSON_IsString(content))
             return ds_errorf("messages[%zu] needs \"role\" and \"content\" strings", i);
-        p->messages[i].role = dup_str(role->valuestring);
-        p->messages[i].content = dup_str(content->valuestring);
+        p->messages[i].role = strdup(role->valuestring);
+        p->messages[i].content = strdup(content->valuestring);
         if (!p->messages[i].role || !p->messages[i].content) {
             p->n_messages++; /* so ds_prompt_free releases the one that was made */
             return ds_errorf("messages[%zu]: out of memory", i);
@@ -70,7 +64,7 @@ static ds_error *parse_object(const cJSON *obj, ds_prompt *p) {
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(obj, "prompt");
     if (!text) return ds_errorf("line has no \"prompt\" string, \"messages\" or \"input_ids\"");
     if (!cJSON_IsString(text)) return ds_errorf("prompt is not a string");
-    if (!(p->text = dup_str(text->valuestring))) return ds_errorf("prompt: out of memory");
+    if (!(p->text = strdup(text->valuestring))) return ds_errorf("prompt: out of memory");
     p->kind = DS_PROMPT_TEXT;
     return NULL;
 }

@@ -46,14 +46,6 @@ ds_error *ds_chat_detect_template(const char *t, const char *where, ds_chat_fami
     return NULL;
 }
 
-
-static char *dup_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *p = malloc(n);
-    if (p) memcpy(p, s, n);
-    return p;
-}
-
 /* The template text of a JSON file's "chat_template" field: a string, or
  * (tokenizer_config.json of multi-template models) a list of
  * {"name", "template"} of which transformers uses "default" when no tools
@@ -79,7 +71,7 @@ static ds_error *template_from_json(const char *path, char **text) {
     } else if (ct && !cJSON_IsNull(ct)) {
         e = ds_errorf("%s: chat_template is neither a string nor a list of named templates", path);
     }
-    if (!e && s && !(*text = dup_str(s))) e = ds_errorf("%s: out of memory", path);
+    if (!e && s && !(*text = strdup(s))) e = ds_errorf("%s: out of memory", path);
     cJSON_Delete(root);
     return e;
 }
