@@ -111,7 +111,7 @@ static void cpu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *p
     }
 }
 
-void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) {
+static void cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b) {
     for (int64_t r = 0; r < out.rows; r++) {
         float *o = (float *)out.data + r * out.stride;
         const float *x = (const float *)a.data + r * a.stride, *y = (const float *)b.data + r * b.stride;
@@ -257,7 +257,7 @@ static const ds_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .attention = ds_cpu_attention,
-    .add = ds_cpu_add,
+    .add = cpu_add,
     .scale = cpu_scale,
     .swiglu = ds_cpu_swiglu,
     .geglu_tanh = cpu_geglu_tanh,

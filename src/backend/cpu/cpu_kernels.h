@@ -67,7 +67,7 @@ ds_error *ds_cpu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth 
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 /* Every matmul runs the row-invariant panel kernels (cpu_matmul.c); wider
  * calls (prefill) go in slabs of this many input rows. */
-#define DS_CPU_NARROW_M 32
+#define DS_CPU_SLAB_ROWS 32
 /* What a panel matmul call does with its results. */
 typedef enum {
     DS_EPI_STORE,    /* outs[i] = x ws[i]^T (+ biases[i]), n <= 3 */
@@ -83,7 +83,6 @@ void ds_cpu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor 
 void ds_cpu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor x, const ds_tensor *ws,
                          const ds_tensor *biases);
 void ds_cpu_swiglu(ds_backend *be, ds_tensor out, ds_tensor gate, ds_tensor up);
-void ds_cpu_add(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);
 void ds_cpu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
 void ds_cpu_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);

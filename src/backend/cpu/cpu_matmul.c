@@ -11,7 +11,7 @@
  * the order is fixed by this code, not by a BLAS library's blocking, the
  * CPU's kernel choice or the thread count. The extra rows of a call reuse
  * each weight load instead of re-reading it; wide calls go in slabs of
- * DS_CPU_NARROW_M rows, each panel staying in L1 across a slab's rows. */
+ * DS_CPU_SLAB_ROWS rows, each panel staying in L1 across a slab's rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,7 +278,7 @@ void ds_cpu_linear_panels(ds_backend *be, int n, const ds_tensor *outs, ds_tenso
     if (!x_bf16(be, "linear", &x, ws[0], &xr)) return; /* (the weights of one call share a dtype) */
     ds_pool *pool = ds_cpu_pool(be);
     panel_job j = {.be = be, .n = n, .epi = epi};
-    const int64_t slab = x.rows < DS_CPU_NARROW_M ? x.rows : DS_CPU_NARROW_M;
+    const int64_t slab = x.rows < DS_CPU_SLAB_ROWS ? x.rows : DS_CPU_SLAB_ROWS;
     int64_t groups = 0, macs = 0;
     for (int i = 0; i < n; i++) {
         panel_part *pt = &j.part[i];
