@@ -30,10 +30,6 @@ static ds_target *target;
 static pico_prompt prompts[PICO_MAX_PROMPTS];
 static int n_prompts;
 
-#define fnv pinned_fnv
-#define FNV_START PINNED_FNV_START
-#define check_hash pinned_check_hash
-
 static int env_threads(void) {
     const char *s = getenv("DS_TEST_THREADS");
     return s && atoi(s) > 0 ? atoi(s) : 2;
@@ -74,7 +70,7 @@ static void test_prefill_equals_steps(void) {
     ds_target_crop(target, 0);
     CHECK_OK(ds_target_forward(target, p->ids, n, 0, 1));
     CHECK_OK(last_logits(a));
-    check_hash("prefill40_last_logits", fnv(FNV_START, a, (size_t)target->vocab * sizeof *a));
+    pinned_check_hash("prefill40_last_logits", pinned_fnv(PINNED_FNV_START, a, (size_t)target->vocab * sizeof *a));
     ds_target_crop(target, 0);
     for (int k = 0; k < n; k++) CHECK_OK(ds_target_forward(target, p->ids + k, 1, k, 1));
     CHECK_OK(last_logits(b));
@@ -92,17 +88,17 @@ static void test_decode_logits(void) {
     float *l = malloc((size_t)target->vocab * sizeof *l);
     ds_target_crop(target, 0);
     CHECK_OK(ds_target_forward(target, p->ids, p->n_ids, 0, 1));
-    uint64_t h = FNV_START;
+    uint64_t h = PINNED_FNV_START;
     int pos = p->n_ids;
     for (int s = 0; s <= STEPS; s++) {
         CHECK_OK(last_logits(l));
-        h = fnv(h, l, (size_t)target->vocab * sizeof *l);
+        h = pinned_fnv(h, l, (size_t)target->vocab * sizeof *l);
         int32_t best = 0;
         for (int i = 1; i < target->vocab; i++)
             if (l[i] > l[best]) best = i;
         if (s < STEPS) CHECK_OK(ds_target_forward(target, &best, 1, pos++, 1));
     }
-    check_hash("decode16_logits", h);
+    pinned_check_hash("decode16_logits", h);
     free(l);
 }
 
@@ -117,17 +113,17 @@ static bool quick(const char *what) {
 static void test_ar_greedy_outputs(void) {
     if (quick("ar_greedy_32x128")) return;
     target->logits_bf16 = true; /* generation as the engine runs it */
-    uint64_t all = FNV_START;
+    uint64_t all = PINNED_FNV_START;
     for (int i = 0; i < n_prompts; i++) {
         ds_gen_params gp = {.max_new = NEW_TOKENS};
         ds_gen_result r;
         CHECK_OK(ds_generate(target, NULL, prompts[i].ids, prompts[i].n_ids, &gp, NULL, NULL, &r));
-        all = fnv(all, &r.n_tokens, sizeof r.n_tokens);
-        all = fnv(all, r.tokens, (size_t)r.n_tokens * sizeof *r.tokens);
+        all = pinned_fnv(all, &r.n_tokens, sizeof r.n_tokens);
+        all = pinned_fnv(all, r.tokens, (size_t)r.n_tokens * sizeof *r.tokens);
         ds_gen_result_free(&r);
     }
     target->logits_bf16 = false;
-    check_hash("ar_greedy_32x128", all);
+    pinned_check_hash("ar_greedy_32x128", all);
 }
 
 static void test_drafted_greedy_rounds(void) {
@@ -135,7 +131,7 @@ static void test_drafted_greedy_rounds(void) {
     target->logits_bf16 = true;
     ds_drafter *d;
     CHECK_OK(ds_drafter_open(be, DS_MODELS "/pico-qwen3-dspark", target, NULL, &d));
-    uint64_t all = FNV_START;
+    uint64_t all = PINNED_FNV_START;
     long rounds = 0;
     for (int i = 0; i < 8; i++) {
         ds_gen_params gp = {.max_new = 64};
@@ -146,15 +142,15 @@ static void test_drafted_greedy_rounds(void) {
             ds_error_free(e);
             break;
         }
-        all = fnv(all, r.tokens, (size_t)r.n_tokens * sizeof *r.tokens);
-        all = fnv(all, r.accept_len, (size_t)r.rounds * sizeof *r.accept_len);
+        all = pinned_fnv(all, r.tokens, (size_t)r.n_tokens * sizeof *r.tokens);
+        all = pinned_fnv(all, r.accept_len, (size_t)r.rounds * sizeof *r.accept_len);
         rounds += r.rounds;
         ds_gen_result_free(&r);
     }
     printf("  8 prompts x 64 tokens drafted in %ld rounds\n", rounds);
     ds_drafter_free(d);
     target->logits_bf16 = false;
-    check_hash("drafted_greedy_8x64", all);
+    pinned_check_hash("drafted_greedy_8x64", all);
 }
 
 static void teardown(void) {
