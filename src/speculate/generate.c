@@ -2,17 +2,11 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
 #include "speculate/round.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     ds_target *t;
@@ -167,7 +161,7 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
     ds_rng_seed(&rng, p->seed);
     emitter em = {.t = t, .p = p, .on_token = on_token, .user = user, .r = out, .max_tokens = max_tokens,
                   .done = p->max_new == 0};
-    double t0 = now_s();
+    double t0 = ds_now_s();
     ds_target_crop(t, 0);
     if (d) d->n_ctx = 0;
     if (!e) e = prefill(t, d, prompt, n_prompt);
@@ -176,7 +170,7 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
      * waits for it anyway. */
     if (!e) e = ds_backend_check(t->be);
     if (!e && d && d->be != t->be) e = ds_backend_check(d->be);
-    out->prefill_s = now_s() - t0;
+    out->prefill_s = ds_now_s() - t0;
     int32_t first = 0;
     if (!e && !em.done) e = next_token(t, &p->sampling, &rng, logits, scratch, &first);
     if (!e && !em.done) {
@@ -186,7 +180,7 @@ ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_
             else e = autoregress(&em, n_prompt, first, &rng, logits, scratch);
         }
     }
-    out->total_s = now_s() - t0;
+    out->total_s = ds_now_s() - t0;
     /* Neither a stop token, the caller nor max_new ended it: every loop
      * also ends where the context does. */
     out->stop_reason = out->stopped ? DS_STOP_TOKEN

@@ -1,13 +1,8 @@
 #include "speculate/round.h"
 
 #include <string.h>
-#include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 ds_error *ds_round_fetch_logits(ds_target *t, int rows, float *logits) {
     t->be->ops->download(t->be, ds_rows(t->logits, 0, rows), logits);
@@ -113,7 +108,7 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
     memset(out, 0, sizeof *out);
 
     /* Draft: the pending context rows, then a block after the anchor. */
-    const double t0 = now_s();
+    const double t0 = ds_now_s();
     ds_proposal prop;
     DS_TRY(ds_drafter_round(d, t->taps, st->ctx_pos0, st->ctx_n, st->anchor, st->start, &p->sampling, p->threshold,
                             keep_on_backend, rng, &prop));
@@ -124,7 +119,7 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
     const int cap = gamma < t->max_ctx - st->start - 1 ? gamma : t->max_ctx - st->start - 1;
     int n = prop.n < cap ? prop.n : cap, a;
     int32_t next;
-    const double t1 = now_s();
+    const double t1 = ds_now_s();
     if (greedy) {
         /* With the proposal length on the backend, all cap drafts are
          * scored (rows past it leave the first rows' argmaxes unchanged). */
@@ -148,7 +143,7 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
         }
     }
     out->draft_s = t1 - t0;
-    out->verify_s = now_s() - t1;
+    out->verify_s = ds_now_s() - t1;
 
     /* A stop token among the accepted drafts ends the output after it: no
      * target token, and nothing more to commit. */

@@ -177,11 +177,11 @@ typedef struct {
 static double last_enqueue_s; /* host time of the last timed forward's calls, before the wait */
 
 static ds_error *timed_forward(bench_state *b, const int32_t *ids, int n, int pos0, int n_logits, double *secs) {
-    double t0 = now_s();
+    double t0 = ds_now_s();
     DS_TRY(ds_target_forward(b->t, ids, n, pos0, n_logits));
-    last_enqueue_s = now_s() - t0;
+    last_enqueue_s = ds_now_s() - t0;
     DS_TRY(ds_backend_check(b->be));
-    *secs = now_s() - t0;
+    *secs = ds_now_s() - t0;
     return NULL;
 }
 
@@ -195,7 +195,7 @@ static ds_error *context_round(bench_state *b, int P, int n, bool loop, ds_rng *
     ds_target *t = b->t;
     const int32_t anchor = b->prompt[P + n];
     const ds_sampling greedy = {.top_p = 1.0f};
-    const double t0 = now_s();
+    const double t0 = ds_now_s();
     ds_error *e;
     if (loop) {
         const ds_round_params rp = {.sampling = greedy, .ignore_stop = true};
@@ -207,7 +207,7 @@ static ds_error *context_round(bench_state *b, int P, int n, bool loop, ds_rng *
         e = ds_drafter_round(d, t->taps, P, n, anchor, P + n, &greedy, 0, false, rng, &prop);
     }
     if (!e) e = ds_backend_check(b->be);
-    *secs = now_s() - t0;
+    *secs = ds_now_s() - t0;
     return e;
 }
 
@@ -295,33 +295,33 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
         if (!e) e = ds_backend_check(b->be); /* the prompt's forward done before the clock starts */
         int32_t tok = b->prompt[P - 1];
         const int n = o->decode > 1 ? o->decode : 2;
-        double t0 = now_s();
+        double t0 = ds_now_s();
         for (int i = 0; i < n && !e; i++) {
             e = ds_target_forward_argmax(t, &tok, 1, P + i, 1, &tok); /* one step region (graph) on the GPU */
             if (!e) e = ds_backend_check(b->be);
         }
-        bare_tok = (now_s() - t0) / n;
+        bare_tok = (ds_now_s() - t0) / n;
         if (e) goto done;
         if (getenv("DS_BENCH_DIAG")) { /* where a decode step's time goes (diagnostics) */
-            double ta = now_s();
+            double ta = ds_now_s();
             for (int i = 0; i < n && !e; i++) {
                 e = ds_target_forward(t, &tok, 1, P + i, 1);
                 if (!e) e = ds_backend_check(b->be);
             }
-            double tb = now_s();
+            double tb = ds_now_s();
             for (int i = 0; i < n && !e; i++) {
                 e = ds_target_forward(t, &tok, 1, P, 1);
                 if (!e) e = ds_backend_check(b->be);
             }
-            double tc = now_s();
+            double tc = ds_now_s();
             for (int i = 0; i < n && !e; i++) {
                 e = ds_target_forward(t, &tok, 1, P, 1);
                 if (!e) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, 1), &tok);
             }
-            double td = now_s();
+            double td = ds_now_s();
             for (int i = 0; i < n && !e; i++) e = ds_target_forward(t, &tok, 1, P + i, 1);
             if (!e) e = ds_backend_check(b->be);
-            double te = now_s();
+            double te = ds_now_s();
             fprintf(stderr, "diag: forward+check at growing positions %.3f ms; at a fixed position %.3f ms; "
                             "fixed position + argmax %.3f ms; growing, no waits at all %.3f ms\n",
                     (tb - ta) / n * 1e3, (tc - tb) / n * 1e3, (td - tc) / n * 1e3, (te - td) / n * 1e3);
@@ -385,10 +385,10 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     ds_proposal prop;
     if (!e) e = ds_drafter_propose(d, b->prompt[P], P, &greedy, 0, &rng, &prop);
     for (int r = 0; r < R && !e; r++) {
-        double t0 = now_s();
+        double t0 = ds_now_s();
         e = ds_drafter_propose(d, b->prompt[P], P, &greedy, 0, &rng, &prop);
         if (!e) e = ds_backend_check(b->be);
-        tm[r] = now_s() - t0;
+        tm[r] = ds_now_s() - t0;
     }
     if (e) goto done;
     const double draft = median(tm, R), round_s = draft + verify_full;

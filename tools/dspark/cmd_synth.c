@@ -637,14 +637,14 @@ int cmd_synth(int argc, char **argv) {
     fill_ctx fc = {.seed = seed, .pool = pool};
     write_opts w = {.fc = &fc, .shard_bytes = (size_t)shard, .weights = !config_only, .unified = unified, .l = l};
     size_t tb = 0, db = 0;
-    double t0 = now_s();
+    double t0 = ds_now_s();
     ds_error *e = write_target(p, out, &w, &tb);
-    double t1 = now_s();
+    double t1 = ds_now_s();
     if (!e && drafter) {
         fc.seed = seed ^ 0x5bd1e995ull; /* the drafter's own stream */
         e = write_drafter(p, ddir, &w, &db);
     }
-    double t2 = now_s();
+    double t2 = ds_now_s();
     free(l);
     ds_pool_free(pool);
     if (e) {

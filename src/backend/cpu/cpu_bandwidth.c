@@ -7,9 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "base/clock.h"
 
 /* Each pool task reads one chunk: large enough that claiming it costs
  * nothing, small enough that two threads share the work evenly. */
@@ -23,12 +23,6 @@ typedef struct {
     size_t bytes;
     uint64_t sink[DS_CPU_MAX_THREADS]; /* per-thread sums, stored where the pool's caller sees them: the reads stay */
 } probe;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* 32-byte lanes (the project's vector types, as cpu_matmul.c's): the loop is then bound by the loads. */
 typedef uint64_t v4u __attribute__((vector_size(32)));
@@ -79,9 +73,9 @@ ds_error *ds_cpu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth 
     ds_pool_run(pool, chunks, 1, fill_chunks, &p);
     double best = 0;
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up (threads awake, TLB and page tables settled) */
-        const double t0 = now_s();
+        const double t0 = ds_now_s();
         ds_pool_run(pool, chunks, 1, read_chunks, &p);
-        const double s = now_s() - t0;
+        const double s = ds_now_s() - t0;
         if (r >= 0 && s > 0 && (double)bytes / s > best) best = (double)bytes / s;
     }
     free(p.buf);
