@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "backend/cuda/cuda_config.h"
 #include "base/rng.h"
 
@@ -209,11 +209,11 @@ static void sample_speed(void) {
         double tv = 0, tv8 = 0, tm = 0, tp = 0;
         for (int rep = -1; rep < reps; rep++) { /* one warm-up */
             double t0 = now_s();
-            gpu->ops->verify_sample(gpu, lt, x, (int)G, pd, s, u, out);
+            ds_spec(gpu)->verify_sample(gpu, lt, x, (int)G, pd, s, u, out);
             double t1 = now_s();
-            gpu->ops->markov_sample(gpu, pb, ds_no_tensor(), pd, pw1, pw2, true, 5, s, u, pe, tok);
+            ds_spec(gpu)->markov_sample(gpu, pb, ds_no_tensor(), pd, pw1, pw2, true, 5, s, u, pe, tok);
             double t2 = now_s();
-            gpu->ops->verify_sample(gpu, ds_rows(lt, 0, 9), x, 8, pd, s, u, out);
+            ds_spec(gpu)->verify_sample(gpu, ds_rows(lt, 0, 9), x, 8, pd, s, u, out);
             double t3 = now_s();
             gpu->ops->probs(gpu, pd, ds_rows(lt, 0, G), s);
             check_gpu_ok("sampling speed");

@@ -130,7 +130,7 @@ static void test_markov_greedy(void) {
                 ds_tensor emb = ds_cols(pe.g, 2, r); /* a column window, as the drafter passes it */
                 const int32_t anchor = 1234;
                 int32_t tok[8] = {0}, want_tok[8] = {0};
-                gpu->ops->markov_greedy(gpu, pb.g, pruned ? ds_no_tensor() : po.g, tw1, tw2, pruned ? &bound : NULL,
+                ds_spec(gpu)->markov_greedy(gpu, pb.g, pruned ? ds_no_tensor() : po.g, tw1, tw2, pruned ? &bound : NULL,
                                         bf16, anchor, emb, tok);
                 check_gpu_ok("markov_greedy");
                 host_markov_walk(base, w1, w2, G, V, r, bf16, anchor, want, want_tok);
@@ -211,14 +211,14 @@ static void test_markov_greedy_head(void) {
             int32_t want[8] = {0}, got[8] = {0}, full[8] = {0};
             gpu->ops->linear(gpu, pb.g, px.g, th, ds_no_tensor());
             if (bf16) gpu->ops->round_bf16(gpu, pb.g);
-            gpu->ops->markov_greedy(gpu, pb.g, ds_no_tensor(), tw1, tw2, &bound, bf16, anchor, pe.g, want);
+            ds_spec(gpu)->markov_greedy(gpu, pb.g, ds_no_tensor(), tw1, tw2, &bound, bf16, anchor, pe.g, want);
             ds_region_stats s0, s1;
             gpu->ops->region_stats(gpu, &s0);
-            gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, got);
+            ds_spec(gpu)->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, got);
             check_gpu_ok("markov_greedy_head");
             gpu->ops->region_stats(gpu, &s1);
             cfg->head_bound = false;
-            gpu->ops->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, full);
+            ds_spec(gpu)->markov_greedy_head(gpu, px.g, th, pb.g, bf16, tw1, tw2, &bound, anchor, pe.g, full);
             cfg->head_bound = true;
             check_gpu_ok("markov_greedy_head (full head)");
             int same = 0, same_full = 0;
@@ -286,10 +286,10 @@ static void test_sample_markov(void) {
                 for (int k = 0; k < G; k++) u[k] = ds_rng_uniform(&urng);
                 const int32_t anchor = (int32_t)(V / 3 + si);
                 int32_t tg[8], tc[8];
-                gpu->ops->markov_sample(gpu, pb.g, keep ? po.g : ds_no_tensor(), pp.g, markov ? pw1.g : ds_no_tensor(),
+                ds_spec(gpu)->markov_sample(gpu, pb.g, keep ? po.g : ds_no_tensor(), pp.g, markov ? pw1.g : ds_no_tensor(),
                                         markov ? pw2.g : ds_no_tensor(), bf16, anchor, &s, u,
                                         markov ? ds_cols(pe.g, 2, r) : ds_no_tensor(), tg);
-                cpu->ops->markov_sample(cpu, pb.c, keep ? po.c : ds_no_tensor(), pp.c, markov ? pw1.c : ds_no_tensor(),
+                ds_spec(cpu)->markov_sample(cpu, pb.c, keep ? po.c : ds_no_tensor(), pp.c, markov ? pw1.c : ds_no_tensor(),
                                         markov ? pw2.c : ds_no_tensor(), bf16, anchor, &s, u,
                                         markov ? ds_cols(pe.c, 2, r) : ds_no_tensor(), tc);
                 check_gpu_ok("markov_sample");

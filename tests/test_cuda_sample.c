@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/spec_ops.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
 #include "cuda_vs_cpu.h"
@@ -236,8 +237,8 @@ static void test_sample_verify(void) {
                 pair lt = act(n + 1, V, tl), pd = act(n > 0 ? n : 1, V, n > 0 ? dp : NULL), pt = act(n + 1, V, NULL);
                 const ds_tensor dg = n > 0 ? pd.g : ds_no_tensor(), dc = n > 0 ? pd.c : ds_no_tensor();
                 int32_t g[2], c[2];
-                gpu->ops->verify_sample(gpu, lt.g, x, n, dg, &s, u, g);
-                cpu->ops->verify_sample(cpu, lt.c, x, n, dc, &s, u, c);
+                ds_spec(gpu)->verify_sample(gpu, lt.g, x, n, dg, &s, u, g);
+                ds_spec(cpu)->verify_sample(cpu, lt.c, x, n, dc, &s, u, c);
                 gpu->ops->probs(gpu, pt.g, lt.g, &s); /* for the borderline analysis */
                 cpu->ops->probs(cpu, pt.c, lt.c, &s);
                 check_gpu_ok("verify_sample");
@@ -274,10 +275,10 @@ static void test_sample_verify(void) {
     const ds_sampling greedy = {.temperature = 0.0f, .top_p = 1.0f}, t1 = {.temperature = 1.0f, .top_p = 1.0f};
     const double u[2] = {0.5, 0.5};
     int32_t out[2];
-    gpu->ops->verify_sample(gpu, l.g, NULL, 0, ds_no_tensor(), &greedy, u, out);
+    ds_spec(gpu)->verify_sample(gpu, l.g, NULL, 0, ds_no_tensor(), &greedy, u, out);
     CHECK_ERR(ds_backend_check(gpu), "greedy");
     int32_t many[65] = {0};
-    gpu->ops->verify_sample(gpu, l.g, many, 65, l.g, &t1, u, out);
+    ds_spec(gpu)->verify_sample(gpu, l.g, many, 65, l.g, &t1, u, out);
     CHECK_ERR(ds_backend_check(gpu), "cuda verify_sample");
     release(&l);
 }

@@ -43,7 +43,7 @@ static void check_head(const char *drafter_dir, ds_markov_type want) {
  * position; the drafts are the reference's. The round runs twice: recorded,
  * then replayed where the backend records step regions. */
 static void check_round_trips(const char *drafter_dir, const char *golden) {
-    if (!be->ops->markov_greedy_latent) {
+    if (!ds_spec(be)->markov_greedy_latent) {
         printf("  %s backend: the host walks gated / RNN heads\n", be->ops->name);
         return;
     }

@@ -67,29 +67,31 @@ static void test_conf_cut_op(void) {
     enum { G = 7, W = 5 };
     ds_tensor x, cut;
     CHECK_OK(be->ops->alloc(be, DS_F32, G, W, &x));
-    CHECK_OK(be->ops->alloc(be, DS_F32, 1, 1, &cut));
-    const float t = 0.5f, c = ds_conf_cutoff(t);
-    be->ops->upload(be, cut, &c);
+    /* one cutoff a position (a calibrated drafter's thresholds differ by position) */
+    CHECK_OK(be->ops->alloc(be, DS_F32, G, 1, &cut));
+    float t[G], c[G];
+    for (int r = 0; r < G; r++) c[r] = ds_conf_cutoff(t[r] = 0.3f + 0.07f * (float)r);
+    be->ops->upload(be, cut, c);
     const ds_tensor col = ds_cols(x, 2, 1); /* strided: one column of five */
     float v[G * W];
     for (int trial = 0; trial < 400; trial++) {
         for (int i = 0; i < G * W; i++) v[i] = (float)((int)(rand32() % 2001) - 1000) / 250.0f;
         if (trial % 7 == 3) v[(trial % G) * W + 2] = NAN;
-        if (trial % 5 == 1) v[(trial % G) * W + 2] = nextafterf(c, -INFINITY);
-        if (trial % 5 == 2) v[(trial % G) * W + 2] = c;
+        if (trial % 5 == 1) v[(trial % G) * W + 2] = nextafterf(c[trial % G], -INFINITY);
+        if (trial % 5 == 2) v[(trial % G) * W + 2] = c[trial % G];
         be->ops->upload(be, x, v);
         int want = G;
         for (int r = 0; r < G; r++)
-            if (ds_conf_below(v[r * W + 2], t)) {
+            if (ds_conf_below(v[r * W + 2], t[r])) {
                 want = r;
                 break;
             }
         int32_t got = -1, fb = -1;
-        be->ops->conf_cut(be, col, cut, &got);
+        ds_spec(be)->conf_cut(be, col, cut, &got);
         /* the helper's host version, as for a backend without the op */
         const ds_backend_ops *ops = be->ops;
         ds_backend_ops none = *ops;
-        none.conf_cut = NULL;
+        none.spec = NULL;
         be->ops = &none;
         ds_conf_cut(be, col, cut, &fb);
         be->ops = ops;
@@ -115,7 +117,7 @@ static void test_accept_prefix(void) {
                  {0, 5, 0, 0}, {3, 100, 3, 3}, {4, 4, 4, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int32_t out[2] = {-1, -1}, host[2] = {-1, -1};
-        be->ops->accept_prefix(be, draft, best, cases[i].n, &cases[i].limit, out);
+        ds_spec(be)->accept_prefix(be, draft, best, cases[i].n, &cases[i].limit, out);
         ds_accept_prefix_host(draft, best, cases[i].n, &cases[i].limit, host);
         CHECK(out[0] == cases[i].m && out[1] == cases[i].a && !memcmp(out, host, sizeof out),
               "n %d limit %d: m %d a %d (host helper m %d a %d), want m %d a %d", cases[i].n, cases[i].limit, out[0],
@@ -124,7 +126,7 @@ static void test_accept_prefix(void) {
     const int32_t all[8] = {5, 6, 7, 8, 9, 10, 11, 12};
     int32_t out[2];
     const int lim = 8;
-    be->ops->accept_prefix(be, draft, all, 8, &lim, out);
+    ds_spec(be)->accept_prefix(be, draft, all, 8, &lim, out);
     CHECK(out[0] == 8 && out[1] == 8, "all agree: m %d a %d", out[0], out[1]);
     be->ops->destroy(be);
 }

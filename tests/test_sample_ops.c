@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "base/dtype.h"
 #include "draft/drafter.h"
 #include "sample/draw.h"
@@ -162,7 +162,7 @@ static void test_verify_op(void) {
             double u[NMAX + 1];
             for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(&b);
             int32_t got[2];
-            cpu->ops->verify_sample(cpu, ds_rows(lt, 0, n + 1), draft, n, n ? ds_rows(pt, 0, n) : ds_no_tensor(), &s,
+            ds_spec(cpu)->verify_sample(cpu, ds_rows(lt, 0, n + 1), draft, n, n ? ds_rows(pt, 0, n) : ds_no_tensor(), &s,
                                     u, got);
             differ += got[0] != want_a || got[1] != want_next || ds_rng_next(&a) != ds_rng_next(&b);
             rounds++;
@@ -231,7 +231,7 @@ static void test_markov_sample_op(void) {
             for (int k = 0; k < G; k++) u[k] = ds_rng_uniform(&a);
             int32_t got[8];
             const int32_t anchor = (int32_t)(si * 97 % V);
-            cpu->ops->markov_sample(cpu, base, si % 2 ? out : ds_no_tensor(), probs, w1, w2, bf16, anchor, &s, u, emb,
+            ds_spec(cpu)->markov_sample(cpu, base, si % 2 ? out : ds_no_tensor(), probs, w1, w2, bf16, anchor, &s, u, emb,
                                     got);
             check_cpu_ok("markov_sample");
             int32_t prev = anchor;
@@ -273,7 +273,7 @@ static void test_greedy_refused(void) {
     CHECK_ERR(ds_backend_check(cpu), "greedy");
     const double u = 0.5;
     int32_t out[2];
-    cpu->ops->verify_sample(cpu, l, NULL, 0, ds_no_tensor(), &g, &u, out);
+    ds_spec(cpu)->verify_sample(cpu, l, NULL, 0, ds_no_tensor(), &g, &u, out);
     CHECK_ERR(ds_backend_check(cpu), "greedy");
     cpu->ops->release(cpu, &l);
     cpu->ops->release(cpu, &p);
@@ -290,6 +290,7 @@ typedef struct {
 } models;
 
 static ds_backend_ops host_path_ops; /* the CPU backend's table without the sampling ops */
+static ds_spec_ops host_path_spec;
 
 /* On test_backend_new's backend: the CPU, or the GPU with DS_BACKEND=cuda
  * (where this compares the device's sampling with the host path's). */
@@ -299,8 +300,11 @@ static ds_error *open_models(models *m, bool sampling_ops) {
         host_path_ops = *m->be->ops;
         host_path_ops.probs = NULL;
         host_path_ops.sample = NULL;
-        host_path_ops.verify_sample = NULL;
-        host_path_ops.markov_sample = NULL;
+        host_path_spec = *ds_spec(m->be);
+        host_path_spec.verify_sample = NULL;
+        host_path_spec.markov_sample = NULL;
+        host_path_spec.markov_sample_latent = NULL;
+        host_path_ops.spec = &host_path_spec;
         m->be->ops = &host_path_ops;
     }
     DS_TRY(ds_target_open(m->be, FIX "/target", NULL, &m->t));

@@ -104,7 +104,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
         DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
         /* The bound holds for any vector: the gated / RNN walks prune by it too. */
-        if (d->markov == DS_MARKOV_VANILLA ? be->ops->markov_greedy != NULL : be->ops->markov_greedy_latent != NULL)
+        if (d->markov == DS_MARKOV_VANILLA ? ds_spec(be)->markov_greedy != NULL : ds_spec(be)->markov_greedy_latent != NULL)
             DS_TRY(ds_markov_load_bound(d));
     }
     if (d->markov == DS_MARKOV_GATED) {
@@ -120,14 +120,14 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
                               &d->conf_w));
         DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
     }
-    if (d->confidence) DS_TRY(be->ops->alloc(be, DS_F32, 1, 1, &d->conf_cut));
+    if (d->confidence) DS_TRY(be->ops->alloc(be, DS_F32, d->gamma, 1, &d->conf_cut));
     d->logits_bf16 = d->lm_head.dtype == DS_BF16;
     const int G = d->gamma, wide = 3 * r + H > V ? 3 * r + H : V;
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
     DS_TRY(be->ops->alloc(be, DS_F32, G, H, &d->block_hidden));
     DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->logits));
-    if (be->ops->markov_greedy || be->ops->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->mlogits));
-    if (be->ops->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->probs));
+    if (ds_spec(be)->markov_greedy || ds_spec(be)->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->mlogits));
+    if (ds_spec(be)->markov_sample) DS_TRY(be->ops->alloc(be, DS_F32, G, V, &d->probs));
     DS_TRY(be->ops->alloc(be, DS_F32, G, 2 * r + H + 1, &d->step_in));
     DS_TRY(be->ops->alloc(be, DS_F32, G, wide, &d->step_out));
     d->host_logits = malloc((size_t)G * V * sizeof(float));
@@ -233,8 +233,9 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     const bool cut = d->confidence && threshold > 0;
     const bool chain = walk && keep_on_backend && !d->keep_logits && d->graph_safe && (!cut || threshold <= 1.0f);
     if (chain && cut && d->conf_cut_t != threshold) {
-        const float c = ds_conf_cutoff(threshold);
-        be->ops->upload(be, d->conf_cut, &c);
+        float c[DS_MAX_GAMMA];
+        for (int k = 0; k < G; k++) c[k] = ds_conf_cutoff(threshold); /* one a position, as conf_cut takes */
+        be->ops->upload(be, d->conf_cut, c);
         d->conf_cut_t = threshold;
     }
     st->n_ids = G;

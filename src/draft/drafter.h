@@ -6,7 +6,7 @@
 #ifndef DS_DRAFTER_H
 #define DS_DRAFTER_H
 
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "base/rng.h"
 #include "draft/confidence.h"
 #include "io/checkpoint.h"
@@ -56,7 +56,7 @@ struct ds_drafter {
     /* Greedy proposals walked on the device leave the corrected logits there;
      * set this to have propose() copy them to the host too (out->logits). */
     bool keep_logits;
-    ds_tensor conf_cut;     /* [1, 1]: the fp32 confidence logit below which a proposal is cut (conf_cut_t's) */
+    ds_tensor conf_cut;     /* [gamma, 1]: per position, the fp32 confidence logit below which a proposal is cut (conf_cut_t's) */
     float conf_cut_t;       /* the threshold conf_cut holds the cutoff of (0: none yet) */
     ds_tensor step_in, step_out; /* small Markov/confidence vectors */
     float *host_logits;     /* [gamma, vocab] Markov-corrected logits */

@@ -144,7 +144,7 @@ static const ds_markov_bound *walk_bound(const ds_drafter *d) {
  * they already are. Same operations, same results as the host walk below. */
 bool ds_markov_device_walk(const ds_drafter *d, const ds_sampling *s) {
     if (!ds_sampling_greedy(s) || !d->mlogits.data) return false;
-    return latent_head(d) ? d->be->ops->markov_greedy_latent != NULL : d->be->ops->markov_greedy != NULL;
+    return latent_head(d) ? ds_spec(d->be)->markov_greedy_latent != NULL : ds_spec(d->be)->markov_greedy != NULL;
 }
 
 void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
@@ -155,18 +155,18 @@ void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
     ds_tensor emb = markov ? ds_cols(ds_rows(d->step_in, 0, G), H, r) : ds_no_tensor();
     if (latent_head(d)) {
         const ds_markov_latent lat = head_latent(d);
-        be->ops->markov_greedy_latent(be, &lat, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
+        ds_spec(be)->markov_greedy_latent(be, &lat, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                                       d->markov_w1, d->markov_w2, walk_bound(d), d->logits_bf16, anchor, emb, tokens);
         return;
     }
     /* The corrected logits stay unwritten unless wanted: the walk may then skip rows. */
-    be->ops->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
+    ds_spec(be)->markov_greedy(be, d->logits, d->keep_logits ? d->mlogits : ds_no_tensor(),
                            markov ? d->markov_w1 : ds_no_tensor(), markov ? d->markov_w2 : ds_no_tensor(),
                            markov ? walk_bound(d) : NULL, d->logits_bf16, anchor, emb, tokens);
 }
 
 bool ds_markov_head_walk(const ds_drafter *d) {
-    return d->be->ops->markov_greedy_head && d->markov == DS_MARKOV_VANILLA && !d->keep_logits &&
+    return ds_spec(d->be)->markov_greedy_head && d->markov == DS_MARKOV_VANILLA && !d->keep_logits &&
            !(d->logit_softcap > 0);
 }
 
@@ -174,7 +174,7 @@ void ds_markov_walk_head_queue(ds_drafter *d, int32_t anchor, int32_t *tokens) {
     ds_backend *be = d->be;
     const int G = d->gamma, H = d->hidden, r = d->markov_rank;
     ds_tensor emb = ds_cols(ds_rows(d->step_in, 0, G), H, r);
-    be->ops->markov_greedy_head(be, d->block_hidden, d->lm_head, d->logits, d->logits_bf16, d->markov_w1,
+    ds_spec(be)->markov_greedy_head(be, d->block_hidden, d->lm_head, d->logits, d->logits_bf16, d->markov_w1,
                                 d->markov_w2, &d->markov_bound, anchor, emb, tokens);
 }
 
@@ -208,10 +208,10 @@ static void device_sample_chain(ds_drafter *d, int32_t anchor, const ds_sampling
     const ds_tensor keep = d->keep_logits ? d->mlogits : ds_no_tensor();
     if (latent_head(d)) {
         const ds_markov_latent lat = head_latent(d);
-        be->ops->markov_sample_latent(be, &lat, d->logits, keep, d->probs, d->markov_w1, d->markov_w2, d->logits_bf16,
+        ds_spec(be)->markov_sample_latent(be, &lat, d->logits, keep, d->probs, d->markov_w1, d->markov_w2, d->logits_bf16,
                                       anchor, s, u, emb, out->tokens);
     } else {
-        be->ops->markov_sample(be, d->logits, keep, d->probs, markov ? d->markov_w1 : ds_no_tensor(),
+        ds_spec(be)->markov_sample(be, d->logits, keep, d->probs, markov ? d->markov_w1 : ds_no_tensor(),
                                markov ? d->markov_w2 : ds_no_tensor(), d->logits_bf16, anchor, s, u, emb, out->tokens);
     }
     out->logits = NULL;
@@ -229,7 +229,7 @@ static void device_sample_chain(ds_drafter *d, int32_t anchor, const ds_sampling
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out) {
     ds_backend *be = d->be;
     out->probs_dev = ds_no_tensor();
-    const bool walk_op = latent_head(d) ? be->ops->markov_sample_latent != NULL : be->ops->markov_sample != NULL;
+    const bool walk_op = latent_head(d) ? ds_spec(be)->markov_sample_latent != NULL : ds_spec(be)->markov_sample != NULL;
     if (ds_markov_device_walk(d, s)) {
         ds_markov_walk_queue(d, anchor, out->tokens);
         ds_markov_walk_finish(d, out);

@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "backend/backend.h" /* DS_MARKOV_BOUND_K: 8 directions, measured best per byte on pico */
+#include "backend/spec_ops.h" /* DS_MARKOV_BOUND_K: 8 directions, measured best per byte on pico */
 #include "base/dtype.h"
 #include "base/error.h"
 

@@ -17,7 +17,7 @@ ds_error *ds_round_verify_sample(ds_target *t, const int32_t *draft, int n, ds_t
     double u[DS_VERIFY_MAX_DRAFT + 1];
     for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(rng);
     int32_t res[2];
-    t->be->ops->verify_sample(t->be, ds_rows(t->logits, 0, n + 1), draft, n,
+    ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, 0, n + 1), draft, n,
                               n > 0 ? ds_rows(draft_probs, 0, n) : ds_no_tensor(), s, u, res);
     DS_TRY(ds_backend_check(t->be));
     *accepted = res[0];
@@ -131,7 +131,7 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
         int32_t ids[DS_MAX_GAMMA + 1];
         ids[0] = st->anchor;
         memcpy(ids + 1, prop.tokens, (size_t)n * sizeof *ids);
-        if (!p->verify && t->be->ops->verify_sample && prop.probs_dev.data) {
+        if (!p->verify && ds_spec(t->be)->verify_sample && prop.probs_dev.data) {
             DS_TRY(ds_target_forward(t, ids, n + 1, st->start, n + 1));
             DS_TRY(ds_round_verify_sample(t, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
         } else {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "base/argmax.h"
 #include "base/vmath.h"
@@ -217,10 +217,10 @@ static void cpu_argmax(ds_backend *be, ds_tensor x, int32_t *out) {
 }
 
 static void cpu_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out) {
-    const float c = *(const float *)cut.data;
+    (void)be;
     out[0] = (int32_t)x.rows;
     for (int64_t r = 0; r < x.rows; r++)
-        if (((const float *)x.data)[r * x.stride] < c) {
+        if (((const float *)x.data)[r * x.stride] < ((const float *)cut.data)[r * cut.stride]) {
             out[0] = (int32_t)r;
             break;
         }
@@ -241,6 +241,13 @@ static void cpu_destroy(ds_backend *be) {
     ds_error_free(atomic_load(&cb->err));
     free(cb);
 }
+
+static const ds_spec_ops cpu_spec_ops = {
+    .conf_cut = cpu_conf_cut,
+    .accept_prefix = cpu_accept_prefix,
+    .verify_sample = ds_cpu_verify_sample,
+    .markov_sample = ds_cpu_markov_sample,
+};
 
 static const ds_backend_ops cpu_ops = {
     .name = "cpu",
@@ -272,14 +279,11 @@ static const ds_backend_ops cpu_ops = {
     .rmsnorm_linear_swiglu = ds_cpu_rmsnorm_linear_swiglu,
     .rmsnorm_linear_geglu = ds_cpu_rmsnorm_linear_geglu,
 #endif
-    .conf_cut = cpu_conf_cut,
-    .accept_prefix = cpu_accept_prefix,
     .probs = ds_cpu_probs,
     .sample = ds_cpu_sample,
-    .verify_sample = ds_cpu_verify_sample,
-    .markov_sample = ds_cpu_markov_sample,
     .check = cpu_check,
     .bandwidth = ds_cpu_bandwidth,
+    .spec = &cpu_spec_ops,
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out) {

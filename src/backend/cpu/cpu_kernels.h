@@ -4,7 +4,7 @@
 
 #include <stdatomic.h>
 
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "base/threadpool.h"
 
 /* The CPU backend: the generic part plus its thread pool. */

@@ -1,4 +1,4 @@
-/* The greedy round's two small decisions on the GPU (backend.h conf_cut,
+/* The greedy round's two small decisions on the GPU (spec_ops.h conf_cut,
  * accept_prefix): where the confidence head cuts the proposal, and how
  * many drafts the target's argmaxes accept. Inside a step region both read
  * and write the device step (graphs.cu), so the drafter's walk, the cut,
@@ -8,14 +8,14 @@
  * for its one int; accept_prefix's inputs are on the host already. */
 #include "backend/cuda/cuda_internal.h"
 
-/* out[0] = first r with x[r * stride] < *cut, else rows. One thread: at
- * most DS_MAX_GAMMA rows. */
-__global__ void conf_cut_kernel(const float *x, int64_t stride, int rows, const float *cut, int32_t *out) {
+/* out[0] = first r with x[r * stride] < cut[r * cstride], else rows. One
+ * thread: at most DS_MAX_GAMMA rows. */
+__global__ void conf_cut_kernel(const float *x, int64_t stride, int rows, const float *cut, int64_t cstride,
+                                int32_t *out) {
     ds_cu_grid_wait();
-    const float c = *cut;
     int n = rows;
     for (int r = 0; r < rows; r++)
-        if (x[(int64_t)r * stride] < c) {
+        if (x[(int64_t)r * stride] < cut[(int64_t)r * cstride]) {
             n = r;
             break;
         }
@@ -35,8 +35,8 @@ __global__ void accept_prefix_kernel(const int32_t *draft, const int32_t *best, 
 
 void ds_cu_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out) {
     ds_cuda_backend *cb = ds_cu(be);
-    if (x.rows < 0 || x.cols < 1 || x.dtype != DS_F32 || cut.dtype != DS_F32 || cut.rows < 1 || cut.cols < 1) {
-        ds_cu_fail(cb, "conf_cut", "needs an fp32 column (%lldx%lld) and an fp32 cut (%lldx%lld)",
+    if (x.rows < 0 || x.cols < 1 || x.dtype != DS_F32 || cut.dtype != DS_F32 || cut.rows < x.rows || cut.cols < 1) {
+        ds_cu_fail(cb, "conf_cut", "needs an fp32 column (%lldx%lld) and an fp32 cut a row (%lldx%lld)",
                    (long long)x.rows, (long long)x.cols, (long long)cut.rows, (long long)cut.cols);
         return;
     }
@@ -47,7 +47,7 @@ void ds_cu_conf_cut(ds_backend *be, ds_tensor x, ds_tensor cut, int32_t *out) {
         return;
     }
     ds_cu_launch(conf_cut_kernel, 1, 1, cb->stream, (const float *)x.data, x.stride, (int)x.rows,
-                 (const float *)cut.data, d);
+                 (const float *)cut.data, cut.stride, d);
     if (!ds_cu_launched(cb, "conf_cut") || cb->reg.active) return;
     cb->stats.d2h++;
     if (ds_cu_ok(cb, "conf_cut", cudaMemcpyAsync(out, d, sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)))

@@ -205,6 +205,17 @@ static void cu_destroy(ds_backend *be) {
     free(cb);
 }
 
+static const ds_spec_ops cuda_spec_ops = {
+    .markov_greedy = ds_cu_markov_greedy,
+    .markov_greedy_head = ds_cu_markov_greedy_head,
+    .conf_cut = ds_cu_conf_cut,
+    .accept_prefix = ds_cu_accept_prefix,
+    .verify_sample = ds_cu_verify_sample,
+    .markov_sample = ds_cu_markov_sample,
+    .markov_greedy_latent = ds_cu_markov_greedy_latent,
+    .markov_sample_latent = ds_cu_markov_sample_latent,
+};
+
 static const ds_backend_ops cuda_ops = {
     .name = "cuda",
     .prefill_rows = 512, /* 8B at 64 rows a chunk: every 64 prompt tokens re-read 16 GB of weights (3.8 ms) */
@@ -236,16 +247,8 @@ static const ds_backend_ops cuda_ops = {
     .rmsnorm_add = ds_cu_rmsnorm_add,
     .rmsnorm_rope = ds_cu_rmsnorm_rope,
     .qk_norm_rope = ds_cu_qk_norm_rope,
-    .markov_greedy = ds_cu_markov_greedy,
-    .markov_greedy_head = ds_cu_markov_greedy_head,
-    .conf_cut = ds_cu_conf_cut,
-    .accept_prefix = ds_cu_accept_prefix,
     .probs = ds_cu_probs,
     .sample = ds_cu_sample,
-    .verify_sample = ds_cu_verify_sample,
-    .markov_sample = ds_cu_markov_sample,
-    .markov_greedy_latent = ds_cu_markov_greedy_latent,
-    .markov_sample_latent = ds_cu_markov_sample_latent,
     .qk_norm_rope_store = ds_cu_qk_norm_rope_store,
     .key_norm_rope_store_layers = ds_cu_key_norm_rope_store_layers,
     .qk_norm_rope_attention = ds_cu_qk_norm_rope_attention,
@@ -254,6 +257,7 @@ static const ds_backend_ops cuda_ops = {
     .region_stats = ds_cu_region_stats,
     .check = cu_check,
     .bandwidth = ds_cu_bandwidth,
+    .spec = &cuda_spec_ops,
 };
 
 extern "C" ds_error *ds_backend_cuda_new(int device, ds_backend **out) {

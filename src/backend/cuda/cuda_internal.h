@@ -21,7 +21,7 @@
 #include <string.h>
 
 extern "C" {
-#include "backend/backend.h"
+#include "backend/spec_ops.h"
 #include "backend/cuda/cuda_config.h"
 }
 

@@ -155,12 +155,12 @@ static void p_key_layers(ds_backend *be, int n, const ds_tensor *k, const ds_ten
 }
 static void p_markov(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor w1, ds_tensor w2,
                      const ds_markov_bound *bnd, bool bf, int32_t a, ds_tensor e, int32_t *t) {
-    PROF("markov_greedy", prof_of(be)->inner->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
+    PROF("markov_greedy", prof_of(be)->inner->spec->markov_greedy(be, b, o, w1, w2, bnd, bf, a, e, t));
     prof_flush(be);
 }
 static void p_markov_head(ds_backend *be, ds_tensor x, ds_tensor h, ds_tensor b, bool bf, ds_tensor w1, ds_tensor w2,
                           const ds_markov_bound *bnd, int32_t a, ds_tensor e, int32_t *t) {
-    PROF("markov_greedy_head", prof_of(be)->inner->markov_greedy_head(be, x, h, b, bf, w1, w2, bnd, a, e, t));
+    PROF("markov_greedy_head", prof_of(be)->inner->spec->markov_greedy_head(be, x, h, b, bf, w1, w2, bnd, a, e, t));
     prof_flush(be);
 }
 static void p_probs(ds_backend *be, ds_tensor o, ds_tensor l, const ds_sampling *s) {
@@ -172,12 +172,12 @@ static void p_sample(ds_backend *be, ds_tensor p, const double *u, int32_t *out)
 }
 static void p_verify_sample(ds_backend *be, ds_tensor l, const int32_t *x, int n, ds_tensor pd, const ds_sampling *s,
                             const double *u, int32_t *out) {
-    PROF("verify_sample", prof_of(be)->inner->verify_sample(be, l, x, n, pd, s, u, out));
+    PROF("verify_sample", prof_of(be)->inner->spec->verify_sample(be, l, x, n, pd, s, u, out));
     prof_flush(be);
 }
 static void p_markov_sample(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor p, ds_tensor w1, ds_tensor w2, bool bf,
                             int32_t a, const ds_sampling *s, const double *u, ds_tensor e, int32_t *t) {
-    PROF("markov_sample", prof_of(be)->inner->markov_sample(be, b, o, p, w1, w2, bf, a, s, u, e, t));
+    PROF("markov_sample", prof_of(be)->inner->spec->markov_sample(be, b, o, p, w1, w2, bf, a, s, u, e, t));
     prof_flush(be);
 }
 static void p_rl_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, ds_tensor nw, float eps,
@@ -256,12 +256,15 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     ops.qk_norm_rope = p_qk_norm_rope;
     ops.qk_norm_rope_store = p_qk_norm_rope_store;
     ops.key_norm_rope_store_layers = p_key_layers;
-    ops.markov_greedy = p_markov;
-    ops.markov_greedy_head = p_markov_head;
+    static ds_spec_ops spec;
+    spec = *p->inner->spec;
+    spec.markov_greedy = p_markov;
+    spec.markov_greedy_head = p_markov_head;
+    spec.verify_sample = p_verify_sample;
+    spec.markov_sample = p_markov_sample;
+    ops.spec = &spec;
     ops.probs = p_probs;
     ops.sample = p_sample;
-    ops.verify_sample = p_verify_sample;
-    ops.markov_sample = p_markov_sample;
     ops.rmsnorm_linear_multi = p_rl_multi;
     ops.rmsnorm_linear_swiglu = p_rl_swiglu;
     ops.check = p_check;
