@@ -53,6 +53,22 @@ static inline ds_tensor ds_cols(ds_tensor t, int64_t c0, int64_t n) {
     return v;
 }
 
+/* Paged KV caches (the batched engine): a cache tensor is a pool of pages
+ * of page_rows rows each, and every sequence has its own list of pages (a
+ * block table). Position j of query row i's sequence lives at cache row
+ * ds_kv_page_row(pages, i, j). One call may mix rows of many sequences. */
+typedef struct {
+    int page_rows;            /* rows a page holds */
+    const int32_t *table;     /* host: the sequences' page lists, concatenated */
+    const int32_t *row_table; /* host, one per row: where that row's sequence's list starts in table */
+    const int32_t *row_keys;  /* host, one per query row: the key positions its sequence has (0..row_keys-1)
+                                 for attention; NULL: n_keys for every row */
+} ds_kv_pages;
+
+static inline int64_t ds_kv_page_row(const ds_kv_pages *pg, int64_t i, int64_t pos) {
+    return (int64_t)pg->table[pg->row_table[i] + pos / pg->page_rows] * pg->page_rows + pos % pg->page_rows;
+}
+
 /* Attention over a KV cache. Query row i (absolute position q_pos[i]) sees
  * key rows j < n_keys with: causal -> j <= q_pos[i] (and j > q_pos[i] - window
  * when window > 0); not causal -> every j. Keys/values are stored by
@@ -66,6 +82,11 @@ typedef struct {
     int ring_size;         /* 0 = cache indexed by position */
     float scale;
     const int32_t *q_pos;  /* host array, one position per query row */
+    /* Paged caches (NULL: row = position, or position % ring_size): key j
+     * of row i at ds_kv_page_row(pages, i, j), and with row_keys, row i's
+     * keys are j < row_keys[i] (n_keys bounds them all). No ring. A backend
+     * without paged attention fails the op, naming it. */
+    const ds_kv_pages *pages;
 } ds_attn_params;
 
 /* Step regions: a sequence of ops that is the same from one step to the
@@ -413,39 +434,48 @@ static inline ds_region_stats ds_backend_region_stats(ds_backend *be) {
 
 
 
-/* Row i of src to row pos[i] (mod ring) of dst, as runs of consecutive rows. */
-static inline void ds_store_rows(ds_backend *be, ds_tensor dst, ds_tensor src, int ring, const int32_t *pos) {
+/* Row i of src to row pos[i] (mod ring; through pages when paged) of dst,
+ * as runs of consecutive rows. */
+static inline int64_t ds_cache_row(const ds_kv_pages *pages, int ring, int64_t i, int64_t pos) {
+    return pages ? ds_kv_page_row(pages, i, pos) : ring > 0 ? pos % ring : pos;
+}
+static inline void ds_store_rows_paged(ds_backend *be, ds_tensor dst, ds_tensor src, int ring, const int32_t *pos,
+                                       const ds_kv_pages *pages) {
     for (int64_t i = 0; i < src.rows;) {
-        const int64_t r0 = ring > 0 ? pos[i] % ring : pos[i];
+        const int64_t r0 = ds_cache_row(pages, ring, i, pos[i]);
         int64_t n = 1;
-        while (i + n < src.rows && pos[i + n] == pos[i] + n && (ring <= 0 || r0 + n < ring)) n++;
+        while (i + n < src.rows && ds_cache_row(pages, ring, i + n, pos[i + n]) == r0 + n && (ring <= 0 || r0 + n < ring))
+            n++;
         be->ops->copy(be, ds_rows(dst, r0, n), ds_rows(src, i, n));
         i += n;
     }
 }
+/* pages: paged caches (ds_kv_pages; no ring), or NULL. */
 static inline void ds_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw,
                                          ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int ring_size,
-                                         int head_dim, float eps, const int32_t *pos, const float *inv_freq) {
-    if (be->ops->qk_norm_rope_store) {
+                                         int head_dim, float eps, const int32_t *pos, const float *inv_freq,
+                                         const ds_kv_pages *pages) {
+    if (be->ops->qk_norm_rope_store && !pages) {
         be->ops->qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, ring_size, head_dim, eps, pos, inv_freq);
         return;
     }
     if (q.rows > 0) ds_qk_norm_rope(be, q, qw, k, kw, head_dim, eps, pos, inv_freq);
     else ds_rmsnorm_rope(be, k, kw, head_dim, eps, pos, inv_freq);
-    ds_store_rows(be, k_cache, k, ring_size, pos);
-    ds_store_rows(be, v_cache, v, ring_size, pos);
+    ds_store_rows_paged(be, k_cache, k, ring_size, pos, pages);
+    ds_store_rows_paged(be, v_cache, v, ring_size, pos, pages);
 }
 static inline void ds_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
                                                  const ds_tensor *v, const ds_tensor *k_cache,
                                                  const ds_tensor *v_cache, int head_dim, float eps,
-                                                 const int32_t *pos, const float *inv_freq) {
-    if (be->ops->key_norm_rope_store_layers) {
+                                                 const int32_t *pos, const float *inv_freq,
+                                                 const ds_kv_pages *pages) {
+    if (be->ops->key_norm_rope_store_layers && !pages) {
         be->ops->key_norm_rope_store_layers(be, n, k, kw, v, k_cache, v_cache, head_dim, eps, pos, inv_freq);
         return;
     }
     for (int i = 0; i < n; i++)
         ds_qk_norm_rope_store(be, ds_rows(k[i], 0, 0), ds_no_tensor(), k[i], kw[i], v[i], k_cache[i], v_cache[i], 0,
-                              head_dim, eps, pos, inv_freq);
+                              head_dim, eps, pos, inv_freq, pages);
 }
 /* qk_norm_rope_attention as its two calls (a backend's own op falls back
  * to this where its fused launch does not apply). */
@@ -453,14 +483,14 @@ static inline void ds_qk_norm_rope_then_attention(ds_backend *be, ds_tensor out,
                                                   ds_tensor k, ds_tensor kw, ds_tensor v, ds_tensor k_cache,
                                                   ds_tensor v_cache, int head_dim, float eps, const float *inv_freq,
                                                   const ds_attn_params *p) {
-    ds_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq);
+    ds_qk_norm_rope_store(be, q, qw, k, kw, v, k_cache, v_cache, 0, head_dim, eps, p->q_pos, inv_freq, p->pages);
     be->ops->attention(be, out, q, k_cache, v_cache, p);
 }
 static inline void ds_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
                                              ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache,
                                              int head_dim, float eps, const float *inv_freq,
                                              const ds_attn_params *p) {
-    if (be->ops->qk_norm_rope_attention)
+    if (be->ops->qk_norm_rope_attention && !p->pages)
         be->ops->qk_norm_rope_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
     else ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
 }

@@ -58,6 +58,7 @@ struct ds_drafter {
     bool keep_logits;
     ds_tensor conf_cut;     /* [gamma, 1]: per position, the fp32 confidence logit below which a proposal is cut (conf_cut_t's) */
     float conf_cut_t;       /* the threshold conf_cut holds the cutoff of (0: none yet) */
+    float conf_temp[DS_MAX_GAMMA]; /* STS temperature per position (1: the head as it is) */
     ds_tensor step_in, step_out; /* small Markov/confidence vectors */
     float *host_logits;     /* [gamma, vocab] Markov-corrected logits */
     float *host_probs;      /* [gamma, vocab] processed draft distributions */
@@ -74,6 +75,14 @@ struct ds_drafter {
      * as a step region (backend.h ds_step). */
     ds_step step;
     bool graph_safe;
+    /* The batched engine's sequences share the context caches as a pool of
+     * pages: pages (set per call, NULL: rows by position) says where the
+     * current sequence's positions live, rows of the context append and of
+     * the block alike (row_table all zero: one sequence a call). paged: the
+     * architecture honours it. */
+    const ds_kv_pages *pages;
+    bool paged;
+    int cache_rows;
 };
 
 /* One round's proposal. */
@@ -92,7 +101,9 @@ typedef struct {
 } ds_proposal;
 
 typedef struct {
-    int max_rows; /* most context rows per append (0: the backend's prefill_rows) */
+    int max_rows;   /* most context rows per append (0: the backend's prefill_rows) */
+    int cache_rows; /* rows of each layer's context K/V: 0 = max_ctx + gamma (one sequence); a batched engine's
+                       pool of pages asks for pages x page rows (the architecture must take pages: d->paged) */
 } ds_drafter_opts;
 
 /* Opens a DeepSpec drafter directory and checks it against the target.
@@ -120,6 +131,11 @@ ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_
 ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32_t anchor, int start,
                            const ds_sampling *s, float threshold, bool keep_on_backend, ds_rng *rng,
                            ds_proposal *out);
+
+/* STS (SPEC §6): position k's confidence becomes the calibrated
+ * ds_conf_prob(c_k, temp[k]) wherever a threshold cuts (temp: the block
+ * size's worth, each finite and > 0; NULL: every s_k = 1 again). */
+ds_error *ds_drafter_set_temperatures(ds_drafter *d, const float *temp, int n);
 
 /* Makes out->probs available on the host (a download when the walk was
  * sampled on the backend), for a verifier that runs on the host. */

@@ -22,7 +22,7 @@ typedef struct {
 
 static void qd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     qwen3_drafter *q = (qwen3_drafter *)d;
-    ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, q->ctx_kv, pos);
+    ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, q->ctx_kv, pos, d->pages);
 }
 
 static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
@@ -35,7 +35,7 @@ static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
     be->ops->embed(be, x, d->embed, ids, 1.0f);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                          .v_head_dim = c->head_dim, .n_keys = pos[0] + G, .causal = false,
-                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos};
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos, .pages = d->pages};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         /* The block's K/V go right after the context rows and are overwritten next round. */
@@ -74,7 +74,9 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     if (!e) e = ds_drafter_load_common(d, target);
     const ds_qwen3_config *c = &q->c;
     if (!e) e = ds_load_vector(be, ck, "norm.weight", c->hidden, &q->final_norm);
-    if (!e) e = ds_qwen3_stack_load(be, ck, "layers.", c, d->max_ctx + d->gamma, &q->st);
+    d->cache_rows = opts && opts->cache_rows > 0 ? opts->cache_rows : d->max_ctx + d->gamma;
+    d->paged = true;
+    if (!e) e = ds_qwen3_stack_load(be, ck, "layers.", c, d->cache_rows, &q->st);
     /* Buffers sized by the config come after the weights have confirmed it
      * (a bogus intermediate_size must not allocate gigabytes first). */
     if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);

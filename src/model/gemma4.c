@@ -221,7 +221,7 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     t->vocab = c->vocab;
     t->hidden = c->hidden;
     t->n_layers = c->n_layers;
-    t->max_ctx = c->max_pos;
+    ds_target_limit_ctx(t, c->max_pos);
     DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
     g->ring = calloc((size_t)c->n_layers, sizeof *g->ring);
     if (!g->ring) return ds_errorf("out of memory");

@@ -154,7 +154,7 @@ void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gem
     /* k_norm then RoPE, and the K and V rows into their cache rows (one pass
      * where the backend fuses them; the CPU runs rmsnorm, rope, row copies). */
     ds_qk_norm_rope_store(be, ds_rows(k, 0, 0), ds_no_tensor(), k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps,
-                          pos, L->inv_freq);
+                          pos, L->inv_freq, NULL);
 }
 
 void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
@@ -173,7 +173,8 @@ void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const
     ds_rmsnorm_linear_multi(be, L->has_v_proj ? 3 : 2, outs, x, L->in_norm, c->eps, ws, bs, xn);
     /* v_norm from the raw projection (k's before k_norm without a v_proj), as ds_gemma4_key_value */
     be->ops->rmsnorm(be, v, L->has_v_proj ? v : k, ds_no_tensor(), L->head_dim, c->eps);
-    ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps, pos, L->inv_freq);
+    ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps, pos, L->inv_freq,
+                          NULL);
 }
 
 void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,

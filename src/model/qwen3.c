@@ -11,7 +11,7 @@ typedef struct {
     ds_target base;
     ds_qwen3_config c;
     ds_tensor embed, final_norm, lm_head;
-    ds_qwen3_stack st; /* layers + KV caches [max_ctx, kv_heads*head_dim] */
+    ds_qwen3_stack st; /* layers + KV caches [cache_rows, kv_heads*head_dim] */
     ds_tensor x;                  /* residual stream [max_rows, hidden] */
     ds_qwen3_scratch s;
 } qwen3_target;
@@ -29,30 +29,50 @@ static void qwen3_destroy(ds_target *t) {
     free(q);
 }
 
-static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
-    qwen3_target *q = (qwen3_target *)t;
+/* The decoder stack over rows ids[0..n) at positions pos (keys below
+ * n_keys; through pages when paged), taps included; leaves the residual in
+ * q->x rows 0..n-1. */
+static ds_tensor qwen3_layers(qwen3_target *q, const int32_t *ids, int n, const int32_t *pos, int n_keys,
+                              const ds_kv_pages *pages) {
+    ds_target *t = &q->base;
     ds_backend *be = t->be;
     const ds_qwen3_config *c = &q->c;
-    /* Positions (and the K/V rows written) from the step, as the ids: a
-     * recording of this forward replays at any pos0. */
-    const int32_t *pos = t->step.pos;
     ds_tensor x = ds_rows(q->x, 0, n), xn = ds_rows(q->s.xn, 0, n);
     be->ops->embed(be, x, q->embed, ids, 1.0f);
     ds_target_tap(t, -1, x, n);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                         .v_head_dim = c->head_dim, .n_keys = pos0 + n, .causal = true,
-                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos};
+                         .v_head_dim = c->head_dim, .n_keys = n_keys, .causal = true,
+                         .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos, .pages = pages};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, ds_rows(q->s.attn, 0, n));
         ds_qwen3_output_and_mlp(be, c, L, x, &q->s, n);
         ds_target_tap(t, l, x, n);
     }
-    ds_target_head(t, x, q->final_norm, c->eps, q->lm_head, n, n_logits);
+    return x;
+}
+
+static ds_error *qwen3_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    qwen3_target *q = (qwen3_target *)t;
+    /* Positions (and the K/V rows written) from the step, as the ids: a
+     * recording of this forward replays at any pos0. */
+    const ds_tensor x = qwen3_layers(q, ids, n, t->step.pos, pos0 + n, NULL);
+    ds_target_head(t, x, q->final_norm, q->c.eps, q->lm_head, n, n_logits);
     return NULL;
 }
 
-static const ds_target_ops qwen3_ops = {.forward = qwen3_forward, .destroy = qwen3_destroy};
+static ds_error *qwen3_forward_rows(ds_target *t, const ds_target_rows *b, const int32_t *ids) {
+    qwen3_target *q = (qwen3_target *)t;
+    int n_keys = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->pos[i] + 1 > n_keys) n_keys = b->pos[i] + 1;
+    const ds_tensor x = qwen3_layers(q, ids, b->n, b->pos, n_keys, b->pages);
+    ds_target_head_rows(t, x, q->final_norm, q->c.eps, q->lm_head, b->n, b->logit_rows, b->n_logits);
+    return NULL;
+}
+
+static const ds_target_ops qwen3_ops = {.forward = qwen3_forward, .forward_rows = qwen3_forward_rows,
+                                        .destroy = qwen3_destroy};
 
 ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out) {
     qwen3_target *q = calloc(1, sizeof *q);
@@ -67,7 +87,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
         t->vocab = c->vocab;
         t->hidden = c->hidden;
         t->n_layers = c->n_layers;
-        t->max_ctx = c->max_pos;
+        ds_target_limit_ctx(t, c->max_pos);
         t->graph_safe = true;
     }
     const int H = c->hidden;
@@ -81,7 +101,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
             e = ds_load_weight(be, ck, "lm_head.weight", c->vocab, H, &q->lm_head);
         }
     }
-    if (!e) e = ds_qwen3_stack_load(be, ck, "model.layers.", c, t->max_ctx, &q->st);
+    if (!e) e = ds_qwen3_stack_load(be, ck, "model.layers.", c, t->cache_rows, &q->st);
     t->logits_bf16 = !e && q->lm_head.dtype == DS_BF16;
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &q->x);
     if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, t->max_rows, &q->s);

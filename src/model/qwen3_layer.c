@@ -183,7 +183,7 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s) {
 }
 
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor kv, const int32_t *pos) {
+                              ds_tensor kv, const int32_t *pos, const ds_kv_pages *pages) {
     const int kvd = c->n_kv_heads * c->head_dim, per_call = DS_LINEAR_MULTI_MAX / 2;
     for (int l0 = 0; l0 < st->n; l0 += per_call) {
         const int nl = st->n - l0 < per_call ? st->n - l0 : per_call;
@@ -207,7 +207,8 @@ void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds
             v[i] = ds_cols(ds_rows(kv, 0, x.rows), (int64_t)(2 * (l0 + i) + 1) * kvd, kvd);
             kw[i] = st->layers[l0 + i].k_norm;
         }
-        ds_key_norm_rope_store_layers(be, nl, k, kw, v, st->k + l0, st->v + l0, c->head_dim, c->eps, pos, c->inv_freq);
+        ds_key_norm_rope_store_layers(be, nl, k, kw, v, st->k + l0, st->v + l0, c->head_dim, c->eps, pos, c->inv_freq,
+                                      pages);
     }
 }
 

@@ -60,9 +60,10 @@ void ds_qwen3_scratch_release(ds_backend *be, ds_qwen3_scratch *s);
  * DS_LINEAR_MULTI_MAX allows (one launch for 5 layers on the GPU instead of
  * 5, each too small to keep HBM busy), into kv ([>= x.rows, 2 * st->n *
  * kv_dim] scratch), then every layer's k norm + RoPE + store in one call
- * (key_norm_rope_store_layers: one launch on the GPU instead of 5). */
+ * (key_norm_rope_store_layers: one launch on the GPU instead of 5).
+ * pages: paged caches (the rows' positions through it), or NULL. */
 void ds_qwen3_stack_key_value(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_stack *st, ds_tensor x,
-                              ds_tensor kv, const int32_t *pos);
+                              ds_tensor kv, const int32_t *pos, const ds_kv_pages *pages);
 /* The attention half up to o_proj: xn = input_layernorm(x) (xn: scratch,
  * unused where the backend fuses the norm), q = rope(q_norm(q_proj(xn))),
  * k and v as ds_qwen3_stack_key_value's into kc / vc at ap->q_pos, then

@@ -53,6 +53,13 @@ void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, cons
     t->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : ds_backend_prefill_rows(be);
     t->max_logit_rows = opts && opts->max_logit_rows > 0 ? opts->max_logit_rows : 64;
     if (t->max_logit_rows > t->max_rows) t->max_logit_rows = t->max_rows;
+    t->opt_max_ctx = opts ? opts->max_ctx : 0;
+    t->cache_rows = opts ? opts->cache_rows : 0;
+}
+
+void ds_target_limit_ctx(ds_target *t, int config_max_ctx) {
+    t->max_ctx = t->opt_max_ctx > 0 && t->opt_max_ctx < config_max_ctx ? t->opt_max_ctx : config_max_ctx;
+    if (t->cache_rows <= 0) t->cache_rows = t->max_ctx;
 }
 
 ds_error *ds_target_open_finish(ds_target *t) {
@@ -75,6 +82,7 @@ void ds_target_free(ds_target *t) {
     be->ops->release(be, &t->logits);
     be->ops->release(be, &t->taps);
     be->ops->release(be, &t->final_hidden);
+    be->ops->release(be, &t->gathered);
     ds_checkpoint *ck = t->ck;
     free(t->step.ids);
     free(t->step.pos);
@@ -163,4 +171,52 @@ ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
         if (t->logits_bf16) be->ops->round_bf16(be, lg);
     }
     return lg;
+}
+
+ds_error *ds_target_forward_rows(ds_target *t, const ds_target_rows *b) {
+    if (!t->ops->forward_rows)
+        return ds_errorf("%s: the %s architecture has no batched forward yet", t->ck->dir, t->model_type);
+    if (b->n <= 0 || b->n > t->max_rows) return ds_errorf("batched forward of %d rows (1..%d per call)", b->n, t->max_rows);
+    if (b->n_logits < 0 || b->n_logits > t->max_logit_rows || b->n_logits > b->n)
+        return ds_errorf("batched forward asks logits for %d rows (at most %d)", b->n_logits, t->max_logit_rows);
+    if (!b->pages || b->pages->page_rows <= 0) return ds_errorf("batched forward without pages");
+    ds_step *st = &t->step;
+    for (int i = 0; i < b->n; i++) {
+        DS_TRY(ds_target_check_id(t, b->ids[i]));
+        if (b->pos[i] < 0 || b->pos[i] >= t->max_ctx)
+            return ds_errorf("batched forward: row %d at position %d is outside the context of %d", i, b->pos[i],
+                             t->max_ctx);
+        const int64_t r = ds_kv_page_row(b->pages, i, b->pos[i]);
+        if (r < 0 || r >= t->cache_rows)
+            return ds_errorf("batched forward: row %d's page puts position %d at cache row %lld (the cache has %d)", i,
+                             b->pos[i], (long long)r, t->cache_rows);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logit_rows[i] < 0 || b->logit_rows[i] >= b->n || (i && b->logit_rows[i] <= b->logit_rows[i - 1]))
+            return ds_errorf("batched forward: logit row %d (%d) is not an ascending row of the %d", i,
+                             b->logit_rows[i], b->n);
+    if (b->n_logits > 0 && !t->gathered.data)
+        DS_TRY(t->be->ops->alloc(t->be, DS_F32, t->max_logit_rows, t->hidden, &t->gathered));
+    memcpy(st->ids, b->ids, (size_t)b->n * sizeof *b->ids);
+    ds_target_embed_ids(t, st->ids, b->n);
+    t->n_cached = 0; /* the single-sequence cache's positions mean nothing now */
+    return t->ops->forward_rows(t, b, st->ids);
+}
+
+void ds_target_head_rows(ds_target *t, ds_tensor x, ds_tensor final_norm, float eps, ds_tensor lm_head, int n,
+                         const int32_t *logit_rows, int n_logits) {
+    ds_backend *be = t->be;
+    ds_tensor fh = ds_rows(t->final_hidden, 0, n);
+    be->ops->rmsnorm(be, fh, x, final_norm, t->hidden, eps);
+    if (n_logits <= 0) return;
+    /* the wanted rows side by side (runs of consecutive rows in one copy), then one LM head pass */
+    for (int i = 0; i < n_logits;) {
+        int k = 1;
+        while (i + k < n_logits && logit_rows[i + k] == logit_rows[i] + k) k++;
+        be->ops->copy(be, ds_rows(t->gathered, i, k), ds_rows(fh, logit_rows[i], k));
+        i += k;
+    }
+    ds_tensor lg = ds_rows(t->logits, 0, n_logits);
+    be->ops->linear(be, lg, ds_rows(t->gathered, 0, n_logits), lm_head, ds_no_tensor());
+    if (t->logits_bf16) be->ops->round_bf16(be, lg);
 }

@@ -15,8 +15,26 @@
 
 typedef struct ds_target ds_target;
 
+/* A batched forward (the batched engine): n rows from many sequences, row i
+ * scoring ids[i] at position pos[i] of its own sequence, whose keys and
+ * values live in the paged caches (pages: row_table per row; row_keys NULL,
+ * as attention is causal). Every row's K/V are stored and tapped; the rows
+ * logit_rows[0..n_logits) (ascending) get logits, in that order, in rows
+ * 0..n_logits-1 of t->logits. */
+typedef struct {
+    int n;
+    const int32_t *ids, *pos;
+    const ds_kv_pages *pages;
+    int n_logits;
+    const int32_t *logit_rows;
+} ds_target_rows;
+
 typedef struct {
     ds_error *(*forward)(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits);
+    /* Optional: ds_target_rows over the target's caches as a pool of pages
+     * (NULL: the architecture has no batched forward yet). ids already as
+     * the wrapper embeds them. */
+    ds_error *(*forward_rows)(ds_target *t, const ds_target_rows *b, const int32_t *ids);
     void (*destroy)(ds_target *t);
     /* Optional: the host's part of a forward (checks of the call, host-side
      * bookkeeping such as which position a ring row holds), run before the
@@ -49,6 +67,9 @@ struct ds_target {
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
     ds_tensor taps;         /* [max_rows, n_taps*hidden] */
     ds_tensor final_hidden; /* [max_rows, hidden]: final-normed states of the last forward */
+    ds_tensor gathered;     /* [max_logit_rows, hidden]: a batched forward's logit rows (allocated on first use) */
+    int cache_rows;         /* rows of each layer's K/V cache: max_ctx, or a pool's pages x page rows */
+    int opt_max_ctx;        /* ds_target_opts.max_ctx, for ds_target_limit_ctx */
     /* A forward's per-step values (ids, positions, key count; argmax
      * results), which the architecture's forward reads its ids and
      * positions from (backend.h ds_step). graph_safe: the architecture's
@@ -61,6 +82,9 @@ struct ds_target {
 typedef struct {
     int max_rows;       /* 0 = the backend's prefill_rows (CPU 64, CUDA 512) */
     int max_logit_rows; /* 0 = default (64) */
+    int max_ctx;        /* 0 = the config's max_position_embeddings; else at most that (--ctx) */
+    int cache_rows;     /* rows of each layer's K/V cache: 0 = max_ctx (one sequence); a batched engine's pool of
+                           pages asks for pages x page rows */
 } ds_target_opts;
 
 /* Opens a Hugging Face target directory (architecture from config.json).
@@ -88,6 +112,15 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
 ds_error *ds_target_check_id(const ds_target *t, int32_t id);
 void ds_target_embed_ids(const ds_target *t, int32_t *ids, int n);
 const char *ds_target_placeholder_of(const ds_target *t, int32_t id);
+/* A batched forward (ds_target_rows) over the caches as a pool of pages:
+ * checks the rows (ids, positions under max_ctx, pages inside the cache,
+ * logit rows) and runs the architecture's forward_rows. */
+ds_error *ds_target_forward_rows(ds_target *t, const ds_target_rows *b);
+/* For architecture forwards: final_hidden = rmsnorm(x[n, hidden]), then the
+ * LM head over rows logit_rows[0..n_logits) into logits rows 0.. (bf16
+ * rounded when logits_bf16). */
+void ds_target_head_rows(ds_target *t, ds_tensor x, ds_tensor final_norm, float eps, ds_tensor lm_head, int n,
+                         const int32_t *logit_rows, int n_logits);
 /* Forgets cached positions >= len. */
 void ds_target_crop(ds_target *t, int len);
 bool ds_target_is_stop(const ds_target *t, int32_t id);
@@ -104,6 +137,9 @@ ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
  * (ds_target first), call ds_target_init_common, take ownership of ck only
  * on success. */
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
+/* For constructors: max_ctx = the config's context, cut to opts.max_ctx;
+ * cache_rows = opts.cache_rows, or max_ctx. */
+void ds_target_limit_ctx(ds_target *t, int config_max_ctx);
 /* What ds_target_open does after the constructor: stop tokens, step buffers.
  * On an error the caller frees t (ds_target_free). */
 ds_error *ds_target_open_finish(ds_target *t);

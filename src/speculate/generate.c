@@ -60,7 +60,7 @@ static ds_error *next_token(ds_target *t, const ds_sampling *s, ds_rng *rng, flo
     return NULL;
 }
 
-static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int len) {
+ds_error *ds_gen_result_add_round(ds_gen_result *r, int accepted, int proposed, int len) {
     /* Capacity 16, then doubled whenever the count reaches a power of two. */
     if (r->rounds == 0 || (r->rounds >= 16 && (r->rounds & (r->rounds - 1)) == 0)) {
         size_t cap = r->rounds ? (size_t)r->rounds * 2 : 16;
@@ -76,6 +76,19 @@ static ds_error *record_round(ds_gen_result *r, int accepted, int proposed, int 
     r->proposed[r->rounds] = proposed;
     r->accept_len[r->rounds] = len;
     r->rounds++;
+    return NULL;
+}
+
+/* Keeps the last recorded round's G confidence logits (record_conf), the
+ * array growing as the rounds' do. */
+static ds_error *record_conf(ds_gen_result *r, const float *conf, int G) {
+    const int i = r->rounds - 1;
+    if (i == 0 || (i >= 16 && (i & (i - 1)) == 0)) {
+        float *c = realloc(r->conf, (size_t)(i ? 2 * i : 16) * (size_t)G * sizeof *c);
+        if (!c) return ds_errorf("out of memory");
+        r->conf = c;
+    }
+    memcpy(r->conf + (size_t)i * (size_t)G, conf, (size_t)G * sizeof *conf);
     return NULL;
 }
 
@@ -104,7 +117,7 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t fir
                                 .scratch = scratch};
     /* Greedy rounds verified by the target's argmax keep the drafts on the
      * backend where its forward runs as a step region. */
-    const bool keep = ds_sampling_greedy(&p->sampling) && !p->verify && t->graph_safe;
+    const bool keep = ds_sampling_greedy(&p->sampling) && !p->verify && t->graph_safe && !p->record_conf;
     ds_round_state st = {.anchor = first, .start = n_prompt, .ctx_pos0 = n_prompt, .ctx_n = 0};
     /* start - n_prompt, not n_prompt + max_new: max_new may be INT_MAX. */
     while (st.start - n_prompt < p->max_new && !em->done && st.start < t->max_ctx) {
@@ -112,7 +125,8 @@ static ds_error *speculate(emitter *em, ds_drafter *d, int n_prompt, int32_t fir
         DS_TRY(ds_round(t, d, &rp, keep, rng, &st, &rr));
         r->draft_s += rr.draft_s;
         r->verify_s += rr.verify_s;
-        DS_TRY(record_round(r, rr.accepted, rr.proposed, rr.n_tokens));
+        DS_TRY(ds_gen_result_add_round(r, rr.accepted, rr.proposed, rr.n_tokens));
+        if (p->record_conf && rr.has_conf) DS_TRY(record_conf(r, rr.conf_logit, d->gamma));
         for (int i = 0; i < rr.n_tokens; i++) emit(em, rr.tokens[i]);
         if (rr.stop_draft || is_stop(em, st.anchor)) break;
     }
@@ -208,5 +222,6 @@ void ds_gen_result_free(ds_gen_result *r) {
     free(r->accepted);
     free(r->proposed);
     free(r->accept_len);
+    free(r->conf);
     memset(r, 0, sizeof *r);
 }

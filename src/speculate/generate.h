@@ -17,6 +17,8 @@ typedef struct {
     int gamma;            /* proposal positions to use (0: the checkpoint's block size) */
     bool ignore_stop;     /* run past stop tokens (the goldens are made this way) */
     ds_verify_fn verify;  /* NULL: ds_verify (tests substitute broken verifiers here) */
+    bool record_conf;     /* keep every round's raw confidence logits (ds_gen_result.conf); the
+                             rounds then draft on the host path, where the logits are */
 } ds_gen_params;
 
 /* Called with every committed token as soon as it is final; return false to stop. */
@@ -43,6 +45,8 @@ typedef struct {
     int *accepted;    /* per round: accepted draft tokens */
     int *proposed;    /* per round: proposal length sent to verification */
     int *accept_len;  /* per round: accepted + 1, or accepted in a stop round */
+    float *conf;      /* record_conf with a confidence head: per round, the drafter's block size of
+                         raw confidence logits (row r = round r); else NULL */
     double prefill_s, draft_s, verify_s, total_s;
 } ds_gen_result;
 
@@ -50,5 +54,7 @@ typedef struct {
 ds_error *ds_generate(ds_target *t, ds_drafter *d, const int32_t *prompt, int n_prompt, const ds_gen_params *p,
                       ds_token_fn on_token, void *user, ds_gen_result *out);
 void ds_gen_result_free(ds_gen_result *r);
+/* Records one round's counts (accepted drafts, drafts verified, tokens it committed). */
+ds_error *ds_gen_result_add_round(ds_gen_result *r, int accepted, int proposed, int len);
 
 #endif

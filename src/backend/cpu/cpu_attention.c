@@ -71,10 +71,12 @@ typedef struct {
     const float *q;
     float *o, *sc; /* output row slice, scores */
     int64_t lo, hi; /* keys [lo, hi) */
+    int64_t m;      /* its query row (for a paged cache's row of key jj) */
 } query;
 
-static inline const float *key_row(const ds_tensor *t, const ds_attn_params *p, int64_t jj, int64_t col) {
-    const int64_t row = p->ring_size > 0 ? jj % p->ring_size : jj;
+static inline const float *key_row(const ds_tensor *t, const ds_attn_params *p, const query *qq, int64_t jj,
+                                   int64_t col) {
+    const int64_t row = p->pages ? ds_kv_page_row(p->pages, qq->m, jj) : p->ring_size > 0 ? jj % p->ring_size : jj;
     return (const float *)t->data + row * t->stride + col;
 }
 
@@ -108,7 +110,9 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
                 qq->q = (const float *)j->q.data + m * j->q.stride + (int64_t)h * D;
                 qq->o = (float *)j->out.data + m * j->out.stride + (int64_t)h * Dv;
                 qq->sc = scratch + (size_t)nq * (size_t)nkeys;
+                qq->m = m;
                 qq->lo = 0, qq->hi = p->n_keys;
+                if (p->pages && p->pages->row_keys && p->pages->row_keys[m] < qq->hi) qq->hi = p->pages->row_keys[m];
                 if (p->causal) {
                     if (p->q_pos[m] + 1 < qq->hi) qq->hi = p->q_pos[m] + 1;
                     if (p->window > 0 && p->q_pos[m] - p->window + 1 > qq->lo) qq->lo = p->q_pos[m] - p->window + 1;
@@ -126,10 +130,10 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
                 int64_t jj = a;
                 for (; jj + 8 <= b; jj += 8) {
                     const float *kv[8];
-                    for (int t = 0; t < 8; t++) kv[t] = key_row(&j->k, p, jj + t, (int64_t)kvh * D);
+                    for (int t = 0; t < 8; t++) kv[t] = key_row(&j->k, p, qq, jj + t, (int64_t)kvh * D);
                     dot8(qq->q, kv, D, qq->sc + (jj - qq->lo));
                 }
-                for (; jj < b; jj++) qq->sc[jj - qq->lo] = dot(qq->q, key_row(&j->k, p, jj, (int64_t)kvh * D), D);
+                for (; jj < b; jj++) qq->sc[jj - qq->lo] = dot(qq->q, key_row(&j->k, p, qq, jj, (int64_t)kvh * D), D);
             }
         /* softmax per query */
         for (int qi = 0; qi < nq; qi++) {
@@ -164,7 +168,7 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
                     v8f acc[8];
                     for (int t = 0; t < 8; t++) acc[t] = *(const v8f *)(qq->o + d0 + 8 * t);
                     for (int64_t jj = a; jj < b; jj++) {
-                        const float *vv = key_row(&j->v, p, jj, (int64_t)kvh * Dv + d0);
+                        const float *vv = key_row(&j->v, p, qq, jj, (int64_t)kvh * Dv + d0);
                         const float w = qq->sc[jj - qq->lo];
                         const v8f wv = {w, w, w, w, w, w, w, w};
                         for (int t = 0; t < 8; t++) acc[t] += wv * *(const v8f *)(vv + 8 * t);
@@ -174,7 +178,7 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
         if (d0 < Dv)
             for (int qi = 0; qi < nq; qi++)
                 for (int64_t jj = qs[qi].lo; jj < qs[qi].hi; jj++)
-                    axpy(qs[qi].o + d0, qs[qi].sc[jj - qs[qi].lo], key_row(&j->v, p, jj, (int64_t)kvh * Dv + d0),
+                    axpy(qs[qi].o + d0, qs[qi].sc[jj - qs[qi].lo], key_row(&j->v, p, &qs[qi], jj, (int64_t)kvh * Dv + d0),
                          Dv - d0);
     }
     if (qs != local) free(qs);

@@ -632,6 +632,10 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
 }
 
 void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
+    if (p->pages) { /* the batched engine's paged caches: on the CPU for now */
+        ds_cu_fail(ds_cu(be), "attention", "paged KV caches are not supported by the CUDA backend yet");
+        return;
+    }
     if (ds_cu_attention_prefill(ds_cu(be), out, q, k, v, p)) return;
     attention_launch(ds_cu(be), out, q, k, v, p, NULL);
 }
@@ -647,6 +651,10 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
                                   ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim, float eps,
                                   const float *inv_freq, const ds_attn_params *p) {
     ds_cuda_backend *cb = ds_cu(be);
+    if (p->pages) {
+        ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
+        return;
+    }
     const int min_rows = cb->cfg.fused_attn_min_rows > 0 ? cb->cfg.fused_attn_min_rows : ATT_FRESH_MAX + 1;
     const int n = (int)q.rows;
     bool fused = n >= min_rows && n <= ATT_FRESH_MAX && k.rows == n && v.rows == n && head_dim == p->head_dim &&

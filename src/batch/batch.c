@@ -1,0 +1,600 @@
+#include "batch/batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "sample/draw.h"
+#include "sample/probs.h"
+
+typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_phase;
+
+typedef struct {
+    int id;
+    seq_phase phase;
+    ds_gen_params p;
+    int n_prompt;
+    int32_t *hist; /* the prompt, then every committed token (untrimmed): what a recompute re-reads */
+    int n_hist, cap_hist;
+    /* The cache: target positions 0..cached-1; a sequence still filling it
+     * (the prompt, or a recompute after preemption) runs prefill chunks up
+     * to goal. */
+    int cached, goal;
+    bool started; /* the first token is drawn: decoding resumes after a recompute */
+    int32_t anchor; /* the last committed token, at position start (not in the cache yet) */
+    int start;
+    /* The drafter: context positions 0..d_nctx-1; the rows of the last
+     * forward whose taps it has not received yet (anchor + accepted drafts). */
+    int d_nctx, ctx_row0, ctx_pos0, ctx_n;
+    ds_page_list tp, dp;
+    ds_rng rng;
+    ds_gen_result res;
+    int max_tokens;
+    bool done, cancelled;
+    /* This step: rows row0..row0+n_rows-1 of the forward, logits from logit0. */
+    int row0, n_rows, logit0, n_drafts;
+    bool prefill_step, finishes_prefill;
+    ds_proposal prop;
+    int slot;          /* its draft-probability slot while running */
+    float *host_probs; /* [gamma, V]: the proposal's distributions when drawn on the host */
+} seq;
+
+struct ds_batch {
+    ds_target *t;
+    ds_drafter *d;
+    ds_backend *be;
+    ds_batch_opts o;
+    ds_page_pool tpool, dpool;
+    seq **seqs;
+    int n_seqs, cap_seqs;
+    int n_done;
+    /* per step */
+    int32_t *ids, *pos, *row_table, *table, *logit_rows, *best, *zeros;
+    int cap_table;
+    float *logits_host, *scratch;
+    ds_tensor draft_probs; /* [max_seqs * gamma, V]: each running sequence's proposal distributions */
+    bool *slot_used;
+    ds_batch_stats stats;
+};
+
+int ds_batch_drafter_rows(const ds_batch_opts *o, int gamma) {
+    const int per_seq = (gamma + o->page_rows - 1) / o->page_rows + 1;
+    return (o->n_pages + o->max_seqs * per_seq) * o->page_rows;
+}
+
+ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, ds_batch **out) {
+    *out = NULL;
+    const ds_batch_opts o = *opts;
+    if (o.max_seqs < 1 || o.step_rows < 1 || o.page_rows < 1 || o.n_pages < 1)
+        return ds_errorf("batched engine: max_seqs %d, step_rows %d, page_rows %d, n_pages %d must be positive",
+                         o.max_seqs, o.step_rows, o.page_rows, o.n_pages);
+    if (d && o.step_rows < d->gamma + 1)
+        return ds_errorf("batched engine: %d rows a step cannot verify a block of %d", o.step_rows, d->gamma);
+    if (!t->ops->forward_rows)
+        return ds_errorf("%s: the %s architecture has no batched forward yet", t->ck->dir, t->model_type);
+    if (t->max_rows < o.step_rows || t->max_logit_rows < o.step_rows)
+        return ds_errorf("batched engine: %d rows a step, but the target takes %d rows and %d logit rows a forward",
+                         o.step_rows, t->max_rows, t->max_logit_rows);
+    if ((int64_t)o.n_pages * o.page_rows > t->cache_rows)
+        return ds_errorf("batched engine: a pool of %d pages of %d rows, but the target's caches hold %d rows",
+                         o.n_pages, o.page_rows, t->cache_rows);
+    if (d) {
+        if (!d->paged) return ds_errorf("%s: the %s drafter cannot run on paged caches yet", d->ck->dir, d->arch);
+        if (d->cache_rows < ds_batch_drafter_rows(&o, d->gamma))
+            return ds_errorf("batched engine: the drafter's caches hold %d rows, the pool needs %d", d->cache_rows,
+                             ds_batch_drafter_rows(&o, d->gamma));
+        if (d->be != t->be) return ds_errorf("batched engine: the target and the drafter are on different backends");
+        if (t->n_taps != d->n_taps || memcmp(t->tap_layers, d->tap_layers, (size_t)d->n_taps * sizeof(int)))
+            DS_TRY(ds_target_set_taps(t, d->tap_layers, d->n_taps));
+    }
+    ds_batch *b = calloc(1, sizeof *b);
+    if (!b) return ds_errorf("out of memory");
+    b->t = t, b->d = d, b->be = t->be, b->o = o;
+    const int R = o.step_rows, G = d ? d->gamma : 0, V = t->vocab;
+    const int zrows = d && d->max_rows > G ? d->max_rows : G > 0 ? G : 1;
+    ds_error *e = ds_page_pool_init(&b->tpool, o.n_pages, o.page_rows);
+    if (!e && d) e = ds_page_pool_init(&b->dpool, ds_batch_drafter_rows(&o, G) / o.page_rows, o.page_rows);
+    b->ids = malloc((size_t)R * sizeof *b->ids);
+    b->pos = malloc((size_t)R * sizeof *b->pos);
+    b->row_table = malloc((size_t)R * sizeof *b->row_table);
+    b->logit_rows = malloc((size_t)R * sizeof *b->logit_rows);
+    b->best = malloc((size_t)R * sizeof *b->best);
+    b->zeros = calloc((size_t)zrows, sizeof *b->zeros);
+    b->logits_host = malloc((size_t)(G + 1) * V * sizeof *b->logits_host);
+    b->scratch = malloc((size_t)2 * V * sizeof *b->scratch);
+    b->slot_used = calloc((size_t)o.max_seqs, sizeof *b->slot_used);
+    if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||
+               !b->scratch || !b->slot_used))
+        e = ds_errorf("out of memory");
+    if (e) {
+        ds_batch_free(b);
+        return e;
+    }
+    *out = b;
+    return NULL;
+}
+
+static void seq_release(ds_batch *b, seq *s) {
+    ds_page_list_release(&b->tpool, &s->tp);
+    if (b->d) ds_page_list_release(&b->dpool, &s->dp);
+    if (s->slot >= 0) b->slot_used[s->slot] = false;
+    s->slot = -1;
+    free(s->host_probs);
+    s->host_probs = NULL;
+}
+
+void ds_batch_free(ds_batch *b) {
+    if (!b) return;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        seq_release(b, s);
+        free(s->hist);
+        ds_gen_result_free(&s->res);
+        free(s);
+    }
+    free(b->seqs);
+    ds_page_pool_free(&b->tpool);
+    ds_page_pool_free(&b->dpool);
+    free(b->ids), free(b->pos), free(b->row_table), free(b->table), free(b->logit_rows), free(b->best);
+    free(b->zeros), free(b->logits_host), free(b->scratch), free(b->slot_used);
+    b->be->ops->release(b->be, &b->draft_probs);
+    free(b);
+}
+
+ds_batch_stats ds_batch_get_stats(const ds_batch *b) { return b->stats; }
+
+const ds_gen_result *ds_batch_result(const ds_batch *b, int id) {
+    return id >= 0 && id < b->n_seqs && b->seqs[id]->phase == SEQ_DONE ? &b->seqs[id]->res : NULL;
+}
+
+/* The proposal positions s verifies: its gamma, or the drafter's block size. */
+static int seq_gamma(const ds_batch *b, const seq *s) {
+    const int G = b->d ? b->d->gamma : 0;
+    return s->p.gamma > 0 && s->p.gamma < G ? s->p.gamma : G;
+}
+
+/* Rows a sequence at position start may need in the target's and the
+ * drafter's caches for one more step. */
+static int target_need(const ds_batch *b, const seq *s) { return s->start + (b->d ? b->d->gamma : 0) + 1; }
+
+ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id) {
+    const ds_target *t = b->t;
+    const int n = req->n_prompt, G = b->d ? b->d->gamma : 0;
+    *id = -1;
+    if (n < 1) return ds_errorf("request %d: empty prompt", b->n_seqs);
+    if (n >= t->max_ctx)
+        return ds_errorf("request %d: prompt of %d tokens does not fit the model's context of %d tokens", b->n_seqs,
+                         n, t->max_ctx);
+    if (ds_pages_for(&b->tpool, n + G + 1) > b->tpool.n_pages)
+        return ds_errorf("request %d: prompt of %d tokens does not fit the KV pool (%d pages of %d rows)", b->n_seqs,
+                         n, b->tpool.n_pages, b->tpool.page_rows);
+    if (req->params.max_new < 0) return ds_errorf("request %d: max_new %d is negative", b->n_seqs, req->params.max_new);
+    if (req->params.verify) return ds_errorf("request %d: the batched engine verifies with ds_verify only", b->n_seqs);
+    for (int i = 0; i < n; i++)
+        if (req->prompt[i] < 0 || req->prompt[i] >= t->vocab)
+            return ds_errorf("request %d: prompt token %d at index %d is outside the vocabulary (0..%d)", b->n_seqs,
+                             req->prompt[i], i, t->vocab - 1);
+    if (b->n_seqs == b->cap_seqs) {
+        const int cap = b->cap_seqs ? 2 * b->cap_seqs : 16;
+        seq **a = realloc(b->seqs, (size_t)cap * sizeof *a);
+        if (!a) return ds_errorf("out of memory");
+        b->seqs = a, b->cap_seqs = cap;
+    }
+    seq *s = calloc(1, sizeof *s);
+    const int room = t->max_ctx - n + 1;
+    s->max_tokens = req->params.max_new < room ? req->params.max_new : room;
+    s->cap_hist = n + s->max_tokens + G + 2;
+    if (s) s->hist = malloc((size_t)s->cap_hist * sizeof *s->hist);
+    if (s) s->res.tokens = malloc((size_t)(s->max_tokens + 1) * sizeof *s->res.tokens);
+    if (!s || !s->hist || !s->res.tokens) {
+        if (s) free(s->hist), free(s->res.tokens);
+        free(s);
+        return ds_errorf("out of memory");
+    }
+    s->id = b->n_seqs;
+    s->p = req->params;
+    s->n_prompt = s->goal = s->n_hist = n;
+    memcpy(s->hist, req->prompt, (size_t)n * sizeof *s->hist);
+    s->slot = -1;
+    s->done = s->p.max_new == 0;
+    ds_rng_seed(&s->rng, s->p.seed);
+    b->seqs[b->n_seqs++] = s;
+    *id = s->id;
+    return NULL;
+}
+
+/* ds_generate's emit: records the token unless the output is full, ends on a stop token. */
+static void emit(const ds_batch *b, seq *s, int32_t tok) {
+    ds_gen_result *r = &s->res;
+    if (s->done || r->n_tokens >= s->max_tokens) return;
+    r->tokens[r->n_tokens++] = tok;
+    if (!s->p.ignore_stop && ds_target_is_stop(b->t, tok)) {
+        r->stopped = true;
+        s->done = true;
+    }
+}
+
+static bool is_stop(const ds_batch *b, const seq *s, int32_t tok) {
+    return !s->p.ignore_stop && ds_target_is_stop(b->t, tok);
+}
+
+/* Whether a decoding sequence runs another step (ds_generate's loops). */
+static bool wants_step(const ds_batch *b, const seq *s) {
+    if (s->done) return false;
+    if (b->d) return s->start - s->n_prompt < s->p.max_new && s->start < b->t->max_ctx;
+    return s->res.n_tokens < s->p.max_new && s->start < b->t->max_ctx;
+}
+
+static void finish(ds_batch *b, seq *s) {
+    ds_gen_result *r = &s->res;
+    r->stop_reason = r->stopped              ? DS_STOP_TOKEN
+                     : s->cancelled          ? DS_STOP_CALLER
+                     : r->n_tokens >= s->p.max_new ? DS_STOP_LENGTH
+                                                   : DS_STOP_CONTEXT;
+    seq_release(b, s);
+    s->phase = SEQ_DONE;
+    b->n_done++;
+}
+
+static void push_hist(seq *s, int32_t tok) {
+    if (s->n_hist < s->cap_hist) s->hist[s->n_hist++] = tok;
+}
+
+/* Gives a running sequence's pages back; it waits to recompute its cache. */
+static void preempt(ds_batch *b, seq *s) {
+    seq_release(b, s);
+    s->phase = SEQ_WAITING;
+    s->cached = 0;
+    s->d_nctx = 0;
+    s->ctx_n = 0;
+    s->goal = s->started ? s->start : s->n_prompt;
+    b->stats.preemptions++;
+}
+
+/* The youngest running sequence other than keep (NULL if none). */
+static seq *youngest_running(ds_batch *b, const seq *keep) {
+    for (int i = b->n_seqs - 1; i >= 0; i--)
+        if (b->seqs[i]->phase == SEQ_RUNNING && b->seqs[i] != keep) return b->seqs[i];
+    return NULL;
+}
+
+/* Pages for this step's rows of s (its prefill chunk, or its verify block
+ * and the drafter's block): preempting younger sequences while the pool is
+ * short. False: s itself had to go (nothing younger to take from). */
+static bool reserve(ds_batch *b, seq *s, int target_rows, int drafter_rows) {
+    for (;;) {
+        const bool tok = ds_page_list_reserve(&b->tpool, &s->tp, target_rows);
+        const bool dok = !b->d || ds_page_list_reserve(&b->dpool, &s->dp, drafter_rows);
+        if (tok && dok) return true;
+        seq *v = youngest_running(b, s);
+        if (!v || v->id < s->id) {
+            preempt(b, s);
+            return false;
+        }
+        preempt(b, v);
+    }
+}
+
+/* Pages s still has to take to finish its prefill and verify one block. */
+static int prefill_debt(const ds_page_pool *p, const ds_page_list *l, int rows) {
+    const int need = ds_pages_for(p, rows) - l->n;
+    return need > 0 ? need : 0;
+}
+
+/* Waiting sequences start, oldest first (the preempted before the new),
+ * while the pages their prompts (or recomputes) and one block need are
+ * free, counting what the running sequences' unfinished prefills will
+ * still take. Growth past that may preempt later. */
+static void admit(ds_batch *b) {
+    const int G = b->d ? b->d->gamma : 0;
+    int running = 0, tfree = b->tpool.n_free, dfree = b->dpool.n_free;
+    for (int i = 0; i < b->n_seqs; i++) {
+        const seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING) continue;
+        running++;
+        if (s->cached < s->goal) {
+            tfree -= prefill_debt(&b->tpool, &s->tp, s->goal + G + 1);
+            if (b->d) dfree -= prefill_debt(&b->dpool, &s->dp, s->goal + G);
+        }
+    }
+    for (int i = 0; i < b->n_seqs && running < b->o.max_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_WAITING) continue;
+        const int tneed = ds_pages_for(&b->tpool, s->goal + G + 1);
+        const int dneed = b->d ? ds_pages_for(&b->dpool, s->goal + G) : 0;
+        if (tneed > tfree || dneed > dfree) break;
+        tfree -= tneed, dfree -= dneed;
+        s->phase = SEQ_RUNNING;
+        for (int k = 0; k < b->o.max_seqs; k++)
+            if (!b->slot_used[k]) {
+                b->slot_used[k] = true;
+                s->slot = k;
+                break;
+            }
+        running++;
+    }
+    if (running > b->stats.max_running) b->stats.max_running = running;
+}
+
+static void set_drafter_pages(ds_batch *b, seq *s, ds_kv_pages *pg) {
+    *pg = (ds_kv_pages){.page_rows = b->o.page_rows, .table = s->dp.pages, .row_table = b->zeros};
+    b->d->pages = pg;
+    b->d->n_ctx = s->d_nctx;
+}
+
+/* The drafter's round for s: its pending context rows (taps of the last
+ * forward), then a block after the anchor; the proposal's distributions
+ * kept in s's slot at T > 0 (the drafter's buffers serve the next sequence). */
+static ds_error *draft(ds_batch *b, seq *s) {
+    ds_drafter *d = b->d;
+    ds_kv_pages pg;
+    set_drafter_pages(b, s, &pg);
+    const ds_tensor taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n) : b->t->taps;
+    ds_error *e = ds_drafter_round(d, taps, s->ctx_pos0, s->ctx_n, s->anchor, s->start, &s->p.sampling,
+                                   s->p.threshold, false, &s->rng, &s->prop);
+    s->d_nctx = d->n_ctx;
+    d->pages = NULL;
+    s->ctx_n = 0;
+    if (e || ds_sampling_greedy(&s->p.sampling)) return e;
+    const int G = d->gamma, V = b->t->vocab;
+    if (s->prop.probs_dev.data && ds_spec(b->be)->verify_sample) {
+        ds_backend *be = b->be;
+        if (!b->draft_probs.data) DS_TRY(be->ops->alloc(be, DS_F32, (int64_t)b->o.max_seqs * G, V, &b->draft_probs));
+        be->ops->copy(be, ds_rows(b->draft_probs, (int64_t)s->slot * G, G), ds_rows(s->prop.probs_dev, 0, G));
+        s->prop.probs_dev = ds_rows(b->draft_probs, (int64_t)s->slot * G, G);
+        return NULL;
+    }
+    DS_TRY(ds_drafter_host_probs(d, &s->prop));
+    if (!s->host_probs && !(s->host_probs = malloc((size_t)G * V * sizeof *s->host_probs)))
+        return ds_errorf("out of memory");
+    memcpy(s->host_probs, s->prop.probs, (size_t)G * V * sizeof *s->host_probs);
+    s->prop.probs = s->host_probs;
+    s->prop.probs_dev = ds_no_tensor();
+    return NULL;
+}
+
+/* The token after s's logits row l (no drafts): ds_generate's next_token. */
+static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
+    ds_target *t = b->t;
+    if (ds_sampling_greedy(&s->p.sampling)) {
+        *out = b->best[l];
+        return NULL;
+    }
+    if (ds_spec(t->be)->verify_sample) {
+        double u = ds_rng_uniform(&s->rng);
+        int32_t res[2];
+        ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, l, 1), NULL, 0, ds_no_tensor(), &s->p.sampling, &u,
+                                      res);
+        DS_TRY(ds_backend_check(t->be));
+        *out = res[1];
+        return NULL;
+    }
+    t->be->ops->download(t->be, ds_rows(t->logits, l, 1), b->logits_host);
+    DS_TRY(ds_backend_check(t->be));
+    ds_probs_from_logits(b->logits_host, t->vocab, &s->p.sampling, b->scratch);
+    *out = ds_sample_probs(b->scratch, t->vocab, &s->rng);
+    return NULL;
+}
+
+/* Acceptance of s's n drafts against its verify rows: ds_round's rules. */
+static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
+    ds_target *t = b->t;
+    const int n = s->n_drafts, l = s->logit0;
+    const int32_t *x = s->prop.tokens;
+    if (ds_sampling_greedy(&s->p.sampling)) {
+        int a = 0;
+        while (a < n && b->best[l + a] == x[a]) a++;
+        for (int i = 0; i < a; i++)
+            if (ds_target_placeholder_of(t, x[i]))
+                return ds_errorf("request %d: accepted draft token %d, a placeholder the model embeds as pad", s->id,
+                                 x[i]);
+        *accepted = a;
+        *next = b->best[l + a];
+        return NULL;
+    }
+    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample) {
+        double u[DS_VERIFY_MAX_DRAFT + 1];
+        for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(&s->rng);
+        int32_t res[2];
+        ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, l, n + 1), x, n,
+                                      n > 0 ? ds_rows(s->prop.probs_dev, 0, n) : ds_no_tensor(), &s->p.sampling, u,
+                                      res);
+        DS_TRY(ds_backend_check(t->be));
+        *accepted = res[0];
+        *next = res[1];
+        return NULL;
+    }
+    t->be->ops->download(t->be, ds_rows(t->logits, l, n + 1), b->logits_host);
+    DS_TRY(ds_backend_check(t->be));
+    *accepted = ds_verify(b->logits_host, t->vocab, x, n, s->prop.probs, &s->p.sampling, &s->rng, b->scratch, next);
+    return NULL;
+}
+
+/* After the forward: s's prefill chunk is in the cache (and its taps in the
+ * drafter's context); at the prompt's end the first token is drawn. */
+static ds_error *after_prefill(ds_batch *b, seq *s) {
+    if (b->d) {
+        ds_kv_pages pg;
+        set_drafter_pages(b, s, &pg);
+        ds_error *e = ds_drafter_append(b->d, ds_rows(b->t->taps, s->row0, s->n_rows), s->cached, s->n_rows);
+        s->d_nctx = b->d->n_ctx;
+        b->d->pages = NULL;
+        DS_TRY(e);
+    }
+    s->cached += s->n_rows;
+    if (s->cached < s->goal) return NULL;
+    if (s->started) return NULL; /* a recompute: decoding resumes at anchor, start */
+    s->started = true;
+    s->start = s->n_prompt;
+    if (s->done) return NULL; /* max_new 0 */
+    int32_t first;
+    DS_TRY(next_token(b, s, s->logit0, &first));
+    s->anchor = first;
+    push_hist(s, first);
+    emit(b, s, first);
+    if (is_stop(b, s, first)) s->done = true;
+    return NULL;
+}
+
+/* After the forward: s's verify (or autoregressive) rows; commit. */
+static ds_error *after_decode(ds_batch *b, seq *s) {
+    int a = 0;
+    int32_t next;
+    if (b->d) DS_TRY(accept(b, s, &a, &next));
+    else DS_TRY(next_token(b, s, s->logit0, &next));
+    ds_gen_result *r = &s->res;
+    if (b->d) {
+        const int n = s->n_drafts;
+        for (int i = 0; i < a && !s->p.ignore_stop; i++)
+            if (ds_target_is_stop(b->t, s->prop.tokens[i])) { /* a stop draft ends the output after it */
+                DS_TRY(ds_gen_result_add_round(r, i + 1, i + 1, i + 1));
+                for (int k = 0; k <= i; k++) emit(b, s, s->prop.tokens[k]);
+                s->done = true;
+                return NULL;
+            }
+        DS_TRY(ds_gen_result_add_round(r, a, n, a + 1));
+        for (int k = 0; k < a; k++) emit(b, s, s->prop.tokens[k]), push_hist(s, s->prop.tokens[k]);
+        emit(b, s, next);
+        push_hist(s, next);
+        s->ctx_row0 = s->row0;
+        s->ctx_pos0 = s->start;
+        s->ctx_n = a + 1;
+    } else {
+        emit(b, s, next);
+        push_hist(s, next);
+    }
+    s->start += a + 1;
+    s->cached = s->start;
+    s->anchor = next;
+    if (is_stop(b, s, next)) s->done = true;
+    ds_page_list_trim(&b->tpool, &s->tp, s->cached);
+    return NULL;
+}
+
+static ds_error *grow_table(ds_batch *b, int need) {
+    if (need <= b->cap_table) return NULL;
+    int cap = b->cap_table ? b->cap_table : 256;
+    while (cap < need) cap *= 2;
+    int32_t *a = realloc(b->table, (size_t)cap * sizeof *a);
+    if (!a) return ds_errorf("out of memory");
+    b->table = a, b->cap_table = cap;
+    return NULL;
+}
+
+ds_error *ds_batch_step(ds_batch *b, int *active) {
+    ds_target *t = b->t;
+    ds_drafter *d = b->d;
+    const int G = d ? d->gamma : 0;
+    /* Sequences that need no more steps end here. */
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase == SEQ_RUNNING && s->started && s->cached >= s->goal && !wants_step(b, s)) finish(b, s);
+    }
+    admit(b);
+
+    /* Pages first, for every row this step may write, preempting the
+     * youngest where the pool is short: a sequence's random stream moves only
+     * once its step is sure to run. Decoding sequences take their rows
+     * before prefill chunks take what is left. */
+    int rows = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < b->n_seqs; i++) {
+            seq *s = b->seqs[i];
+            if (s->phase != SEQ_RUNNING) continue;
+            const bool decoding = s->started && s->cached >= s->goal;
+            if (decoding != (pass == 0)) continue;
+            s->n_rows = 0;
+            s->prefill_step = !decoding;
+            if (decoding) {
+                const int gamma = seq_gamma(b, s);
+                const int cap = gamma < t->max_ctx - s->start - 1 ? gamma : t->max_ctx - s->start - 1;
+                if (rows + cap + 1 > b->o.step_rows) continue; /* next step */
+                if (!reserve(b, s, target_need(b, s), s->start + G)) continue;
+                s->n_rows = cap + 1; /* at most: the proposal may be shorter */
+            } else {
+                int m = s->goal - s->cached;
+                const int left = b->o.step_rows - rows;
+                if (m > left) m = left;
+                if (d && m > d->max_rows) m = d->max_rows;
+                if (m <= 0) continue;
+                if (!reserve(b, s, s->cached + m + (s->cached + m == s->goal ? G + 1 : 0), s->cached + m)) continue;
+                s->n_rows = m;
+            }
+            rows += s->n_rows;
+        }
+
+    /* Draft for every decoding sequence that got its rows (the drafter reads
+     * the taps of the last forward, which the next one overwrites). */
+    const double t0 = ds_now_s();
+    for (int i = 0; i < b->n_seqs && d; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        DS_TRY(ds_error_wrap(draft(b, s), "request %d", s->id));
+    }
+    const double t1 = ds_now_s();
+    b->stats.draft_s += t1 - t0;
+
+    /* The rows of one target forward. */
+    int n = 0, n_logits = 0, n_table = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->n_rows == 0) continue;
+        DS_TRY(grow_table(b, n_table + s->tp.n));
+        memcpy(b->table + n_table, s->tp.pages, (size_t)s->tp.n * sizeof *b->table);
+        s->row0 = n;
+        s->logit0 = n_logits;
+        if (s->prefill_step) {
+            for (int k = 0; k < s->n_rows; k++) b->ids[n + k] = s->hist[s->cached + k], b->pos[n + k] = s->cached + k;
+            s->finishes_prefill = s->cached + s->n_rows == s->goal && !s->started;
+            if (s->finishes_prefill) b->logit_rows[n_logits++] = n + s->n_rows - 1;
+        } else {
+            const int cap = s->n_rows - 1;
+            s->n_drafts = d ? (s->prop.n < cap ? s->prop.n : cap) : 0;
+            s->n_rows = s->n_drafts + 1;
+            b->ids[n] = s->anchor;
+            b->pos[n] = s->start;
+            for (int k = 0; k < s->n_drafts; k++) b->ids[n + 1 + k] = s->prop.tokens[k], b->pos[n + 1 + k] = s->start + 1 + k;
+            for (int k = 0; k < s->n_rows; k++) b->logit_rows[n_logits++] = n + k;
+        }
+        for (int k = 0; k < s->n_rows; k++) b->row_table[n + k] = n_table;
+        n_table += s->tp.n;
+        n += s->n_rows;
+    }
+    *active = b->n_seqs - b->n_done;
+    if (n == 0) {
+        if (*active > 0 && !youngest_running(b, NULL))
+            return ds_errorf("batched engine: %d requests wait, but the KV pool (%d pages) cannot take any", *active,
+                             b->tpool.n_pages);
+        return NULL;
+    }
+    const ds_kv_pages pg = {.page_rows = b->o.page_rows, .table = b->table, .row_table = b->row_table};
+    const ds_target_rows tr = {.n = n, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,
+                               .logit_rows = b->logit_rows};
+    DS_TRY(ds_target_forward_rows(t, &tr));
+    if (n_logits) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, n_logits), b->best);
+    DS_TRY(ds_backend_check(t->be));
+    b->stats.steps++;
+    b->stats.rows += n;
+
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->n_rows == 0) continue;
+        if (s->prefill_step) {
+            b->stats.prefill_rows += s->n_rows;
+            DS_TRY(ds_error_wrap(after_prefill(b, s), "request %d", s->id));
+        } else {
+            DS_TRY(ds_error_wrap(after_decode(b, s), "request %d", s->id));
+        }
+        s->n_rows = 0;
+        if (s->started && s->cached >= s->goal && !wants_step(b, s)) finish(b, s);
+    }
+    b->stats.forward_s += ds_now_s() - t1;
+    *active = b->n_seqs - b->n_done;
+    return NULL;
+}
+
+ds_error *ds_batch_run(ds_batch *b) {
+    int active = 1;
+    while (active > 0) DS_TRY(ds_batch_step(b, &active));
+    return NULL;
+}

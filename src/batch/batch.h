@@ -1,0 +1,69 @@
+/* The batched engine: many requests at once over one target and one
+ * drafter. Each step drafts for every decoding sequence, then runs ONE
+ * target forward over the ragged rows of all of them (verify blocks,
+ * autoregressive rows and prefill chunks mixed), whose keys and values live
+ * in a shared pool of pages (pages.h); then accepts and commits each
+ * sequence on its own. Requests join between steps and leave when done.
+ *
+ * Batch invariance: every op is row invariant, attention reads only the
+ * row's own sequence, and each request draws from its own random stream in
+ * the order ds_generate draws, so a request's tokens are those of its solo
+ * run (ds_generate with the same parameters) whatever else runs beside it,
+ * at T = 0 and at T > 0 alike. When the pool runs out, the youngest running
+ * sequence is preempted: its pages go back and its cache is recomputed
+ * later from its tokens, bit for bit the same rows. */
+#ifndef DS_BATCH_H
+#define DS_BATCH_H
+
+#include "batch/pages.h"
+#include "speculate/generate.h"
+
+typedef struct ds_batch ds_batch;
+
+typedef struct {
+    int max_seqs;  /* sequences in flight at once (the rest wait) */
+    int step_rows; /* most target rows per step (verify rows, decode rows and prefill chunks together) */
+    int page_rows; /* rows a KV page holds */
+    int n_pages;   /* pages of the target's pool (the drafter's gets as many, plus room for its blocks) */
+} ds_batch_opts;
+
+/* One request: the prompt (copied) and ds_generate's parameters (verify
+ * must be NULL: the batched engine verifies with ds_verify). */
+typedef struct {
+    const int32_t *prompt;
+    int n_prompt;
+    ds_gen_params params;
+} ds_batch_request;
+
+/* Opens an engine over t and d (d NULL: autoregressive). Their caches must
+ * be pools (ds_target_opts.cache_rows, ds_drafter_opts.cache_rows) of at
+ * least n_pages x page_rows rows (the drafter's: ds_batch_drafter_rows), and
+ * t->max_rows, t->max_logit_rows at least step_rows. */
+ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, ds_batch **out);
+void ds_batch_free(ds_batch *b);
+/* Cache rows the drafter's pool needs for opts (the target's pages, plus
+ * every sequence's block). */
+int ds_batch_drafter_rows(const ds_batch_opts *opts, int gamma);
+
+/* Queues a request; *id numbers it from 0 in submission order. Refuses a
+ * request that could never run (empty or over-long prompt, a prompt the
+ * whole pool cannot hold, bad ids) with a message naming it. */
+ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id);
+/* One engine step: admit, draft, one target forward, accept, commit.
+ * *active: requests not finished after it (0: all done). */
+ds_error *ds_batch_step(ds_batch *b, int *active);
+/* Steps until every submitted request has finished. */
+ds_error *ds_batch_run(ds_batch *b);
+/* A finished request's result (NULL while it runs); owned by the engine. */
+const ds_gen_result *ds_batch_result(const ds_batch *b, int id);
+
+/* What the engine did so far. */
+typedef struct {
+    int64_t steps, rows, prefill_rows, preemptions;
+    int max_running;   /* most sequences in flight in one step */
+    double forward_s;  /* time in target forwards (outputs included) */
+    double draft_s;    /* time in drafter rounds */
+} ds_batch_stats;
+ds_batch_stats ds_batch_get_stats(const ds_batch *b);
+
+#endif
