@@ -295,6 +295,8 @@ static void test_bad_input(void) {
     in.n_requests = 2;
     CHECK_ERR(ds_schedule_predict(&in, (const int[]){3, 0}, sps, NULL, &res), "request 0 verifies 3");
     CHECK_ERR(ds_schedule_allocate(&in, -1, len, &res), "budget of -1");
+    CHECK_ERR(ds_schedule_confidence(&in, sps, NULL, NULL, &res), "no output");
+    CHECK_ERR(ds_schedule_fixed(&in, 1, sps, NULL, len, NULL), "no output");
     ds_step_cost_free(sps);
 }
 

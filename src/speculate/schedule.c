@@ -8,6 +8,12 @@
 #define MAX_REQUESTS (1 << 20)
 #define MAX_GAMMA 1024
 
+/* The caller's output arrays must be there for a non-empty step. */
+static ds_error *check_out(const ds_schedule_input *in, const int *len, const ds_schedule_result *out) {
+    if (!out || (in && in->n_requests > 0 && !len)) return ds_errorf("schedule: no output (len or result)");
+    return NULL;
+}
+
 static int drafts_of(const ds_schedule_input *in, int r) { return in->n_drafts ? in->n_drafts[r] : in->gamma; }
 
 static ds_error *check_shape(const ds_schedule_input *in, bool need_values) {
@@ -151,6 +157,7 @@ static double theta_of(double tau, int b, const ds_step_cost *sps, double draft_
 
 ds_error *ds_schedule_confidence(const ds_schedule_input *in, const ds_step_cost *sps,
                                  const ds_schedule_opts *opts, int *len, ds_schedule_result *out) {
+    DS_TRY(check_out(in, len, out));
     double draft_s;
     DS_TRY(check_shape(in, true));
     DS_TRY(check_opts(opts, &draft_s));
@@ -185,6 +192,7 @@ ds_error *ds_schedule_confidence(const ds_schedule_input *in, const ds_step_cost
 }
 
 ds_error *ds_schedule_allocate(const ds_schedule_input *in, int drafts, int *len, ds_schedule_result *out) {
+    DS_TRY(check_out(in, len, out));
     DS_TRY(check_shape(in, true));
     if (drafts < 0) return ds_errorf("schedule: a budget of %d drafts", drafts);
     const int R = in->n_requests;
@@ -215,6 +223,7 @@ ds_error *ds_schedule_allocate(const ds_schedule_input *in, int drafts, int *len
 
 ds_error *ds_schedule_predict(const ds_schedule_input *in, const int *len, const ds_step_cost *sps,
                               const ds_schedule_opts *opts, ds_schedule_result *out) {
+    DS_TRY(check_out(in, len, out));
     double draft_s;
     DS_TRY(check_shape(in, false));
     DS_TRY(check_opts(opts, &draft_s));
@@ -244,6 +253,7 @@ ds_error *ds_schedule_predict(const ds_schedule_input *in, const int *len, const
 
 ds_error *ds_schedule_fixed(const ds_schedule_input *in, int gamma, const ds_step_cost *sps,
                             const ds_schedule_opts *opts, int *len, ds_schedule_result *out) {
+    DS_TRY(check_out(in, len, out));
     DS_TRY(check_shape(in, false));
     if (gamma < 0) return ds_errorf("schedule: fixed gamma %d (>= 0)", gamma);
     for (int r = 0; r < in->n_requests; r++) {
@@ -269,6 +279,7 @@ ds_error *ds_schedule_confidence_stale(const ds_schedule_input *stale, const ds_
 
 ds_error *ds_schedule_draft_pays(const ds_schedule_input *in, const ds_step_cost *sps, const ds_schedule_opts *opts,
                                  bool *pays, ds_schedule_result *predicted) {
+    if (!pays) return ds_errorf("schedule: no output (pays)");
     *pays = false;
     DS_TRY(check_shape(in, true));
     int *len = malloc((size_t)(in->n_requests ? in->n_requests : 1) * sizeof *len);
