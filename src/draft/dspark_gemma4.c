@@ -32,7 +32,8 @@ typedef struct {
 static void gd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     gemma4_drafter *g = (gemma4_drafter *)d;
     for (int l = 0; l < g->c.n_layers; l++)
-        ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, g->st.k[l], g->st.v[l], 0, &g->s, pos);
+        ds_gemma4_key_value(d->be, &g->c, &g->st.layers[l], ctx, g->st.k[l], g->st.v[l], 0, &g->s, pos,
+                            d->pages);
 }
 
 static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
@@ -48,9 +49,9 @@ static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, G), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, G);
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
                              .v_head_dim = L->head_dim, .n_keys = pos[0] + G, .causal = false,
-                             .scale = 1.0f, .q_pos = pos};
+                             .scale = 1.0f, .q_pos = pos, .pages = d->pages};
         /* The block's K/V go right after the context rows and are overwritten next round. */
-        ds_gemma4_attention_inputs(be, c, L, x, q, true, g->st.k[l], g->st.v[l], 0, &g->s, pos);
+        ds_gemma4_attention_inputs(be, c, L, x, q, true, g->st.k[l], g->st.v[l], 0, &g->s, pos, d->pages);
         be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
     }
@@ -106,7 +107,7 @@ static ds_error *load_layers(gemma4_drafter *g) {
         if (first_doubled > 0 && l >= first_doubled) lc.inter = 2 * c->inter;
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->st.layers[l]));
-        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->max_ctx + d->gamma));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->cache_rows));
     }
     return NULL;
 }
@@ -120,6 +121,7 @@ static ds_error *gd_init(gemma4_drafter *g, const ds_target *target) {
     const ds_gemma4_config *c = &g->c;
     DS_TRY(check_drafter_config(c, ck->dir));
     DS_TRY(ds_drafter_load_common(d, target));
+    if (d->cache_rows <= 0) d->cache_rows = d->max_ctx + d->gamma;
     d->logit_softcap = c->softcap;
     g->embed_scale = ds_gemma4_embed_scale(d->embed.dtype, c->hidden);
     DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
@@ -143,6 +145,8 @@ ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_targ
     d->ck = ck;
     d->arch = "Gemma4DSparkModel";
     d->max_rows = opts && opts->max_rows > 0 ? opts->max_rows : ds_backend_prefill_rows(be);
+    d->cache_rows = opts && opts->cache_rows > 0 ? opts->cache_rows : 0;
+    d->paged = true;
     ds_error *e = gd_init(g, target);
     if (e) {
         gd_destroy(d);

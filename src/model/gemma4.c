@@ -105,12 +105,13 @@ static ds_error *gemma4_prepare(ds_target *t, const int32_t *ids, int n, int pos
     return NULL;
 }
 
-static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
-    gemma4_target *g = (gemma4_target *)t;
+/* The decoder stack over ids[0..n) at positions pos (keys below n_keys;
+ * through pages when paged), taps included; leaves the residual in g->x. */
+static ds_tensor gemma4_layers(gemma4_target *g, const int32_t *ids, int n, const int32_t *pos, int n_keys,
+                               const ds_kv_pages *pages) {
+    ds_target *t = &g->base;
     ds_backend *be = t->be;
     const ds_gemma4_config *c = &g->c;
-    /* Positions (and the K/V rows written) from the step, as the ids. */
-    const int32_t *pos = t->step.pos;
     ds_tensor x = ds_rows(g->x, 0, n);
     be->ops->embed(be, x, g->embed, ids, g->embed_scale);
     ds_target_tap(t, -1, x, n);
@@ -120,36 +121,70 @@ static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos
         const int src = c->kv_source[l];
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
         ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, n), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, n);
-        ds_gemma4_attention_inputs(be, c, L, x, q, L->has_kv, g->st.k[l], g->st.v[l], g->ring[l], &g->s, pos);
+        ds_gemma4_attention_inputs(be, c, L, x, q, L->has_kv, g->st.k[l], g->st.v[l], g->ring[l], &g->s, pos, pages);
         const bool sliding = L->type == DS_G4_SLIDING;
         ds_attn_params ap = {.n_heads = c->n_heads,
                              .n_kv_heads = L->n_kv_heads,
                              .head_dim = L->head_dim,
                              .v_head_dim = L->head_dim,
-                             .n_keys = pos0 + n,
+                             .n_keys = n_keys,
                              .causal = true,
                              .window = sliding ? c->window : 0,
                              .ring_size = g->ring[src],
                              .scale = 1.0f,
-                             .q_pos = pos};
+                             .q_pos = pos,
+                             .pages = pages};
         be->ops->attention(be, attn, q, g->st.k[src], g->st.v[src], &ap);
         ds_tensor ple =
             c->ple_dim ? ds_rows(ds_cols(g->ple, (int64_t)l * c->ple_dim, c->ple_dim), 0, n) : ds_no_tensor();
         ds_gemma4_output_and_mlp(be, c, L, x, &g->s, n, ple);
         ds_target_tap(t, l, x, n);
     }
-    ds_tensor lg = ds_target_head(t, x, g->final_norm, c->eps, g->lm_head, n, n_logits);
-    /* bf16 checkpoints: the reference's logits and its soft-cap are bf16 results
-     * (ds_target_head has rounded the logits already). */
-    if (n_logits > 0 && c->softcap > 0) {
-        be->ops->softcap(be, lg, c->softcap);
-        if (t->logits_bf16) be->ops->round_bf16(be, lg);
-    }
+    return x;
+}
+
+/* bf16 checkpoints: the reference's logits and its soft-cap are bf16
+ * results (the head has rounded the logits already). */
+static void softcap_logits(gemma4_target *g, int n_logits) {
+    ds_target *t = &g->base;
+    if (n_logits <= 0 || g->c.softcap <= 0) return;
+    ds_tensor lg = ds_rows(t->logits, 0, n_logits);
+    t->be->ops->softcap(t->be, lg, g->c.softcap);
+    if (t->logits_bf16) t->be->ops->round_bf16(t->be, lg);
+}
+
+static ds_error *gemma4_forward(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits) {
+    gemma4_target *g = (gemma4_target *)t;
+    /* Positions (and the K/V rows written) from the step, as the ids. */
+    const ds_tensor x = gemma4_layers(g, ids, n, t->step.pos, pos0 + n, NULL);
+    ds_target_head(t, x, g->final_norm, g->c.eps, g->lm_head, n, n_logits);
+    softcap_logits(g, n_logits);
     return NULL;
 }
 
-static const ds_target_ops gemma4_ops = {
-    .forward = gemma4_forward, .destroy = gemma4_destroy, .prepare = gemma4_prepare};
+/* Every layer reads its keys through the pages (a sliding layer's window
+ * as a mask: no ring). */
+static ds_error *gemma4_forward_rows(ds_target *t, const ds_target_rows *b, const int32_t *ids) {
+    gemma4_target *g = (gemma4_target *)t;
+    if (!t->paged_cache) return ds_errorf("gemma4: batched forwards need caches opened as a pool of pages");
+    if (g->c.ple_dim)
+        for (int i = 0; i < b->n; i++)
+            if (ids[i] >= g->c.ple_vocab)
+                return ds_errorf("token id %d is outside the per-layer input vocabulary (0..%d)", ids[i],
+                                 g->c.ple_vocab - 1);
+    int n_keys = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->pos[i] + 1 > n_keys) n_keys = b->pos[i] + 1;
+    const ds_tensor x = gemma4_layers(g, ids, b->n, b->pos, n_keys, b->pages);
+    ds_target_head_rows(t, x, g->final_norm, g->c.eps, g->lm_head, b->n, b->logit_rows, b->n_logits);
+    softcap_logits(g, b->n_logits);
+    return NULL;
+}
+
+static const ds_target_ops gemma4_ops = {.forward = gemma4_forward,
+                                         .forward_rows = gemma4_forward_rows,
+                                         .destroy = gemma4_destroy,
+                                         .prepare = gemma4_prepare};
 
 static ds_error *load_embeddings(gemma4_target *g, ds_checkpoint *ck) {
     ds_backend *be = g->base.be;
@@ -184,7 +219,7 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
     const ds_gemma4_config *c = &g->c;
     const int max_rows = g->base.max_rows;
     /* A ring only pays off when the context is longer than it. */
-    if (c->window + max_rows < g->base.max_ctx) g->ring_size = c->window + max_rows;
+    if (c->window + max_rows < g->base.max_ctx && !g->base.paged_cache) g->ring_size = c->window + max_rows;
     char prefix[64];
     for (int l = 0; l < c->n_layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
@@ -192,7 +227,7 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
         if (!L->has_kv) continue;
         g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
-        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.max_ctx));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.cache_rows));
     }
     if (g->ring_size) {
         g->ring_pos = malloc((size_t)g->ring_size * sizeof *g->ring_pos);

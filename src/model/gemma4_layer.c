@@ -143,7 +143,8 @@ void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s) {
 }
 
 void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
-                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos) {
+                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos,
+                         const ds_kv_pages *pages) {
     const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
     ds_tensor k = ds_rows(ds_cols(s->k, 0, kvd), 0, x.rows), v = ds_rows(ds_cols(s->v, 0, kvd), 0, x.rows);
     be->ops->linear(be, k, x, L->k_proj, L->k_bias);
@@ -154,12 +155,12 @@ void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gem
     /* k_norm then RoPE, and the K and V rows into their cache rows (one pass
      * where the backend fuses them; the CPU runs rmsnorm, rope, row copies). */
     ds_qk_norm_rope_store(be, ds_rows(k, 0, 0), ds_no_tensor(), k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps,
-                          pos, L->inv_freq, NULL);
+                          pos, L->inv_freq, pages);
 }
 
 void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
                                 ds_tensor q, bool kv, ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s,
-                                const int32_t *pos) {
+                                const int32_t *pos, const ds_kv_pages *pages) {
     const int64_t kvd = (int64_t)L->n_kv_heads * L->head_dim;
     const ds_tensor xn = ds_rows(s->xn, 0, x.rows);
     if (!kv) { /* K/V shared from an earlier layer: q alone */
@@ -174,7 +175,7 @@ void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const
     /* v_norm from the raw projection (k's before k_norm without a v_proj), as ds_gemma4_key_value */
     be->ops->rmsnorm(be, v, L->has_v_proj ? v : k, ds_no_tensor(), L->head_dim, c->eps);
     ds_qk_norm_rope_store(be, q, L->q_norm, k, L->k_norm, v, kc, vc, ring, L->head_dim, c->eps, pos, L->inv_freq,
-                          NULL);
+                          pages);
 }
 
 void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,

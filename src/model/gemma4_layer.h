@@ -97,9 +97,11 @@ void ds_gemma4_scratch_release(ds_backend *be, ds_gemma4_scratch *s);
  * s->k, s->v), written into rows pos[i] (pos[i] % ring when ring > 0) of
  * the caches kc, vc: whole cache tensors, the rows written are the
  * positions, read by the backend (qk_norm_rope_store), so a recorded step
- * replays at any position. Only for layers with has_kv. */
+ * replays at any position. Only for layers with has_kv. pages: paged
+ * caches (rows through the pages, no ring), or NULL. */
 void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
-                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos);
+                         ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s, const int32_t *pos,
+                         const ds_kv_pages *pages);
 /* The attention's inputs from the layer's input x: xn = in_norm(x) (in
  * s->xn where the backend does not fuse it), q[M, heads*hd] =
  * rope(q_norm(q_proj(xn))) at pos and, with kv (the layer has its own K/V),
@@ -108,7 +110,7 @@ void ds_gemma4_key_value(ds_backend *be, const ds_gemma4_config *c, const ds_gem
  * the K/V store in another (each was its own launch: ~20 a layer). */
 void ds_gemma4_attention_inputs(ds_backend *be, const ds_gemma4_config *c, const ds_gemma4_layer *L, ds_tensor x,
                                 ds_tensor q, bool kv, ds_tensor kc, ds_tensor vc, int ring, ds_gemma4_scratch *s,
-                                const int32_t *pos);
+                                const int32_t *pos, const ds_kv_pages *pages);
 /* The rest of the layer, given attn = attention output (rows of s->attn):
  * x += post_attn_norm(o_proj(attn)); x += post_ff_norm(mlp(pre_ff_norm(x)));
  * with per-layer inputs (ple: [rows, ple_dim] view, or no tensor)

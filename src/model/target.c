@@ -55,6 +55,7 @@ void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, cons
     if (t->max_logit_rows > t->max_rows) t->max_logit_rows = t->max_rows;
     t->opt_max_ctx = opts ? opts->max_ctx : 0;
     t->cache_rows = opts ? opts->cache_rows : 0;
+    t->paged_cache = t->cache_rows > 0;
 }
 
 void ds_target_limit_ctx(ds_target *t, int config_max_ctx) {
@@ -108,6 +109,8 @@ ds_error *ds_target_forward(ds_target *t, const int32_t *ids, int n, int pos0, i
 }
 
 ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int pos0, int n_logits, int32_t *best) {
+    if (t->paged_cache)
+        return ds_errorf("%s: this target's caches are a pool of pages: batched forwards only", t->ck->dir);
     if (n <= 0 || n > t->max_rows) return ds_errorf("forward of %d tokens (1..%d per call)", n, t->max_rows);
     if (n_logits < 0 || n_logits > n || n_logits > t->max_logit_rows)
         return ds_errorf("forward asks logits for %d rows (at most %d)", n_logits, t->max_logit_rows);

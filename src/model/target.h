@@ -70,6 +70,8 @@ struct ds_target {
     ds_tensor gathered;     /* [max_logit_rows, hidden]: a batched forward's logit rows (allocated on first use) */
     int cache_rows;         /* rows of each layer's K/V cache: max_ctx, or a pool's pages x page rows */
     int opt_max_ctx;        /* ds_target_opts.max_ctx, for ds_target_limit_ctx */
+    bool paged_cache;       /* the caches are a pool of pages (ds_target_opts.cache_rows given): only
+                               forward_rows uses them (a Gemma 4 target then keeps no sliding ring) */
     /* A forward's per-step values (ids, positions, key count; argmax
      * results), which the architecture's forward reads its ids and
      * positions from (backend.h ds_step). graph_safe: the architecture's
