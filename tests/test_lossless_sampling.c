@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch/batch.h"
 #include "draft/drafter.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
@@ -514,5 +515,96 @@ static void test_top_k_top_p_gamma_1(void) {
     check_lossless("T=0.8 top-k top-p gamma=1", &c, 0x4000000);
 }
 
+/* The same test through the batched engine (src/batch/) with Algorithm 1
+ * choosing how much of each proposal is verified: every sample is a request
+ * of one batch, 64 in flight. The step cost is made up so that Algorithm 1
+ * admits a varying part of the proposals (a step of B rows costs 1 + B / 64
+ * units: with 64 requests in the step, a draft pays only where its survival
+ * is above about one half): the test checks it verified some drafts and not
+ * all. */
+static void test_batched_algorithm1(void) {
+    if (!n_workers || !W[0].d) return;
+    const char *backend = getenv("DS_BACKEND");
+    if (backend && *backend && strcmp(backend, "cpu")) return; /* paged caches: the CPU backend for now */
+    const config c = {.s = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f}};
+    const int n = samples(N_FULL);
+    exact_dist ex;
+    ds_error *e = exact_distribution(W[0].t, &c.s, MIN_EXPECTED / n, &ex);
+    if (e) {
+        exact_free(&ex);
+        CHECK_OK(e);
+    }
+    enum { SEQS = 64, PAGE = 16 };
+    const int G = W[0].d->gamma;
+    static const int tokens[] = {1, 64, 512};
+    static const double secs[] = {1.015625, 2, 9}; /* 1 + B / 64 */
+    ds_step_cost *sps;
+    CHECK_OK(ds_step_cost_new(tokens, secs, 3, DS_STEP_COST_LINEAR, &sps));
+    const ds_batch_opts bo = {.max_seqs = SEQS, .step_rows = SEQS * (G + 1), .page_rows = PAGE,
+                              .n_pages = SEQS * 2, .schedule = DS_SCHEDULE_CONFIDENCE, .sps = sps};
+    ds_backend *be = NULL;
+    ds_target *t = NULL;
+    ds_drafter *d = NULL;
+    ds_batch *b = NULL;
+    const ds_target_opts to = {.max_rows = bo.step_rows, .max_logit_rows = bo.step_rows,
+                               .cache_rows = bo.n_pages * PAGE};
+    const ds_drafter_opts dopts = {.cache_rows = ds_batch_drafter_rows(&bo, G)};
+    e = ds_backend_cpu_new(2, &be);
+    if (!e) e = ds_target_open(be, FIX "/target", &to, &t);
+    if (!e) e = ds_drafter_open(be, FIX "/drafter-trained", t, &dopts, &d);
+    if (!e) e = ds_batch_new(t, d, &bo, &b);
+    int32_t *codes = malloc((size_t)n * sizeof *codes);
+    int *ids = malloc((size_t)n * sizeof *ids);
+    const double t0 = now_s();
+    for (int i = 0; i < n && !e; i++) {
+        const ds_batch_request rq = {.prompt = PROMPT, .n_prompt = N_PROMPT,
+                                     .params = {.max_new = NEW, .sampling = c.s, .seed = 0x5000000 + (uint64_t)i,
+                                                .ignore_stop = true}};
+        e = ds_batch_submit(b, &rq, &ids[i]);
+    }
+    if (!e) e = ds_batch_run(b);
+    long accepted = 0, proposed = 0, rounds = 0, hit = 0, missed = 0;
+    for (int i = 0; i < n && !e; i++) {
+        const ds_gen_result *r = ds_batch_result(b, ids[i]);
+        if (!r || r->n_tokens != NEW) {
+            e = ds_errorf("sample %d: %d tokens", i, r ? r->n_tokens : -1);
+            break;
+        }
+        codes[i] = (r->tokens[0] * W[0].t->vocab + r->tokens[1]) * W[0].t->vocab + r->tokens[2];
+        for (int k = 0; k < r->rounds; k++) {
+            accepted += r->accepted[k], proposed += r->proposed[k];
+            hit += r->accepted[k] > 0, missed += r->accepted[k] < r->proposed[k];
+        }
+        rounds += r->rounds;
+    }
+    if (e) {
+        CHECK(0, "batched sampling failed: %s", ds_error_message(e));
+        ds_error_free(e);
+    } else {
+        const ds_batch_stats st = ds_batch_get_stats(b);
+        run_result rr = {.accept_rate = proposed ? (double)accepted / (double)proposed : 0,
+                         .rounds = rounds, .hit = hit, .missed = missed, .seconds = now_s() - t0};
+        qsort(codes, (size_t)n, sizeof *codes, code_cmp);
+        chi_square(codes, n, &ex, &rr);
+        printf("  batched, Algorithm 1 (T=1): %lld of %lld drafts verified\n", (long long)st.verified_drafts,
+               (long long)st.drafted);
+        print_run("batched", n, &rr);
+        CHECK(rr.df >= 10, "batched: only %d degrees of freedom", rr.df);
+        CHECK(rr.p >= ALPHA, "batched with Algorithm 1: chi2 %.2f df %d p %.3g < alpha %g", rr.stat, rr.df, rr.p,
+              ALPHA);
+        CHECK(st.verified_drafts > 0 && st.verified_drafts < st.drafted,
+              "Algorithm 1 verified %lld of %lld drafts: it does not choose", (long long)st.verified_drafts,
+              (long long)st.drafted);
+    }
+    free(codes);
+    free(ids);
+    ds_batch_free(b);
+    if (d) ds_drafter_free(d);
+    if (t) ds_target_free(t);
+    if (be) be->ops->destroy(be);
+    ds_step_cost_free(sps);
+    exact_free(&ex);
+}
+
 RUN_TESTS("lossless_sampling", setup, test_chi2_pvalue, test_temperature_1, test_temperature_07_top_k_20,
-          test_temperature_1_top_p_08, test_top_k_top_p_gamma_1, teardown)
+          test_temperature_1_top_p_08, test_top_k_top_p_gamma_1, test_batched_algorithm1, teardown)

@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
+#include "speculate/schedule.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_phase;
 
@@ -33,6 +34,7 @@ typedef struct {
     bool done, cancelled;
     /* This step: rows row0..row0+n_rows-1 of the forward, logits from logit0. */
     int row0, n_rows, logit0, n_drafts;
+    int sched; /* drafts the schedule lets it verify this step */
     bool prefill_step, finishes_prefill;
     ds_proposal prop;
     int slot;          /* its draft-probability slot while running */
@@ -52,6 +54,8 @@ struct ds_batch {
     int32_t *ids, *pos, *row_table, *table, *logit_rows, *best, *zeros;
     int cap_table;
     float *logits_host, *scratch;
+    float *conf;  /* [max_seqs * gamma]: this step's calibrated confidences, for Algorithm 1 */
+    int *n_conf, *len;
     ds_tensor draft_probs; /* [max_seqs * gamma, V]: each running sequence's proposal distributions */
     bool *slot_used;
     ds_batch_stats stats;
@@ -68,6 +72,11 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     if (o.max_seqs < 1 || o.step_rows < 1 || o.page_rows < 1 || o.n_pages < 1)
         return ds_errorf("batched engine: max_seqs %d, step_rows %d, page_rows %d, n_pages %d must be positive",
                          o.max_seqs, o.step_rows, o.page_rows, o.n_pages);
+    if (o.schedule == DS_SCHEDULE_CONFIDENCE && (!d || !d->confidence))
+        return ds_errorf("batched engine: Algorithm 1 schedules by the drafter's confidences, but %s",
+                         d ? "the drafter has no confidence head" : "there is no drafter");
+    if (o.schedule == DS_SCHEDULE_CONFIDENCE && !o.sps)
+        return ds_errorf("batched engine: Algorithm 1 needs the target's step cost (ds_batch_profile)");
     if (d && o.step_rows < d->gamma + 1)
         return ds_errorf("batched engine: %d rows a step cannot verify a block of %d", o.step_rows, d->gamma);
     if (!t->ops->forward_rows)
@@ -103,8 +112,11 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     b->logits_host = malloc((size_t)(G + 1) * V * sizeof *b->logits_host);
     b->scratch = malloc((size_t)2 * V * sizeof *b->scratch);
     b->slot_used = calloc((size_t)o.max_seqs, sizeof *b->slot_used);
+    b->conf = malloc((size_t)o.max_seqs * (G > 0 ? G : 1) * sizeof *b->conf);
+    b->n_conf = malloc((size_t)o.max_seqs * sizeof *b->n_conf);
+    b->len = malloc((size_t)o.max_seqs * sizeof *b->len);
     if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||
-               !b->scratch || !b->slot_used))
+               !b->scratch || !b->slot_used || !b->conf || !b->n_conf || !b->len))
         e = ds_errorf("out of memory");
     if (e) {
         ds_batch_free(b);
@@ -137,6 +149,7 @@ void ds_batch_free(ds_batch *b) {
     ds_page_pool_free(&b->dpool);
     free(b->ids), free(b->pos), free(b->row_table), free(b->table), free(b->logit_rows), free(b->best);
     free(b->zeros), free(b->logits_host), free(b->scratch), free(b->slot_used);
+    free(b->conf), free(b->n_conf), free(b->len);
     b->be->ops->release(b->be, &b->draft_probs);
     free(b);
 }
@@ -471,6 +484,39 @@ static ds_error *after_decode(ds_batch *b, seq *s) {
     return NULL;
 }
 
+/* How many drafts each decoding sequence verifies: its proposal up to its
+ * cap (fixed), or the prefixes Algorithm 1 admits over all of them. */
+static ds_error *schedule(ds_batch *b) {
+    const ds_drafter *d = b->d;
+    const int G = d ? d->gamma : 0;
+    int R = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        const int cap = s->n_rows - 1;
+        s->sched = d ? (s->prop.n < cap ? s->prop.n : cap) : 0;
+        b->stats.drafted += s->sched;
+        if (b->o.schedule != DS_SCHEDULE_CONFIDENCE) continue;
+        for (int j = 0; j < s->sched; j++) b->conf[R * G + j] = ds_conf_prob(s->prop.conf_logit[j], d->conf_temp[j]);
+        b->n_conf[R++] = s->sched;
+    }
+    if (b->o.schedule == DS_SCHEDULE_CONFIDENCE && R > 0) {
+        const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
+        ds_schedule_result res;
+        DS_TRY(ds_schedule_confidence(&in, b->o.sps, NULL, b->len, &res));
+        R = 0;
+        for (int i = 0; i < b->n_seqs; i++) {
+            seq *s = b->seqs[i];
+            if (s->phase == SEQ_RUNNING && !s->prefill_step && s->n_rows > 0) s->sched = b->len[R++];
+        }
+    }
+    for (int i = 0; i < b->n_seqs; i++) {
+        const seq *s = b->seqs[i];
+        if (s->phase == SEQ_RUNNING && !s->prefill_step && s->n_rows > 0) b->stats.verified_drafts += s->sched;
+    }
+    return NULL;
+}
+
 static ds_error *grow_table(ds_batch *b, int need) {
     if (need <= b->cap_table) return NULL;
     int cap = b->cap_table ? b->cap_table : 256;
@@ -531,6 +577,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
         if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
         DS_TRY(ds_error_wrap(draft(b, s), "request %d", s->id));
     }
+    DS_TRY(schedule(b));
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;
 
@@ -548,8 +595,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             s->finishes_prefill = s->cached + s->n_rows == s->goal && !s->started;
             if (s->finishes_prefill) b->logit_rows[n_logits++] = n + s->n_rows - 1;
         } else {
-            const int cap = s->n_rows - 1;
-            s->n_drafts = d ? (s->prop.n < cap ? s->prop.n : cap) : 0;
+            s->n_drafts = s->sched;
             s->n_rows = s->n_drafts + 1;
             b->ids[n] = s->anchor;
             b->pos[n] = s->start;
@@ -597,4 +643,39 @@ ds_error *ds_batch_run(ds_batch *b) {
     int active = 1;
     while (active > 0) DS_TRY(ds_batch_step(b, &active));
     return NULL;
+}
+
+/* One forward of `tokens` rows at positions 0.. of a scratch sequence on
+ * the pool, every row with logits (a verify step's work), waited for. */
+static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
+    ds_batch *b = ctx;
+    ds_target *t = b->t;
+    if (tokens > b->o.step_rows) tokens = b->o.step_rows;
+    ds_page_list pl = {0};
+    if (!ds_page_list_reserve(&b->tpool, &pl, tokens))
+        return ds_errorf("step-cost profile: the pool has no room for %d rows", tokens);
+    const int n_logits = tokens < t->max_logit_rows ? tokens : t->max_logit_rows;
+    for (int i = 0; i < tokens; i++) b->ids[i] = i % t->vocab, b->pos[i] = i, b->row_table[i] = 0;
+    for (int i = 0; i < n_logits; i++) b->logit_rows[i] = tokens - n_logits + i;
+    const ds_kv_pages pg = {.page_rows = b->o.page_rows, .table = pl.pages, .row_table = b->row_table};
+    const ds_target_rows tr = {.n = tokens, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,
+                               .logit_rows = b->logit_rows};
+    const double t0 = ds_now_s();
+    ds_error *e = ds_target_forward_rows(t, &tr);
+    if (!e) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, n_logits), b->best);
+    if (!e) e = ds_backend_check(t->be);
+    *seconds = ds_now_s() - t0;
+    ds_page_list_release(&b->tpool, &pl);
+    return e;
+}
+
+ds_error *ds_batch_profile(ds_batch *b, const ds_step_cost_key *key, const char *cache_path, FILE *log,
+                           ds_step_cost **out) {
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->seqs[i]->phase == SEQ_RUNNING)
+            return ds_errorf("step-cost profile: requests are running (profile before submitting)");
+    const ds_step_cost_opts o = {.max_tokens = b->o.step_rows, .warmup = 1, .reps = 5,
+                                 .interp = DS_STEP_COST_LINEAR};
+    if (cache_path) return ds_step_cost_cached(cache_path, key, &o, time_rows, b, log, out, NULL);
+    return ds_step_cost_profile(&o, time_rows, b, out);
 }

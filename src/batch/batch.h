@@ -9,7 +9,11 @@
  * row's own sequence, and each request draws from its own random stream in
  * the order ds_generate draws, so a request's tokens are those of its solo
  * run (ds_generate with the same parameters) whatever else runs beside it,
- * at T = 0 and at T > 0 alike. When the pool runs out, the youngest running
+ * at T = 0 and at T > 0 alike. Algorithm 1 (DS_SCHEDULE_CONFIDENCE) verifies
+ * a prefix of each proposal chosen across the batch: still the target's
+ * output exactly at T = 0 and its distribution exactly at T > 0, but at
+ * T > 0 which tokens are drawn depends on where rounds end, so on the
+ * batch. When the pool runs out, the youngest running
  * sequence is preempted: its pages go back and its cache is recomputed
  * later from its tokens, bit for bit the same rows. */
 #ifndef DS_BATCH_H
@@ -17,14 +21,25 @@
 
 #include "batch/pages.h"
 #include "speculate/generate.h"
+#include "speculate/step_cost.h"
 
 typedef struct ds_batch ds_batch;
+
+/* How many drafts each sequence verifies a step. */
+typedef enum {
+    DS_SCHEDULE_FIXED,      /* its whole proposal (after the threshold), up to its gamma: as ds_generate */
+    DS_SCHEDULE_CONFIDENCE, /* SPEC §6 Algorithm 1 over every sequence's calibrated confidences, against the
+                               target's step cost (sps): a prefix of each proposal, lossless */
+} ds_schedule_kind;
 
 typedef struct {
     int max_seqs;  /* sequences in flight at once (the rest wait) */
     int step_rows; /* most target rows per step (verify rows, decode rows and prefill chunks together) */
     int page_rows; /* rows a KV page holds */
     int n_pages;   /* pages of the target's pool (the drafter's gets as many, plus room for its blocks) */
+    ds_schedule_kind schedule;
+    const ds_step_cost *sps; /* DS_SCHEDULE_CONFIDENCE: the target's verify step cost by rows (the caller's;
+                                ds_batch_profile makes one) */
 } ds_batch_opts;
 
 /* One request: the prompt (copied) and ds_generate's parameters (verify
@@ -57,9 +72,16 @@ ds_error *ds_batch_run(ds_batch *b);
 /* A finished request's result (NULL while it runs); owned by the engine. */
 const ds_gen_result *ds_batch_result(const ds_batch *b, int id);
 
+/* Profiles the target's step cost (steps per second by rows a step) on b's
+ * own pool, cached at cache_path (NULL: not cached) under key: the curve
+ * Algorithm 1 weighs drafts against. Run before any request is submitted. */
+ds_error *ds_batch_profile(ds_batch *b, const ds_step_cost_key *key, const char *cache_path, FILE *log,
+                           ds_step_cost **out);
+
 /* What the engine did so far. */
 typedef struct {
     int64_t steps, rows, prefill_rows, preemptions;
+    int64_t drafted, verified_drafts; /* drafts proposed (after the threshold) and sent to verification */
     int max_running;   /* most sequences in flight in one step */
     double forward_s;  /* time in target forwards (outputs included) */
     double draft_s;    /* time in drafter rounds */
