@@ -38,6 +38,9 @@ typedef struct {
     bool prefill_step, finishes_prefill;
     ds_proposal prop;
     int slot;          /* its draft-probability slot while running */
+    ds_rng sim_rng;    /* opts.sim: this request's stream */
+    float sim_conf[DS_MAX_GAMMA];
+    int sim_reject;    /* opts.sim: the round's first rejected draft */
     float *host_probs; /* [gamma, V]: the proposal's distributions when drawn on the host */
 } seq;
 
@@ -72,7 +75,10 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     if (o.max_seqs < 1 || o.step_rows < 1 || o.page_rows < 1 || o.n_pages < 1)
         return ds_errorf("batched engine: max_seqs %d, step_rows %d, page_rows %d, n_pages %d must be positive",
                          o.max_seqs, o.step_rows, o.page_rows, o.n_pages);
-    if (o.schedule == DS_SCHEDULE_CONFIDENCE && (!d || !d->confidence))
+    if (o.sim && (!d || ds_sim_profile_positions(o.sim) < d->gamma))
+        return ds_errorf("batched engine: simulated acceptance %s", d ? "has fewer positions than the drafter's block"
+                                                                      : "needs a drafter");
+    if (o.schedule == DS_SCHEDULE_CONFIDENCE && !o.sim && (!d || !d->confidence))
         return ds_errorf("batched engine: Algorithm 1 schedules by the drafter's confidences, but %s",
                          d ? "the drafter has no confidence head" : "there is no drafter");
     if (o.schedule == DS_SCHEDULE_CONFIDENCE && !o.sps)
@@ -211,6 +217,7 @@ ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id) {
     s->slot = -1;
     s->done = s->p.max_new == 0;
     ds_rng_seed(&s->rng, s->p.seed);
+    if (b->o.sim) ds_sim_stream_seed(&s->sim_rng, b->o.sim_seed, (uint64_t)s->id);
     b->seqs[b->n_seqs++] = s;
     *id = s->id;
     return NULL;
@@ -348,6 +355,10 @@ static ds_error *draft(ds_batch *b, seq *s) {
     s->d_nctx = d->n_ctx;
     d->pages = NULL;
     s->ctx_n = 0;
+    if (!e && b->o.sim) { /* the profile's confidences and outcome; the whole block is proposed */
+        e = ds_sim_round(b->o.sim, &s->sim_rng, d->gamma, s->sim_conf, &s->sim_reject);
+        s->prop.n = d->gamma;
+    }
     if (e || ds_sampling_greedy(&s->p.sampling)) return e;
     const int G = d->gamma, V = b->t->vocab;
     if (s->prop.probs_dev.data && ds_spec(b->be)->verify_sample) {
@@ -455,6 +466,10 @@ static ds_error *after_decode(ds_batch *b, seq *s) {
     int32_t next;
     if (b->d) DS_TRY(accept(b, s, &a, &next));
     else DS_TRY(next_token(b, s, s->logit0, &next));
+    if (b->o.sim) { /* the profile's outcome: the verifier ran, its verdict is replaced */
+        a = s->sim_reject < s->n_drafts ? s->sim_reject : s->n_drafts;
+        if (ds_sampling_greedy(&s->p.sampling)) next = b->best[s->logit0 + a];
+    }
     ds_gen_result *r = &s->res;
     if (b->d) {
         const int n = s->n_drafts;
@@ -497,7 +512,8 @@ static ds_error *schedule(ds_batch *b) {
         s->sched = d ? (s->prop.n < cap ? s->prop.n : cap) : 0;
         b->stats.drafted += s->sched;
         if (b->o.schedule != DS_SCHEDULE_CONFIDENCE) continue;
-        for (int j = 0; j < s->sched; j++) b->conf[R * G + j] = ds_conf_prob(s->prop.conf_logit[j], d->conf_temp[j]);
+        for (int j = 0; j < s->sched; j++)
+            b->conf[R * G + j] = b->o.sim ? s->sim_conf[j] : ds_conf_prob(s->prop.conf_logit[j], d->conf_temp[j]);
         b->n_conf[R++] = s->sched;
     }
     if (b->o.schedule == DS_SCHEDULE_CONFIDENCE && R > 0) {

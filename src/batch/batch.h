@@ -21,6 +21,7 @@
 
 #include "batch/pages.h"
 #include "speculate/generate.h"
+#include "speculate/sim_acceptance.h"
 #include "speculate/step_cost.h"
 
 typedef struct ds_batch ds_batch;
@@ -40,6 +41,13 @@ typedef struct {
     ds_schedule_kind schedule;
     const ds_step_cost *sps; /* DS_SCHEDULE_CONFIDENCE: the target's verify step cost by rows (the caller's;
                                 ds_batch_profile makes one) */
+    /* Diagnostic for benchmarks at real shapes with synthetic weights (dspark bench --sim-acceptance): every
+     * kernel runs as it would (draft, verify of the scheduled lengths, KV appends and crops), but each
+     * round's confidences and its accepted count are drawn from this profile (one stream a request, from
+     * sim_seed) instead of the drafter's and the verifier's. The output is then not the target's: never
+     * for generation. NULL: off. */
+    const ds_sim_profile *sim;
+    uint64_t sim_seed;
 } ds_batch_opts;
 
 /* One request: the prompt (copied) and ds_generate's parameters (verify

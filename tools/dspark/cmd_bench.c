@@ -598,7 +598,11 @@ static void print_report(const cJSON *r) {
 #undef NUM
 }
 
+int cmd_bench_batch(int argc, char **argv); /* cmd_bench_batch.c */
+
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* many requests at once: the batched engine's bench */
+        if (!strncmp(argv[i], "--concurrency", 13)) return cmd_bench_batch(argc, argv);
     options o = {0};
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;

@@ -1,0 +1,321 @@
+/* dspark bench --concurrency: output tokens/s of the batched engine with C
+ * requests at once, for plain decoding (AR), fixed-gamma drafting and
+ * Algorithm 1, every arm on the same models, prompts and pool. Each
+ * request: a random prompt of --prompt-len ids and --decode new tokens (stop
+ * tokens ignored, so every arm emits the same count). Algorithm 1 weighs
+ * drafts against the target's step cost, profiled first on this machine
+ * (cached with --sps-cache). --sim-acceptance FILE replaces the drafter's
+ * confidences and the verifier's verdicts by draws from a profile (for
+ * synthetic weights, whose drafts the target never accepts): every kernel
+ * still runs, and the report says "simulated". */
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch/batch.h"
+#include "commands.h"
+#include "io/checkpoint.h"
+
+#define MAX_LEVELS 16
+#define DEFAULT_MODEL DS_DEFAULT_MODEL_DIR "/pico-qwen3"
+#define DEFAULT_DRAFTER DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark"
+
+typedef struct {
+    const char *model, *drafter, *sim_path, *sps_cache;
+    bool cuda, json, arm[3];
+    int threads, prompt_len, decode, page_rows, step_rows, n_levels;
+    int levels[MAX_LEVELS];
+    float temperature;
+    uint64_t seed;
+} options;
+
+enum { ARM_AR, ARM_FIXED, ARM_ALG1 };
+static const char *const arm_names[] = {"AR", "fixed", "Algorithm 1"};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dspark bench --concurrency C1,C2,... [-m MODEL_DIR] [-d DRAFTER_DIR] [--backend cpu|cuda]\n"
+               "                    [--prompt-len P] [--decode N] [--arms ar,fixed,confidence] [--temp T]\n"
+               "                    [--sim-acceptance FILE] [--sps-cache FILE] [--page-rows R] [--step-rows R]\n"
+               "                    [--seed S] [--threads N] [--json]\n"
+               "\n"
+               "  --concurrency    requests in flight, one run per level (e.g. 1,8,32,64,128,256)\n"
+               "  --prompt-len P   random prompt ids per request (default 128)\n"
+               "  --decode N       new tokens per request (default 128; stop tokens ignored)\n"
+               "  --arms LIST      which of ar, fixed, confidence to run (default all three)\n"
+               "  --sim-acceptance FILE  per-position acceptance and confidences drawn from FILE\n"
+               "                   (bench/profiles/*.json), for synthetic weights; reported as simulated\n"
+               "  --sps-cache FILE the target's step-cost profile, reused while its key matches\n"
+               "  --page-rows R    rows a KV page holds (default 16)\n"
+               "  --step-rows R    most target rows a step (default: the largest level x (gamma + 1), at least 256)\n");
+}
+
+static int parse_list(const char *s, int *out, int cap) {
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 1 << 20) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return *s ? -1 : n;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+    enum { O_BACKEND = 256, O_PROMPT_LEN, O_DECODE, O_ARMS, O_TEMP, O_SIM, O_SPS, O_PAGE, O_STEP, O_SEED, O_THREADS,
+           O_JSON, O_CONC };
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
+        {"backend", required_argument, 0, O_BACKEND}, {"prompt-len", required_argument, 0, O_PROMPT_LEN},
+        {"decode", required_argument, 0, O_DECODE}, {"arms", required_argument, 0, O_ARMS},
+        {"temp", required_argument, 0, O_TEMP}, {"sim-acceptance", required_argument, 0, O_SIM},
+        {"sps-cache", required_argument, 0, O_SPS}, {"page-rows", required_argument, 0, O_PAGE},
+        {"step-rows", required_argument, 0, O_STEP}, {"seed", required_argument, 0, O_SEED},
+        {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
+        {"concurrency", required_argument, 0, O_CONC}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    *o = (options){.prompt_len = 128, .decode = 128, .page_rows = 16, .arm = {true, true, true}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:d:h", longs, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'd': o->drafter = optarg; break;
+        case O_BACKEND:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "dspark bench: --backend must be cpu or cuda, not \"%s\"\n", optarg);
+                return 2;
+            }
+            o->cuda = !strcmp(optarg, "cuda");
+            break;
+        case O_PROMPT_LEN: o->prompt_len = (int)strtol(optarg, &end, 10); break;
+        case O_DECODE: o->decode = (int)strtol(optarg, &end, 10); break;
+        case O_PAGE: o->page_rows = (int)strtol(optarg, &end, 10); break;
+        case O_STEP: o->step_rows = (int)strtol(optarg, &end, 10); break;
+        case O_THREADS: o->threads = (int)strtol(optarg, &end, 10); break;
+        case O_SEED: o->seed = strtoull(optarg, &end, 10); break;
+        case O_TEMP: o->temperature = strtof(optarg, &end); break;
+        case O_SIM: o->sim_path = optarg; break;
+        case O_SPS: o->sps_cache = optarg; break;
+        case O_JSON: o->json = true; break;
+        case O_ARMS:
+            o->arm[0] = strstr(optarg, "ar") != NULL;
+            o->arm[1] = strstr(optarg, "fixed") != NULL;
+            o->arm[2] = strstr(optarg, "confidence") != NULL;
+            if (!o->arm[0] && !o->arm[1] && !o->arm[2]) {
+                fprintf(stderr, "dspark bench: --arms takes ar, fixed and/or confidence, not \"%s\"\n", optarg);
+                return 2;
+            }
+            break;
+        case O_CONC:
+            if ((o->n_levels = parse_list(optarg, o->levels, MAX_LEVELS)) < 1) {
+                fprintf(stderr, "dspark bench: --concurrency wants up to %d positive counts, e.g. 1,8,32\n",
+                        MAX_LEVELS);
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return 2;
+        }
+        if (end && *end) {
+            fprintf(stderr, "dspark bench: bad number \"%s\"\n", optarg);
+            return 2;
+        }
+    }
+    if (o->prompt_len < 1 || o->decode < 1 || o->page_rows < 1 || o->threads < 0 || o->n_levels < 1 ||
+        !(o->temperature >= 0)) {
+        fprintf(stderr, "dspark bench: --concurrency, a positive --prompt-len, --decode, --page-rows and a "
+                        "temperature >= 0 are needed\n");
+        return 2;
+    }
+    if (!o->model) {
+        o->model = DEFAULT_MODEL;
+        if (!o->drafter) o->drafter = DEFAULT_DRAFTER;
+    }
+    return 0;
+}
+
+typedef struct {
+    double seconds, tokens_per_s, tau;
+    long tokens;
+    ds_batch_stats st;
+} arm_result;
+
+/* One run: c requests at once through a fresh engine on the open models. */
+static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base, int arm, int c, const options *o,
+                         const int32_t *prompts, arm_result *out) {
+    ds_batch_opts bo = *base;
+    bo.max_seqs = c;
+    bo.schedule = arm == ARM_ALG1 ? DS_SCHEDULE_CONFIDENCE : DS_SCHEDULE_FIXED;
+    if (arm == ARM_AR) bo.sim = NULL;
+    ds_batch *b;
+    DS_TRY(ds_batch_new(t, arm == ARM_AR ? NULL : d, &bo, &b));
+    ds_error *e = NULL;
+    for (int i = 0; i < c && !e; i++) {
+        int id;
+        const ds_batch_request rq = {
+            .prompt = prompts + (size_t)i * o->prompt_len, .n_prompt = o->prompt_len,
+            .params = {.max_new = o->decode, .seed = o->seed + (uint64_t)i, .ignore_stop = true,
+                       .sampling = {.temperature = o->temperature, .top_k = 0, .top_p = 1.0f}}};
+        e = ds_batch_submit(b, &rq, &id);
+    }
+    const double t0 = ds_now_s();
+    if (!e) e = ds_batch_run(b);
+    out->seconds = ds_now_s() - t0;
+    long tokens = 0, rounds = 0, committed = 0;
+    for (int i = 0; i < c && !e; i++) {
+        const ds_gen_result *r = ds_batch_result(b, i);
+        tokens += r->n_tokens;
+        for (int k = 0; k < r->rounds; k++) committed += r->accept_len[k];
+        rounds += r->rounds;
+    }
+    out->tokens = tokens;
+    out->tokens_per_s = tokens / out->seconds;
+    out->tau = rounds ? (double)committed / (double)rounds : 0;
+    out->st = ds_batch_get_stats(b);
+    ds_batch_free(b);
+    return e;
+}
+
+static int fail(ds_error *e) {
+    fprintf(stderr, "dspark bench: %s\n", ds_error_message(e));
+    ds_error_free(e);
+    return 1;
+}
+
+int cmd_bench_batch(int argc, char **argv) {
+    options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc;
+    int cmax = 0;
+    for (int i = 0; i < o.n_levels; i++) cmax = o.levels[i] > cmax ? o.levels[i] : cmax;
+    ds_backend *be = NULL;
+    ds_target *t = NULL;
+    ds_drafter *d = NULL;
+    ds_sim_profile *sim = NULL;
+    ds_step_cost *sps = NULL;
+    ds_batch *probe = NULL;
+    int32_t *prompts = NULL;
+    ds_error *e = o.cuda ? ds_backend_cuda_new(0, &be) : ds_backend_cpu_new(o.threads ? o.threads : 2, &be);
+    if (!e && o.sim_path) e = ds_sim_profile_load(o.sim_path, &sim);
+    const int G = 32; /* pools are sized before the drafter says its block: the largest block */
+    const int per_seq = o.prompt_len + o.decode + G + 1;
+    ds_batch_opts bo = {.page_rows = o.page_rows, .sim = sim, .sim_seed = o.seed};
+    bo.n_pages = cmax * ((per_seq + o.page_rows - 1) / o.page_rows);
+    bo.step_rows = o.step_rows > 0 ? o.step_rows : cmax * 9 > 256 ? cmax * 9 : 256;
+    bo.max_seqs = cmax;
+    if (!e) {
+        const ds_target_opts to = {.max_rows = bo.step_rows, .max_logit_rows = bo.step_rows,
+                                   .cache_rows = bo.n_pages * bo.page_rows};
+        e = ds_target_open(be, o.model, &to, &t);
+    }
+    if (!e && o.drafter) {
+        const ds_drafter_opts dopts = {.cache_rows = ds_batch_drafter_rows(&bo, G)};
+        e = ds_drafter_open(be, o.drafter, t, &dopts, &d);
+    }
+    if (!e && !d) o.arm[ARM_FIXED] = o.arm[ARM_ALG1] = false;
+    if (!e && d && !d->confidence && !sim) o.arm[ARM_ALG1] = false;
+    if (!e && o.prompt_len + o.decode + 1 > t->max_ctx)
+        e = ds_errorf("--prompt-len %d + --decode %d exceed the model's context of %d", o.prompt_len, o.decode,
+                      t->max_ctx);
+    if (!e && !(prompts = malloc((size_t)cmax * o.prompt_len * sizeof *prompts))) e = ds_errorf("out of memory");
+    if (!e) {
+        ds_rng rng;
+        ds_rng_seed(&rng, o.seed ^ 0x9e3779b97f4a7c15ull);
+        for (size_t i = 0; i < (size_t)cmax * o.prompt_len; i++)
+            prompts[i] = (int32_t)(ds_rng_uniform(&rng) * t->vocab) % t->vocab;
+    }
+    /* The step cost Algorithm 1 weighs drafts against, measured here. */
+    if (!e && o.arm[ARM_ALG1]) {
+        char dev[160], model[160];
+        snprintf(dev, sizeof dev, "%s %d threads", be->ops->name, be->n_threads);
+        snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d", o.model, t->vocab, t->hidden, t->n_layers,
+                 bo.step_rows);
+        const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
+        e = ds_batch_new(t, NULL, &bo, &probe);
+        if (!e) e = ds_batch_profile(probe, &key, o.sps_cache, o.json ? NULL : stderr, &sps);
+        bo.sps = sps;
+    }
+    /* warm-up: one small run of each arm */
+    for (int arm = 0; arm < 3 && !e; arm++) {
+        arm_result w;
+        options ow = o;
+        ow.decode = 8;
+        if (o.arm[arm]) e = run_arm(t, d, &bo, arm, 1, &ow, prompts, &w);
+    }
+    cJSON *json = o.json ? cJSON_CreateObject() : NULL, *levels = NULL;
+    if (!e && json) {
+        cJSON_AddStringToObject(json, "model", o.model);
+        cJSON_AddStringToObject(json, "drafter", o.drafter ? o.drafter : "");
+        cJSON_AddStringToObject(json, "backend", be->ops->name);
+        cJSON_AddStringToObject(json, "acceptance", sim ? ds_sim_profile_name(sim) : "measured");
+        cJSON_AddBoolToObject(json, "simulated", sim != NULL);
+        cJSON_AddNumberToObject(json, "prompt_len", o.prompt_len);
+        cJSON_AddNumberToObject(json, "decode", o.decode);
+        cJSON_AddNumberToObject(json, "temperature", o.temperature);
+        levels = cJSON_AddArrayToObject(json, "levels");
+    }
+    if (!e && !json) {
+        printf("batched engine: %s%s%s on %s, prompts of %d, %d new tokens each, T=%g; acceptance %s\n", o.model,
+               d ? " + " : "", d ? o.drafter : "", be->ops->name, o.prompt_len, o.decode, o.temperature,
+               sim ? "SIMULATED from the profile" : "measured");
+        if (sim) printf("  (simulated profile %s: tau %.2f at gamma %d)\n", ds_sim_profile_name(sim),
+                        ds_sim_profile_tau(sim, d->gamma), d->gamma);
+        printf("%11s", "concurrency");
+        for (int arm = 0; arm < 3; arm++)
+            if (o.arm[arm]) printf(" | %-11s tok/s  x AR   tau ", arm_names[arm]);
+        printf("\n");
+    }
+    for (int li = 0; li < o.n_levels && !e; li++) {
+        const int c = o.levels[li];
+        arm_result r[3] = {0};
+        for (int arm = 0; arm < 3 && !e; arm++)
+            if (o.arm[arm]) e = run_arm(t, d, &bo, arm, c, &o, prompts, &r[arm]);
+        if (e) break;
+        const double ar = o.arm[ARM_AR] ? r[ARM_AR].tokens_per_s : 0;
+        if (json) {
+            cJSON *lv = cJSON_CreateObject();
+            cJSON_AddNumberToObject(lv, "concurrency", c);
+            for (int arm = 0; arm < 3; arm++) {
+                if (!o.arm[arm]) continue;
+                cJSON *a = cJSON_AddObjectToObject(lv, arm == ARM_AR ? "ar" : arm == ARM_FIXED ? "fixed" : "confidence");
+                cJSON_AddNumberToObject(a, "tokens_per_s", r[arm].tokens_per_s);
+                cJSON_AddNumberToObject(a, "per_request_tokens_per_s", r[arm].tokens_per_s / c);
+                cJSON_AddNumberToObject(a, "seconds", r[arm].seconds);
+                cJSON_AddNumberToObject(a, "tau", r[arm].tau);
+                cJSON_AddNumberToObject(a, "steps", (double)r[arm].st.steps);
+                cJSON_AddNumberToObject(a, "rows", (double)r[arm].st.rows);
+                cJSON_AddNumberToObject(a, "drafted", (double)r[arm].st.drafted);
+                cJSON_AddNumberToObject(a, "verified_drafts", (double)r[arm].st.verified_drafts);
+                cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
+                cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
+            }
+            cJSON_AddItemToArray(levels, lv);
+        } else {
+            printf("%11d", c);
+            for (int arm = 0; arm < 3; arm++)
+                if (o.arm[arm])
+                    printf(" | %11.1f  %5.2f  %4.2f", r[arm].tokens_per_s, ar > 0 ? r[arm].tokens_per_s / ar : 0,
+                           r[arm].tau);
+            printf("\n");
+        }
+        fflush(stdout);
+    }
+    if (!e && json) {
+        char *s = cJSON_Print(json);
+        if (s) puts(s);
+        free(s);
+    }
+    cJSON_Delete(json);
+    ds_batch_free(probe);
+    ds_step_cost_free(sps);
+    ds_sim_profile_free(sim);
+    free(prompts);
+    if (d) ds_drafter_free(d);
+    if (t) ds_target_free(t);
+    if (be) be->ops->destroy(be);
+    return e ? fail(e) : 0;
+}
