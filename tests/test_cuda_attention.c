@@ -4,8 +4,13 @@
  * invariance, bit for bit on the GPU: each row of a call (up to a verify's
  * rows) equals the row computed alone, with keys spanning several chunks,
  * windows and rings; a packed block's heads equal each head alone. The
- * fused q/k norm + RoPE + K/V store + attention against the two ops. Skips
- * (exit 77) where no CUDA device can be used. */
+ * fused q/k norm + RoPE + K/V store + attention against the two ops. Paged
+ * caches (ds_kv_pages): rows of several sequences in one call (decode,
+ * verify, prefill runs, non-causal row_keys, windows, D 32 to 512) against
+ * the CPU's paged attention, and bit for bit against the same rows on
+ * pages in another order, alone, and on a contiguous cache; the paged
+ * qk_norm_rope_attention against its two ops. Skips (exit 77) where no
+ * CUDA device can be used. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,4 +223,278 @@ static void test_norm_rope_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) norm_rope_attention_case(&cases[i]);
 }
 
-RUN_CUDA_TESTS("cuda_attention", test_attention, test_norm_rope_attention)
+/* ---- paged KV caches ----------------------------------------------------- */
+
+/* One sequence of a paged call: query rows at positions pos0 .. pos0+rows-1,
+ * keys 0 .. keys-1 (0: pos0 + rows, a causal step's). */
+typedef struct {
+    int pos0, rows, keys;
+} pg_seq;
+
+#define PG_MAX_SEQ 12
+
+typedef struct {
+    const char *name;
+    int H, KVH, D, Dv;
+    bool causal, row_keys; /* row_keys: each row limited to its sequence's keys (ds_kv_pages.row_keys) */
+    int window, page_rows, n_seq;
+    pg_seq seq[PG_MAX_SEQ];
+} pg_case;
+
+static int pg_keys(const pg_seq *s) { return s->keys ? s->keys : s->pos0 + s->rows; }
+
+/* The sequences' keys and values placed in a pool of pages (3 spare) in a
+ * shuffled order; the rows no sequence owns hold other random values. */
+typedef struct {
+    pair k, v;
+    float *kh, *vh;           /* the pool's values on the host */
+    int32_t *table;           /* the sequences' lists, concatenated */
+    int list[PG_MAX_SEQ];     /* where sequence s's list starts in table */
+    int64_t rows;
+} pg_pool;
+
+static pg_pool pg_pool_make(const pg_case *c, float *const *kh, float *const *vh) {
+    pg_pool pl = {0};
+    const int pr = c->page_rows, kc = c->KVH * c->D, vc = c->KVH * c->Dv;
+    int n = 0;
+    for (int s = 0; s < c->n_seq; s++) n += (pg_keys(&c->seq[s]) + pr - 1) / pr;
+    const int pages = n + 3;
+    int32_t *perm = malloc((size_t)pages * sizeof *perm);
+    for (int i = 0; i < pages; i++) perm[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j;
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    pl.rows = (int64_t)pages * pr;
+    pl.kh = rand_vec((size_t)(pl.rows * kc), 1.0f);
+    pl.vh = rand_vec((size_t)(pl.rows * vc), 1.0f);
+    pl.table = malloc((size_t)n * sizeof *pl.table);
+    int off = 0;
+    for (int s = 0; s < c->n_seq; s++) {
+        const int K = pg_keys(&c->seq[s]), np = (K + pr - 1) / pr;
+        pl.list[s] = off;
+        for (int i = 0; i < np; i++) pl.table[off + i] = perm[off + i];
+        for (int j = 0; j < K; j++) {
+            const int64_t r = (int64_t)pl.table[off + j / pr] * pr + j % pr;
+            memcpy(pl.kh + r * kc, kh[s] + (int64_t)j * kc, (size_t)kc * 4);
+            memcpy(pl.vh + r * vc, vh[s] + (int64_t)j * vc, (size_t)vc * 4);
+        }
+        off += np;
+    }
+    pl.k = act(pl.rows, kc, pl.kh);
+    pl.v = act(pl.rows, vc, pl.vh);
+    free(perm);
+    return pl;
+}
+
+static void pg_pool_free(pg_pool *pl) {
+    release(&pl->k), release(&pl->v);
+    free(pl->kh), free(pl->vh), free(pl->table);
+}
+
+/* Rows [r0, r0+n) of a against b's n rows (row width w), bit for bit: the first row that differs, or -1. */
+static int rows_differ(const float *a, int64_t r0, const float *b, int n, int64_t w) {
+    for (int i = 0; i < n; i++)
+        if (memcmp(a + (r0 + i) * w, b + (int64_t)i * w, (size_t)w * 4)) return i;
+    return -1;
+}
+
+/* One call over the rows of every sequence of c (in c's order), each
+ * sequence's keys in its own shuffled pages: against the CPU's paged
+ * attention within attention's bound; bit for bit against the same call on
+ * a pool in another page order, each sequence's rows alone (paged), and
+ * each sequence's rows on a contiguous cache holding its keys (the
+ * contiguous kernels: decode / verify rows, a prefill chunk's tiles). */
+static void paged_case(const pg_case *c) {
+    const int kc = c->KVH * c->D, vc = c->KVH * c->Dv, qc = c->H * c->D, oc = c->H * c->Dv;
+    float *kh[PG_MAX_SEQ], *vh[PG_MAX_SEQ];
+    int M = 0, n_keys = 0, r0s[PG_MAX_SEQ];
+    for (int s = 0; s < c->n_seq; s++) {
+        const int K = pg_keys(&c->seq[s]);
+        kh[s] = rand_vec((size_t)K * kc, 1.0f);
+        vh[s] = rand_vec((size_t)K * vc, 1.0f);
+        r0s[s] = M;
+        M += c->seq[s].rows;
+        if (K > n_keys) n_keys = K;
+    }
+    pg_pool a = pg_pool_make(c, kh, vh), b = pg_pool_make(c, kh, vh);
+    int32_t *pos = malloc((size_t)M * sizeof *pos), *rt = malloc((size_t)M * sizeof *rt);
+    int32_t *rk = malloc((size_t)M * sizeof *rk), *zeros = calloc((size_t)M, sizeof *zeros);
+    for (int s = 0; s < c->n_seq; s++)
+        for (int i = 0; i < c->seq[s].rows; i++) {
+            pos[r0s[s] + i] = c->seq[s].pos0 + i;
+            rt[r0s[s] + i] = a.list[s]; /* the same in both pools: only the page ids differ */
+            rk[r0s[s] + i] = pg_keys(&c->seq[s]);
+        }
+    pair q = act_rand(M, qc, 1.0f), out = act(M, oc, NULL), out_b = act(M, oc, NULL);
+    ds_kv_pages pga = {.page_rows = c->page_rows, .table = a.table, .row_table = rt,
+                       .row_keys = c->row_keys ? rk : NULL};
+    ds_kv_pages pgb = pga;
+    pgb.table = b.table;
+    ds_attn_params p = {.n_heads = c->H, .n_kv_heads = c->KVH, .head_dim = c->D, .v_head_dim = c->Dv,
+                        .n_keys = n_keys, .causal = c->causal, .window = c->window,
+                        .scale = 1.0f / sqrtf((float)c->D), .q_pos = pos, .pages = &pga};
+    gpu->ops->attention(gpu, out.g, q.g, a.k.g, a.v.g, &p);
+    cpu->ops->attention(cpu, out.c, q.c, a.k.c, a.v.c, &p);
+    char what[160];
+    snprintf(what, sizeof what, "paged %s", c->name);
+    compare(out.g, out.c, 2e-5, what);
+    float *all = fetch(gpu, out.g);
+    ds_attn_params pb = p;
+    pb.pages = &pgb;
+    gpu->ops->attention(gpu, out_b.g, q.g, b.k.g, b.v.g, &pb);
+    float *other = fetch(gpu, out_b.g);
+    const int bad_order = rows_differ(all, 0, other, M, oc);
+    CHECK(bad_order < 0, "%s: row %d differs with the pages in another order", what, bad_order);
+    for (int s = 0; s < c->n_seq; s++) {
+        const pg_seq *sq = &c->seq[s];
+        const int K = pg_keys(sq), r0 = r0s[s];
+        pair one = act(sq->rows, oc, NULL);
+        /* Alone, paged: its own list, n_keys its own. */
+        ds_kv_pages pg1 = {.page_rows = c->page_rows, .table = a.table + a.list[s], .row_table = zeros,
+                           .row_keys = c->row_keys ? rk + r0 : NULL};
+        ds_attn_params p1 = p;
+        p1.q_pos = pos + r0;
+        p1.n_keys = K;
+        p1.pages = &pg1;
+        gpu->ops->attention(gpu, one.g, ds_rows(q.g, r0, sq->rows), a.k.g, a.v.g, &p1);
+        float *r = fetch(gpu, one.g);
+        const int bad_alone = rows_differ(all, r0, r, sq->rows, oc);
+        CHECK(bad_alone < 0, "%s: sequence %d's row %d differs from its rows alone", what, s, bad_alone);
+        free(r);
+        /* Contiguous: a cache of its keys in position order. */
+        pair kq = act(K, kc, kh[s]), vq = act(K, vc, vh[s]);
+        ds_attn_params p2 = p1;
+        p2.pages = NULL;
+        gpu->ops->attention(gpu, one.g, ds_rows(q.g, r0, sq->rows), kq.g, vq.g, &p2);
+        r = fetch(gpu, one.g);
+        const int bad_contig = rows_differ(all, r0, r, sq->rows, oc);
+        CHECK(bad_contig < 0, "%s: sequence %d's row %d differs from its rows on a contiguous cache", what, s,
+              bad_contig);
+        free(r);
+        release(&one), release(&kq), release(&vq);
+    }
+    check_gpu_ok(what);
+    for (int s = 0; s < c->n_seq; s++) free(kh[s]), free(vh[s]);
+    pg_pool_free(&a), pg_pool_free(&b);
+    release(&q), release(&out), release(&out_b);
+    free(all), free(other), free(pos), free(rt), free(rk), free(zeros);
+}
+
+static void test_paged_attention(void) {
+    static const pg_case cases[] = {
+        {"decode: 5 seqs x 1 row, D=128 GQA 8/2, pages of 16", 8, 2, 128, 128, true, false, 0, 16, 5,
+         {{39, 1, 0}, {299, 1, 0}, {699, 1, 0}, {0, 1, 0}, {256, 1, 0}}},
+        {"decode: 12 seqs x 1 row, D=128 GQA 32/8, pages of 16", 32, 8, 128, 128, true, false, 0, 16, 12,
+         {{5, 1, 0}, {17, 1, 0}, {255, 1, 0}, {256, 1, 0}, {511, 1, 0}, {1000, 1, 0}, {64, 1, 0}, {1, 1, 0},
+          {300, 1, 0}, {90, 1, 0}, {770, 1, 0}, {33, 1, 0}}},
+        {"verify: 3 seqs x 8 rows, D=64 GQA 4/2, pages of 16", 4, 2, 64, 64, true, false, 0, 16, 3,
+         {{3, 8, 0}, {250, 8, 0}, {700, 8, 0}}},
+        {"verify 8 + prefill 70 + decode 1, D=128 8/2, pages of 32", 8, 2, 128, 128, true, false, 0, 32, 3,
+         {{500, 8, 0}, {100, 70, 0}, {40, 1, 0}}},
+        {"prefill 64 rows at 0 and 40 rows at 300, D=128 16/4, pages of 16", 16, 4, 128, 128, true, false, 0, 16, 2,
+         {{0, 64, 0}, {300, 40, 0}}},
+        {"pages of 24 (across chunks), D=128 16/8, verify + decode", 16, 8, 128, 128, true, false, 0, 24, 3,
+         {{250, 8, 0}, {530, 3, 0}, {20, 1, 0}}},
+        {"drafter blocks: non-causal, row_keys 300/40/7, D=128 8/2", 8, 2, 128, 128, false, true, 0, 16, 3,
+         {{293, 7, 300}, {33, 7, 40}, {0, 7, 7}}},
+        {"non-causal row_keys, a 40-row run + 5 rows, D=64 Dv=32", 4, 2, 64, 32, false, true, 0, 16, 2,
+         {{50, 40, 90}, {0, 5, 20}}},
+        {"causal, row_keys below some positions, D=64 4/4", 4, 4, 64, 64, true, true, 0, 8, 3,
+         {{100, 4, 90}, {50, 2, 60}, {10, 3, 0}}},
+        {"window 100: prefill 40 + verify 5 + decode 3, D=64 4/2", 4, 2, 64, 64, true, false, 100, 16, 3,
+         {{300, 40, 0}, {150, 5, 0}, {20, 3, 0}}},
+        {"D=256: verify 6 + decode 1 + 4 rows, pages of 8", 4, 2, 256, 256, true, false, 0, 8, 3,
+         {{300, 6, 0}, {10, 1, 0}, {100, 4, 0}}},
+        {"D=512: prefill 36 + verify 2 + decode 1, pages of 16", 2, 1, 512, 512, true, false, 0, 16, 3,
+         {{10, 36, 0}, {600, 2, 0}, {3, 1, 0}}},
+        {"D=256 window 100 (a sliding layer): prefill 36 + verify 4 + decode 1", 8, 4, 256, 256, true, false, 100,
+         16, 3, {{400, 36, 0}, {250, 4, 0}, {60, 1, 0}}},
+        {"pages of 1, D=32 4/1", 4, 1, 32, 32, true, false, 0, 1, 3, {{30, 3, 0}, {5, 2, 0}, {280, 1, 0}}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) paged_case(&cases[i]);
+}
+
+/* qk_norm_rope_attention on paged caches (the norms, one launch storing the
+ * step's K/V rows through the pages, paged attention) against
+ * ds_qk_norm_rope_then_attention on the GPU, bit for bit (output and both
+ * pools), and against the CPU's within attention's bound. */
+static void paged_norm_rope_case(const pg_case *c) {
+    const int kc = c->KVH * c->D, qc = c->H * c->D;
+    float *kh[PG_MAX_SEQ], *vh[PG_MAX_SEQ];
+    int M = 0, n_keys = 0, r0s[PG_MAX_SEQ];
+    for (int s = 0; s < c->n_seq; s++) {
+        const int K = pg_keys(&c->seq[s]);
+        kh[s] = rand_vec((size_t)K * kc, 1.0f);
+        vh[s] = rand_vec((size_t)K * kc, 1.0f);
+        r0s[s] = M;
+        M += c->seq[s].rows;
+        if (K > n_keys) n_keys = K;
+    }
+    pg_pool pl = pg_pool_make(c, kh, vh);
+    pair kb = act(pl.rows, kc, pl.kh), vb = act(pl.rows, kc, pl.vh); /* a second pool, the same values */
+    int32_t *pos = malloc((size_t)M * sizeof *pos), *rt = malloc((size_t)M * sizeof *rt);
+    for (int s = 0; s < c->n_seq; s++)
+        for (int i = 0; i < c->seq[s].rows; i++) pos[r0s[s] + i] = c->seq[s].pos0 + i, rt[r0s[s] + i] = pl.list[s];
+    float *qv = rand_vec((size_t)M * qc, 3.0f), *kv = rand_vec((size_t)M * kc, 2.0f);
+    float *vv = rand_vec((size_t)M * kc, 1.0f);
+    pair qa = act(M, qc, qv), qb = act(M, qc, qv), ka = act(M, kc, kv), k2 = act(M, kc, kv), v = act(M, kc, vv);
+    pair qw = weight(DS_BF16, 1, c->D), kw = weight(DS_F32, 1, c->D);
+    pair outa = act(M, qc, NULL), outb = act(M, qc, NULL);
+    float *inv = malloc((size_t)(c->D / 2) * sizeof *inv);
+    for (int i = 0; i < c->D / 2; i++) inv[i] = (float)(1.0 / pow(1e6, (double)(2 * i) / c->D));
+    ds_kv_pages pg = {.page_rows = c->page_rows, .table = pl.table, .row_table = rt};
+    ds_attn_params p = {.n_heads = c->H, .n_kv_heads = c->KVH, .head_dim = c->D, .v_head_dim = c->D,
+                        .n_keys = n_keys, .causal = true, .scale = 1.0f / sqrtf((float)c->D), .q_pos = pos,
+                        .pages = &pg};
+    gpu->ops->qk_norm_rope_attention(gpu, outa.g, qa.g, qw.g, ka.g, kw.g, v.g, pl.k.g, pl.v.g, c->D, 1e-6f, inv, &p);
+    ds_qk_norm_rope_then_attention(gpu, outb.g, qb.g, qw.g, k2.g, kw.g, v.g, kb.g, vb.g, c->D, 1e-6f, inv, &p);
+    ds_qk_norm_rope_attention(cpu, outa.c, qa.c, qw.c, ka.c, kw.c, v.c, pl.k.c, pl.v.c, c->D, 1e-6f, inv, &p);
+    char what[160];
+    snprintf(what, sizeof what, "paged qk_norm_rope_attention %s", c->name);
+    compare(outa.g, outa.c, 2e-5, what);
+    const ds_tensor ga[3] = {outa.g, pl.k.g, pl.v.g}, gb[3] = {outb.g, kb.g, vb.g};
+    const char *names[3] = {"output", "K pool", "V pool"};
+    for (int t = 0; t < 3; t++) {
+        float *x = fetch(gpu, ga[t]), *y = fetch(gpu, gb[t]);
+        CHECK(!memcmp(x, y, (size_t)(ga[t].rows * ga[t].cols) * 4), "%s: %s differs from the two ops'", what,
+              names[t]);
+        free(x), free(y);
+    }
+    check_gpu_ok(what);
+    for (int s = 0; s < c->n_seq; s++) free(kh[s]), free(vh[s]);
+    pg_pool_free(&pl);
+    pair *ps[] = {&kb, &vb, &qa, &qb, &ka, &k2, &v, &qw, &kw, &outa, &outb};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
+    free(pos), free(rt), free(qv), free(kv), free(vv), free(inv);
+}
+
+static void test_paged_norm_rope_attention(void) {
+    static const pg_case cases[] = {
+        {"decode 4 seqs, D=128 32/8, pages of 16", 32, 8, 128, 128, true, false, 0, 16, 4,
+         {{40, 1, 0}, {300, 1, 0}, {0, 1, 0}, {700, 1, 0}}},
+        {"verify 8 + 8 + decode 1, D=128 16/4, pages of 16", 16, 4, 128, 128, true, false, 0, 16, 3,
+         {{250, 8, 0}, {3, 8, 0}, {90, 1, 0}}},
+        {"prefill 40 + verify 4, D=64 4/2, pages of 24", 4, 2, 64, 64, true, false, 0, 24, 2,
+         {{100, 40, 0}, {7, 4, 0}}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) paged_norm_rope_case(&cases[i]);
+}
+
+/* A page table naming a page past the pool is refused, naming the op (the
+ * kernels would read outside the cache). */
+static void test_paged_bad_table(void) {
+    pair q = act_rand(2, 64, 1.0f), k = act_rand(32, 64, 1.0f), v = act_rand(32, 64, 1.0f), out = act(2, 64, NULL);
+    const int32_t table[] = {1, 3, 9}, rt[] = {0, 0}, pos[] = {20, 21};
+    const ds_kv_pages pg = {.page_rows = 8, .table = table, .row_table = rt};
+    ds_attn_params p = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 64, .v_head_dim = 64, .n_keys = 22,
+                        .causal = true, .scale = 0.125f, .q_pos = pos, .pages = &pg};
+    gpu->ops->attention(gpu, out.g, q.g, k.g, v.g, &p);
+    CHECK_ERR(ds_backend_check(gpu), "page table entry 2 is page 9 of a pool of 4");
+    release(&q), release(&k), release(&v), release(&out);
+}
+
+RUN_CUDA_TESTS("cuda_attention", test_attention, test_norm_rope_attention, test_paged_attention,
+               test_paged_norm_rope_attention, test_paged_bad_table)

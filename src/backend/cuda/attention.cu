@@ -25,7 +25,14 @@
  * the fresh values from QKV's output, and one block per (row, kv head)
  * stores its row's key and value into the caches. One launch and one
  * kernel boundary fewer per layer than the norm kernel followed by
- * attention; the values are the same. */
+ * attention; the values are the same.
+ *
+ * Paged caches (attention_paged.cu sends the rows here): the same kernel
+ * instantiated with PAGED, which differs only in where key j's row is read
+ * from. A block looks its chunk's rows up in the page table once (one row a
+ * thread, into shared memory) before its first key; the scores, the order
+ * of every sum and the merges are the contiguous kernel's, so a paged row
+ * gets the bits it gets from a contiguous cache holding the same keys. */
 #include <math.h>
 #include <string.h>
 
@@ -41,6 +48,15 @@
 typedef struct {
     int32_t v[DS_CU_ROWS];
 } pos_arg;
+
+/* A paged launch's table (ds_cu_pages, by value: each row's list start
+ * needs no round trip); nothing for a contiguous one. */
+template <bool PAGED> struct page_arg {};
+template <> struct page_arg<true> {
+    const int32_t *tab; /* device */
+    int page_rows;
+    int32_t base[DS_CU_ROWS];
+};
 
 #define ATT_FRESH_MAX 8           /* rows (fresh keys) of a fused launch */
 #define ATT_FRESH_DIM NR_THREADS  /* largest head: the per-head norm's one element per thread */
@@ -121,18 +137,19 @@ __device__ __forceinline__ void load_lane_row(const float *r, bool ok, int lim, 
 
 /* Key j's (zeros past j1) elements of kv head kvh in lane_dim order. FRESH:
  * keys from position f0 on are the step's, normed and rotated in fk, their
- * values in QKV's output. */
-template <int L, int NPL, bool FRESH>
+ * values in QKV's output. PAGED: key j's cache row is srow[j - j0]. */
+template <int L, int NPL, bool FRESH, bool PAGED = false>
 __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh, int li, float kv[NPL],
                                         float vv[NPL], const fresh_arg &fa, int f0,
-                                        const float (*fk)[ATT_FRESH_DIM]) {
+                                        const float (*fk)[ATT_FRESH_DIM], const int32_t *srow = nullptr,
+                                        int j0 = 0) {
     const bool valid = j < j1;
     if (FRESH && valid && j >= f0) {
         load_lane_row<L, NPL>(fk[j - f0], true, g.D, li, g.vec, kv);
         load_lane_row<L, NPL>(fa.v + (int64_t)(j - f0) * fa.vs + (int64_t)kvh * g.Dv, true, g.Dv, li, g.vec, vv);
         return;
     }
-    const int64_t row = g.ring > 0 ? j % g.ring : j;
+    const int64_t row = PAGED ? (valid ? (int64_t)srow[j - j0] : 0) : g.ring > 0 ? j % g.ring : j;
     load_lane_row<L, NPL>(g.k + row * g.ks + (int64_t)kvh * g.D, valid, g.D, li, g.vec, kv);
     load_lane_row<L, NPL>(g.v + row * g.vs + (int64_t)kvh * g.Dv, valid, g.Dv, li, g.vec, vv);
 }
@@ -301,8 +318,10 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
  * and value is loaded once for the R heads, which a block per head would
  * each load again (verify of 8 rows at GQA 4 read every key 32 times).
  * Every head's arithmetic is the same, in the same order, as with R = 1. */
-template <int L, int NPL, int R, bool FRESH, int A = 1>
-__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa) {
+template <int L, int NPL, int R, bool FRESH, int A = 1, bool PAGED = false>
+__global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa,
+                                                                 page_arg<PAGED> pg) {
+    static_assert(!(FRESH && PAGED), "the fused step stores into a contiguous cache");
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
      * latency-bound key loads (the AR step ~2 % slower at the Qwen3-8B shape). */
@@ -351,11 +370,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
         return;
     }
     if (c < cfirst || c > clast) return;
-    if (!FRESH && R > 1) { /* the R heads' queries, side by side in the row */
+    const int32_t *srow = nullptr; /* PAGED: the cache rows of keys j0 .. j1-1 */
+    if constexpr (PAGED) {
+        __shared__ int32_t s_row[ATT_CHUNK];
+        const int pr = pg.page_rows, b = pg.base[m];
+        for (int t = threadIdx.x; t < j1 - j0; t += ATT_THREADS)
+            s_row[t] = pg.tab[b + (j0 + t) / pr] * pr + (j0 + t) % pr;
+        srow = s_row;
+    }
+    if (!FRESH && R > 1) /* the R heads' queries, side by side in the row */
         for (int e = threadIdx.x; e < R * g.D; e += ATT_THREADS)
             s_q[e / g.D][e % g.D] = g.q[m * g.qs + (int64_t)h0 * g.D + e];
-        __syncthreads();
-    }
+    if (PAGED || (!FRESH && R > 1)) __syncthreads();
     float o[R][NPL], mx[R], l[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -364,19 +390,19 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
         for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
     }
-    if (!early) load_kv<L, NPL, FRESH>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk);
+    if (!early) load_kv<L, NPL, FRESH, PAGED>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk, srow, j0);
     /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
      * registers; decode at prompt 64 is three groups of keys, each a round
      * trip to memory when one ahead). */
     float k2[A > 1 ? NPL : 1], v2[A > 1 ? NPL : 1];
-    if constexpr (A > 1) load_kv<L, NPL, FRESH>(g, j0 + grp + G, j1, kvh, li, k2, v2, fa, f0, s_fk);
+    if constexpr (A > 1) load_kv<L, NPL, FRESH, PAGED>(g, j0 + grp + G, j1, kvh, li, k2, v2, fa, f0, s_fk, srow, j0);
     att_stamp(g, RT_FIRST);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
         const bool valid = j < j1;
         float kn[NPL], vn[NPL];
-        load_kv<L, NPL, FRESH>(g, j + A * G, j1, kvh, li, kn, vn, fa, f0, s_fk);
+        load_kv<L, NPL, FRESH, PAGED>(g, j + A * G, j1, kvh, li, kn, vn, fa, f0, s_fk, srow, j0);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float s = 0.0f;
@@ -493,24 +519,47 @@ static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
 }
 
 /* The chunk kernel for heads up to 128 with R heads a block (1, 2 or 4),
- * fused or not; ahead2 (R = 1): keys two groups ahead. */
-template <int L, int NPL>
+ * fused or not (never both fused and paged); ahead2 (R = 1): keys two
+ * groups ahead. */
+template <int L, int NPL, bool P>
 static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, bool ahead2, const att_geo &g,
-                          const pos_arg &pa, const fresh_arg &f) {
-    if (ahead2 && fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true, 2>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (fresh && R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else if (R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
-    else ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
+                          const pos_arg &pa, const fresh_arg &f, const page_arg<P> &pg) {
+    const cudaStream_t s = cb->stream;
+    if constexpr (!P) {
+        if (ahead2 && fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (fresh && R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, false>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false>, grid, ATT_THREADS, s, g, pa, f, pg);
+    } else {
+        if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false, 1, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, false, 1, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 1, true>, grid, ATT_THREADS, s, g, pa, f, pg);
+    }
+}
+
+/* The chunk kernel for the head size (the lanes a key and the elements a
+ * lane depend on it alone: rows stay invariant). */
+template <bool P>
+static void launch_for_heads(ds_cuda_backend *cb, int dmax, dim3 grid, int R, bool fresh, bool ahead2,
+                             const att_geo &g, const pos_arg &pa, const fresh_arg &f, const page_arg<P> &pg) {
+    const cudaStream_t s = cb->stream;
+    if (dmax <= 32) launch_chunks<4, 8, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 64) launch_chunks<4, 16, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 128) launch_chunks<8, 16, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16, 1, false, 1, P>, grid, ATT_THREADS, s, g, pa, f, pg);
+    else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false, 1, P>, grid, ATT_THREADS, s, g, pa, f, pg);
 }
 
 /* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
- * checked), or NULL. */
+ * checked), or NULL. pages: the keys through a page table (never with fa,
+ * never in a region), or NULL. */
 static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
-                             const ds_attn_params *p, const fresh_arg *fa) {
+                             const ds_attn_params *p, const fresh_arg *fa, const ds_cu_pages *pages) {
     const int64_t M = q.rows;
     if (M <= 0 || p->n_heads <= 0) return;
     if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads) {
@@ -617,11 +666,15 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has
          * no more blocks than SMs. */
         const bool ahead2 = R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
-        if (dmax <= 32) launch_chunks<4, 8>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
-        else if (dmax <= 64) launch_chunks<4, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
-        else if (dmax <= 128) launch_chunks<8, 16>(cb, grid, R, fa != NULL, ahead2, g, pa, f);
-        else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
-        else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false>, grid, ATT_THREADS, cb->stream, g, pa, f);
+        if (pages) {
+            page_arg<true> pg = {};
+            pg.tab = pages->tab;
+            pg.page_rows = pages->page_rows;
+            for (int i = 0; i < n; i++) pg.base[i] = pages->base[r0 + i];
+            launch_for_heads<true>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+        } else {
+            launch_for_heads<false>(cb, dmax, grid, R, fa != NULL, ahead2, g, pa, f, page_arg<false>{});
+        }
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
             ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
@@ -632,12 +685,17 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
 }
 
 void ds_cu_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p) {
-    if (p->pages) { /* the batched engine's paged caches: on the CPU for now */
-        ds_cu_fail(ds_cu(be), "attention", "paged KV caches are not supported by the CUDA backend yet");
+    if (p->pages) {
+        ds_cu_attention_paged(ds_cu(be), out, q, k, v, p);
         return;
     }
     if (ds_cu_attention_prefill(ds_cu(be), out, q, k, v, p)) return;
-    attention_launch(ds_cu(be), out, q, k, v, p, NULL);
+    attention_launch(ds_cu(be), out, q, k, v, p, NULL, NULL);
+}
+
+void ds_cu_attention_rows(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                          const ds_attn_params *p, const ds_cu_pages *pg) {
+    attention_launch(cb, out, q, k, v, p, NULL, pg);
 }
 
 /* The fused path where its conditions hold (cfg.fused_attn_min_rows, by
@@ -652,7 +710,7 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
                                   const float *inv_freq, const ds_attn_params *p) {
     ds_cuda_backend *cb = ds_cu(be);
     if (p->pages) {
-        ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
+        ds_cu_qk_norm_rope_attention_paged(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
         return;
     }
     const int min_rows = cb->cfg.fused_attn_min_rows > 0 ? cb->cfg.fused_attn_min_rows : ATT_FRESH_MAX + 1;
@@ -678,5 +736,5 @@ void ds_cu_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_tensor q, ds
     fa.kc = (float *)k_cache.data, fa.vc = (float *)v_cache.data, fa.kcs = k_cache.stride, fa.vcs = v_cache.stride;
     fa.eps = eps;
     for (int i = 0; i < head_dim / 2; i++) fa.inv_freq[i] = inv_freq[i];
-    attention_launch(cb, out, q, k_cache, v_cache, p, &fa);
+    attention_launch(cb, out, q, k_cache, v_cache, p, &fa, NULL);
 }

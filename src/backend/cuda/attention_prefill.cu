@@ -20,7 +20,13 @@
  * Rows of these calls are not bit-identical to the same rows decoded alone
  * (as prefill's cuBLAS projections are not): the engine needs that only
  * between a verify (up to DS_CU_NARROW_M rows) and decode, which both run
- * attention.cu (DS_CU_PREFILL_ROWS). */
+ * attention.cu (DS_CU_PREFILL_ROWS).
+ *
+ * Paged caches (one sequence's run of rows, attention_paged.cu): PAGED
+ * looks each tile's key rows up in the page table (thread i < KT: key
+ * k0 + i, into shared memory, the next tile's requested while this one
+ * is computed); the arithmetic is the contiguous kernel's, so the bits are
+ * those of a contiguous cache holding the same keys. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +43,8 @@ typedef struct {
     int64_t qs, ks, vs, os;
     int M, H, group, D, Dv, n_keys, causal, window, ring, pos0;
     float scale;
+    const int32_t *tab; /* paged: the device page table, the rows' list start in it, rows a page */
+    int tbase, page_rows;
 } pa_geo;
 
 /* Row m's keys [lo, hi) (its position pos0 + m). */
@@ -51,6 +59,11 @@ __device__ __forceinline__ void pa_range(const pa_geo &g, int m, int *lo, int *h
     *hi = b;
 }
 
+/* Paged: the cache row of key j (j < hi; else 0, never read). */
+__device__ __forceinline__ int pa_page_row(const pa_geo &g, int j, int hi) {
+    return j < hi ? g.tab[g.tbase + j / g.page_rows] * g.page_rows + j % g.page_rows : 0;
+}
+
 /* Shared memory of a block: queries [QT][D + 1], keys [KT][D + 1] (padded rows: a warp's keys sit in different
  * banks), values [KT][Dv], probabilities [QT][KT + 1]. */
 template <int QT, int KT>
@@ -58,7 +71,7 @@ static size_t pa_smem_bytes(int D, int Dv) {
     return (size_t)(QT * (D + 1) + KT * (D + 1) + KT * Dv + QT * (KT + 1)) * sizeof(float);
 }
 
-template <int QT, int RPT, int LANES, int KT, int DMAX>
+template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED>
 __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
     static_assert((QT / RPT) * LANES == PA_THREADS && LANES <= 32 && KT % LANES == 0 && DMAX % LANES == 0, "tiling");
     ds_cu_grid_wait();
@@ -101,16 +114,28 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
         for (int j = 0; j < OPL; j++) o[a][j] = 0.0f;
     }
     const float *q0 = sq + RPT * rg * qstr;
+    int32_t *s_rows = nullptr; /* PAGED: the tile's key rows */
+    int next_row = 0;          /* PAGED, thread i < KT: key k0 + i's row, for the tile that begins at k0 */
+    if constexpr (PAGED) {
+        __shared__ int32_t rows_[KT];
+        s_rows = rows_;
+        if (threadIdx.x < KT) next_row = pa_page_row(g, span_lo + threadIdx.x, span_hi);
+    }
     for (int k0 = span_lo; k0 < span_hi; k0 += KT) {
+        /* (No thread reads s_rows past the previous tile's loads, which ended at its second barrier.) */
+        if constexpr (PAGED)
+            if (threadIdx.x < KT) s_rows[threadIdx.x] = next_row;
         __syncthreads(); /* the previous tile's keys, values and probabilities are read */
+        if constexpr (PAGED)
+            if (threadIdx.x < KT) next_row = pa_page_row(g, k0 + KT + threadIdx.x, span_hi);
         for (int e = threadIdx.x; e < KT * g.D; e += PA_THREADS) {
             const int i = e / g.D, d = e % g.D, j = k0 + i;
-            const int64_t row = g.ring > 0 ? j % g.ring : j;
+            const int64_t row = PAGED ? s_rows[i] : g.ring > 0 ? j % g.ring : j;
             sk[i * kstr + d] = j < span_hi ? g.k[row * g.ks + (int64_t)kvh * g.D + d] : 0.0f;
         }
         for (int e = threadIdx.x; e < KT * g.Dv; e += PA_THREADS) {
             const int i = e / g.Dv, d = e % g.Dv, j = k0 + i;
-            const int64_t row = g.ring > 0 ? j % g.ring : j;
+            const int64_t row = PAGED ? s_rows[i] : g.ring > 0 ? j % g.ring : j;
             sv[i * g.Dv + d] = j < span_hi ? g.v[row * g.vs + (int64_t)kvh * g.Dv + d] : 0.0f;
         }
         __syncthreads();
@@ -194,9 +219,9 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
 }
 
 /* One tiling's launch (its shared memory allowed once per instantiation). */
-template <int QT, int RPT, int LANES, int KT, int DMAX>
+template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED>
 static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
-    auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX>;
+    auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX, PAGED>;
     const size_t smem = pa_smem_bytes<QT, KT>(g.D, g.Dv);
     static size_t allowed = 0;
     if (smem > allowed) {
@@ -211,6 +236,11 @@ static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
 
 bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                              const ds_attn_params *p) {
+    return ds_cu_attention_prefill_pages(cb, out, q, k, v, p, NULL);
+}
+
+bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                                   const ds_attn_params *p, const ds_cu_pages *pg) {
     const int64_t M = q.rows;
     if (M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
         p->v_head_dim > PA_DMAX || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads ||
@@ -225,9 +255,14 @@ bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.D = p->head_dim, g.Dv = p->v_head_dim, g.n_keys = p->n_keys, g.causal = p->causal;
     g.window = p->window, g.ring = p->ring_size, g.pos0 = p->q_pos[0], g.scale = p->scale;
     const int dmax = g.D > g.Dv ? g.D : g.Dv;
-    if (dmax <= 128) pa_launch<64, 4, 16, 64, 128>(cb, g);
-    else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256>(cb, g);
-    else pa_launch<16, 2, 32, 32, 512>(cb, g);
+    if (pg) {
+        g.tab = pg->tab, g.tbase = pg->base[0], g.page_rows = pg->page_rows, g.ring = 0;
+        if (dmax <= 128) pa_launch<64, 4, 16, 64, 128, true>(cb, g);
+        else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256, true>(cb, g);
+        else pa_launch<16, 2, 32, 32, 512, true>(cb, g);
+    } else if (dmax <= 128) pa_launch<64, 4, 16, 64, 128, false>(cb, g);
+    else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256, false>(cb, g);
+    else pa_launch<16, 2, 32, 32, 512, false>(cb, g);
     ds_cu_launched(cb, "attention");
     return true;
 }

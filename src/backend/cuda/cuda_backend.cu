@@ -199,6 +199,7 @@ static void cu_destroy(ds_backend *be) {
     ds_cu_tmaps_free(cb);
     ds_cu_boxes_free(cb);
     ds_cu_head_free(cb);
+    ds_cu_page_tables_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
     if (cb->stream) cudaStreamDestroy(cb->stream);
     if (cb->err) ds_error_free(cb->err);

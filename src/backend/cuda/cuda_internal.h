@@ -106,6 +106,7 @@ typedef struct {
     void *retired[32];    /* buffers replaced while recording, freed after the next wait */
     int n_retired;
     ds_region_stats stats;
+    struct ds_cu_page_tables *page_tables; /* paged attention's tables on the device (attention_paged.cu), or NULL */
 } ds_cuda_backend;
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
@@ -379,6 +380,39 @@ void ds_cu_qk_norm_rope_store(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tens
 void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k, const ds_tensor *kw,
                                       const ds_tensor *v, const ds_tensor *kc, const ds_tensor *vc, int head_dim,
                                       float eps, const int32_t *pos, const float *inv_freq);
+/* Paged KV caches (backend.h ds_kv_pages; attention_paged.cu). A paged
+ * call's page table travels to the device once per distinct table (pinned
+ * staging, an async copy on the stream); its rows run the same kernels as
+ * contiguous rows, only a key's cache row comes from the table: key j of a
+ * launch's row i at tab[base[i] + j / page_rows] * page_rows + j % page_rows.
+ * Outside step regions only (the tables are host arrays). */
+typedef struct {
+    const int32_t *tab;  /* device: the call's table */
+    int page_rows;
+    const int32_t *base; /* host, one per row handed to the launch: where its sequence's list starts in tab */
+} ds_cu_pages;
+/* ds_cu_attention for p->pages: rows grouped into runs of one sequence at
+ * consecutive positions; runs of DS_CU_PREFILL_ROWS rows or more on the
+ * tiled kernel, the rest on the chunk kernel, as contiguous calls of those
+ * rows would. */
+void ds_cu_attention_paged(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                           const ds_attn_params *p);
+/* The chunk kernel (attention.cu) on rows q (positions p->q_pos, keys below
+ * p->n_keys; p->pages ignored), their keys through pg (NULL: contiguous). */
+void ds_cu_attention_rows(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                          const ds_attn_params *p, const ds_cu_pages *pg);
+/* ds_cu_attention_prefill with the keys through pg (every row of the call
+ * one sequence's: pg->base[0]), or contiguous (pg NULL). */
+bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                                   const ds_attn_params *p, const ds_cu_pages *pg);
+/* qk_norm_rope_attention on paged caches: the q/k norms and RoPE (the
+ * qk_norm_rope op), the step's K/V rows stored through the pages in one
+ * launch, then paged attention; the bits of ds_qk_norm_rope_then_attention. */
+void ds_cu_qk_norm_rope_attention_paged(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
+                                        ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim,
+                                        float eps, const float *inv_freq, const ds_attn_params *p);
+/* Frees the page tables' device and pinned buffers (cu_destroy). */
+void ds_cu_page_tables_free(ds_cuda_backend *cb);
 /* Shape and dtype checks of linear (recorded as op's failure); true when the call may run. */
 bool ds_cu_linear_ok(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
 
