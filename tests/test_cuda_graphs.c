@@ -587,8 +587,8 @@ static void test_store_regions(void) {
         be[0]->ops->copy(be[0], qur, qr[0]);
         be[0]->ops->copy(be[0], kur, kr[0]);
         be[0]->ops->qk_norm_rope(be[0], qur, qw[0], kur, kw[0], D, 1e-6f, pos, inv_freq);
-        ds_store_rows(be[0], kc2[0], kur, RING, pos);
-        ds_store_rows(be[0], vc2[0], vr[0], RING, pos);
+        ds_store_rows_paged(be[0], kc2[0], kur, RING, pos, NULL);
+        ds_store_rows_paged(be[0], vc2[0], vr[0], RING, pos, NULL);
         be[0]->ops->qk_norm_rope_store(be[0], qr[0], qw[0], kr[0], kw[0], vr[0], kc[0], vc[0], RING, D, 1e-6f, pos,
                                        inv_freq);
         ds_region_key key = {101, R, 0, &st};

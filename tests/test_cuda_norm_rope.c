@@ -174,7 +174,7 @@ static void test_key_layers(void) {
                                          kb[l].g, vb[l].g, 0, D, 1e-6f, pos, inv);
         }
         gpu->ops->key_norm_rope_store_layers(gpu, L, gk, gkw, gv, gka, gva, D, 1e-6f, pos, inv);
-        ds_key_norm_rope_store_layers(cpu, L, ck, ckw, cv, cka, cva, D, 1e-6f, pos, inv);
+        ds_key_norm_rope_store_layers(cpu, L, ck, ckw, cv, cka, cva, D, 1e-6f, pos, inv, NULL);
         check_gpu_ok("key_norm_rope_store_layers");
         int differ = 0;
         for (int l = 0; l < L; l++) {
