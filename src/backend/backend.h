@@ -265,7 +265,8 @@ typedef struct {
      * v_cache, p): the q/k norms, RoPE and the K/V store of a decode or
      * verification step with its attention, p->q_pos == pos. The values are
      * those of the two calls; q may be left unnormed (nothing reads it
-     * after). Optional: NULL runs the two calls (ds_qk_norm_rope_attention). */
+     * after); with p->pages the K/V rows go through the pages. Optional:
+     * NULL runs the two calls (ds_qk_norm_rope_attention). */
     void (*qk_norm_rope_attention)(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor qw, ds_tensor k,
                                    ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache, int head_dim,
                                    float eps, const float *inv_freq, const ds_attn_params *p);
@@ -490,7 +491,7 @@ static inline void ds_qk_norm_rope_attention(ds_backend *be, ds_tensor out, ds_t
                                              ds_tensor kw, ds_tensor v, ds_tensor k_cache, ds_tensor v_cache,
                                              int head_dim, float eps, const float *inv_freq,
                                              const ds_attn_params *p) {
-    if (be->ops->qk_norm_rope_attention && !p->pages)
+    if (be->ops->qk_norm_rope_attention)
         be->ops->qk_norm_rope_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
     else ds_qk_norm_rope_then_attention(be, out, q, qw, k, kw, v, k_cache, v_cache, head_dim, eps, inv_freq, p);
 }

@@ -29,6 +29,10 @@ typedef struct {
     int ring_boxes;       /* DS_CUDA_RING_BOXES=auto|1|0: DS_CU_BOXES_* (read at each upload) */
     bool head_bound;      /* DS_CUDA_HEAD_BOUND=0: a greedy draft computes its full LM head */
     int markov_fused;     /* DS_CUDA_MARKOV_FUSED=1|0: the pruned walk in one launch / a launch a step (-1: by size) */
+    bool invariant;       /* DS_CUDA_INVARIANT=1: every row's bits independent of the call's other rows at any row
+                           * count (the batched engine's batch invariance): projections of more than
+                           * DS_CU_NARROW_M rows run as slabs of that many on the narrow kernels instead of cuBLAS,
+                           * paged attention rows never on the prefill kernel. Slower at many rows (bench it). */
     /* Not in the environment: tests lower them so that their small shapes reach the paths they check. */
     int ring_min_tiles;      /* the ring takes calls from this many tiles on (-1: one per SM), and pairs at any count */
     int fused_attn_min_rows; /* the fused norm + attention launch from this many rows (<= 0 or > 8: never) */

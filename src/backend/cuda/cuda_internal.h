@@ -45,6 +45,16 @@ static inline unsigned ds_cu_rows_grid(int64_t rows) { return (unsigned)(rows < 
  * rows, row-invariant) stays on the decode kernel, so a verify's rows equal
  * decode's bit for bit for any drafter's gamma up to 31. */
 #define DS_CU_PREFILL_ROWS (DS_CU_NARROW_M + 1)
+/* cfg.invariant: a call of more than DS_CU_NARROW_M rows runs as slabs of
+ * DS_CU_NARROW_M rows through the same op (row-wise ops: the same bits a
+ * row gets in a call of its own slab). */
+#define DS_CU_SLABS(cb, M, r0, n, CALL)                                              \
+    if ((cb)->cfg.invariant && (M) > DS_CU_NARROW_M) {                               \
+        for (int64_t r0 = 0, n; r0 < (M) && (n = (M) - r0 < DS_CU_NARROW_M ? (M) - r0 : DS_CU_NARROW_M, 1); \
+             r0 += DS_CU_NARROW_M)                                                   \
+            CALL;                                                                    \
+        return;                                                                      \
+    }
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
 #define DS_CU_STEP_SLOTS 8 /* host staging slots: a slot is refilled once its copy has run */

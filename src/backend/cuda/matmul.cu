@@ -308,6 +308,7 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
     ds_cuda_backend *cb = ds_cu(be);
     const int64_t M = x.rows, K = x.cols, N = w.rows;
     if (M <= 0 || N <= 0) return;
+    DS_CU_SLABS(cb, M, r0, n, ds_cu_linear(be, ds_rows(out, r0, n), ds_rows(x, r0, n), w, bias));
     if (!ds_cu_linear_ok(cb, "linear", out, x, w, bias)) return;
     if (ds_cu_mma_eligible(w, M)) {
         ds_mma_args a = {};
