@@ -231,7 +231,9 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
      * the cut run there too (conf_cut against the fp32 cutoff that decides
      * exactly as the host's sigmoid(c) < t): out = [tokens, n]. */
     const bool cut = d->confidence && threshold > 0;
-    const bool chain = walk && keep_on_backend && !d->keep_logits && d->graph_safe && (!cut || threshold <= 1.0f);
+    /* Paged caches (the batched engine) take host page tables: no step region. */
+    const bool regions = d->graph_safe && !d->pages;
+    const bool chain = walk && keep_on_backend && !d->keep_logits && regions && (!cut || threshold <= 1.0f);
     if (chain && cut && d->conf_cut_t != threshold) {
         float c[DS_MAX_GAMMA];
         for (int k = 0; k < G; k++) c[k] = ds_conf_cutoff(threshold); /* one a position, as conf_cut takes */
@@ -248,7 +250,7 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
                          n | (walk ? 1 << 16 : 0) | (d->keep_logits ? 1 << 17 : 0) | (chain ? 1 << 18 : 0) |
                              (chain && cut ? 1 << 19 : 0),
                          d};
-    if (!d->graph_safe || ds_region_begin(be, &key, st)) {
+    if (!regions || ds_region_begin(be, &key, st)) {
         if (n > 0) context_ops(d, taps, n, st->pos);
         d->ops->block(d, st->ids, st->pos + n);
         if (walk && ds_markov_head_walk(d)) {
@@ -269,7 +271,7 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
             ds_conf_cut(be, ds_rows(ds_cols(d->step_out, 0, 1), 0, G), d->conf_cut, st->out + G);
         }
     }
-    if (d->graph_safe) ds_region_end(be);
+    if (regions) ds_region_end(be);
     st->keep_out = false;
     if (n > 0) d->n_ctx = pos0 + n;
     out->n_kept = 0;
