@@ -69,10 +69,16 @@ typedef struct {
                                 directory's tokenizer.json if it has one, else no tokenizer
                                 (prompts are then ids and output is ids) */
     int device;              /* CUDA device index (backend "cuda"; 0: the first GPU) */
+    const char *sts;         /* STS temperatures for the drafter's confidence (`dspark calibrate`'s file);
+                                NULL: the drafter directory's sts.json when there is one */
+    bool no_sts;             /* read no temperature file: the confidence head as it is */
 } ds_engine_opts;
 
-/* Opens the backend, the target, the drafter and the tokenizer, in that
- * order; the first that fails is the error (naming its directory or file). */
+/* Opens the backend, the target, the drafter (and its STS temperatures)
+ * and the tokenizer, in that order; the first that fails is the error
+ * (naming its directory or file). With STS temperatures s_k, a threshold
+ * cuts a proposal at the first position whose calibrated confidence
+ * sigmoid(z_k / s_k) is below it (z_k the head's logit, fp32). */
 ds_error *ds_engine_open(const ds_engine_opts *opts, ds_engine **out);
 void ds_engine_free(ds_engine *e);
 /* The engine's tokenizer (owned by the engine), or NULL when it has none:
@@ -86,6 +92,8 @@ typedef struct {
     int block_size;     /* the drafter's proposal positions, the largest gamma (0: no drafter) */
     bool has_drafter;
     bool has_tokenizer;
+    bool has_confidence; /* the drafter has a confidence head (a threshold can cut its proposals) */
+    bool calibrated;     /* STS temperatures are applied to it */
 } ds_engine_info;
 void ds_engine_get_info(const ds_engine *e, ds_engine_info *info);
 
@@ -111,6 +119,8 @@ typedef struct {
     int gamma;         /* proposal positions to use, at most the block size (0: all of them) */
     bool no_draft;     /* decode autoregressively even with a drafter */
     bool ignore_eos;   /* do not stop at the model's stop tokens */
+    bool record_confidence; /* fill ds_output.confidence (dspark calibrate); drafting then runs on
+                               the host path, where the confidence logits are */
 } ds_generate_opts;
 
 /* Why a generation ended. */
@@ -134,6 +144,8 @@ typedef struct {
     int *proposed;   /* drafted tokens sent to verification (cut to the stop token in a stop round) */
     int *accept_len; /* tokens the round committed: accepted + 1 (the target's own next token),
                         or accepted where a drafted stop token ended the round */
+    float *confidence; /* record_confidence with a confidence head: per round, block_size raw
+                          confidence logits (row r = round r, before any STS temperature); else NULL */
     double acceptance_length; /* tau: mean accept_len */
     double prefill_s, draft_s, verify_s, total_s; /* wall time: prompt, drafting, verification, all */
 } ds_output;

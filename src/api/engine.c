@@ -8,6 +8,7 @@
 
 #include "dspark.h"
 #include "draft/drafter.h"
+#include "draft/sts_file.h"
 #include "io/checkpoint.h"
 #include "speculate/generate.h"
 #include "speculate/metrics.h"
@@ -20,6 +21,7 @@ struct ds_engine {
     ds_tokenizer *tok;
     char *model_dir;     /* where the chat template is looked up */
     ds_chat_family chat; /* detected on first use */
+    bool calibrated;     /* STS temperatures applied to the drafter */
 };
 
 void ds_engine_free(ds_engine *e) {
@@ -42,6 +44,33 @@ static ds_error *open_tokenizer(const ds_engine_opts *o, ds_tokenizer **out) {
     return ds_path_exists(path) ? ds_tokenizer_load(path, out) : NULL;
 }
 
+/* The drafter's STS temperatures: opts.sts (it must be there), else
+ * sts.json beside the drafter when it exists; none with no_sts. A file that
+ * is there but broken, or for another block size, is an error: a threshold
+ * would otherwise silently cut where nobody calibrated. */
+static ds_error *open_sts(const ds_engine_opts *o, ds_engine *e) {
+    if (o->no_sts) return NULL;
+    char path[4096];
+    if (o->sts) {
+        if (!e->drafter) return ds_errorf("%s: STS temperatures given, but there is no drafter to apply them to", o->sts);
+        if (!e->drafter->confidence)
+            return ds_errorf("%s: STS temperatures given, but the drafter %s has no confidence head", o->sts,
+                             o->drafter_dir);
+        snprintf(path, sizeof path, "%s", o->sts);
+    } else {
+        if (!e->drafter || !e->drafter->confidence) return NULL;
+        if (!ds_sts_path(o->drafter_dir, path, sizeof path) || !ds_path_exists(path)) return NULL;
+    }
+    ds_sts sts;
+    DS_TRY(ds_sts_read(path, &sts));
+    if (sts.n != e->drafter->gamma)
+        return ds_errorf("%s: %d temperatures, but the drafter's block_size is %d (%s)", path, sts.n,
+                         e->drafter->gamma, o->drafter_dir);
+    DS_TRY(ds_error_wrap(ds_drafter_set_temperatures(e->drafter, sts.temp, sts.n), "%s", path));
+    e->calibrated = true;
+    return NULL;
+}
+
 ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!out) return ds_errorf("ds_engine_open: out is NULL");
     *out = NULL;
@@ -62,6 +91,7 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, NULL, &e->drafter);
+    if (!err) err = open_sts(o, e);
     if (!err) err = open_tokenizer(o, &e->tok);
     if (err) {
         ds_engine_free(e);
@@ -78,7 +108,9 @@ void ds_engine_get_info(const ds_engine *e, ds_engine_info *info) {
                              .vocab_size = e->target->vocab,
                              .block_size = e->drafter ? e->drafter->gamma : 0,
                              .has_drafter = e->drafter != NULL,
-                             .has_tokenizer = e->tok != NULL};
+                             .has_tokenizer = e->tok != NULL,
+                             .has_confidence = e->drafter && e->drafter->confidence,
+                             .calibrated = e->calibrated};
 }
 
 ds_error *ds_engine_chat_render(ds_engine *e, const ds_chat_message *msgs, size_t n, char **text) {
@@ -159,13 +191,14 @@ ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_promp
                        .seed = o->seed,
                        .threshold = o->threshold,
                        .gamma = o->gamma,
-                       .ignore_stop = o->ignore_eos};
+                       .ignore_stop = o->ignore_eos,
+                       .record_conf = o->record_confidence};
     ds_gen_result r;
     DS_TRY(ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, (int)n_prompt, &p, on_token, user, &r));
     *out = (ds_output){.tokens = r.tokens, .n_tokens = r.n_tokens, .stopped = r.stopped,
                        .finish_reason = finish_reason(r.stop_reason), .rounds = r.rounds, .accepted = r.accepted,
                        .proposed = r.proposed, .accept_len = r.accept_len, .prefill_s = r.prefill_s,
-                       .draft_s = r.draft_s, .verify_s = r.verify_s, .total_s = r.total_s};
+                       .draft_s = r.draft_s, .verify_s = r.verify_s, .total_s = r.total_s, .confidence = r.conf};
     ds_metrics m = {0};
     ds_metrics_add(&m, &r);
     out->acceptance_length = ds_metrics_tau(&m);
@@ -177,6 +210,7 @@ void ds_output_free(ds_output *o) {
     free(o->accepted);
     free(o->proposed);
     free(o->accept_len);
+    free(o->confidence);
     memset(o, 0, sizeof *o);
 }
 

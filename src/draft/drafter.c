@@ -121,6 +121,7 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
         DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
     }
     if (d->confidence) DS_TRY(be->ops->alloc(be, DS_F32, d->gamma, 1, &d->conf_cut));
+    for (int k = 0; k < DS_MAX_GAMMA; k++) d->conf_temp[k] = 1.0f;
     d->logits_bf16 = d->lm_head.dtype == DS_BF16;
     const int G = d->gamma, wide = 3 * r + H > V ? 3 * r + H : V;
     DS_TRY(be->ops->alloc(be, DS_F32, d->max_rows, H, &d->ctx));
@@ -228,15 +229,15 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     const bool walk = ds_markov_device_walk(d, s);
     /* A chained round (keep_on_backend): the walked tokens stay on the
      * backend for the verify, and with a threshold the confidence head and
-     * the cut run there too (conf_cut against the fp32 cutoff that decides
-     * exactly as the host's sigmoid(c) < t): out = [tokens, n]. */
+     * the cut run there too (conf_cut against fp32 cutoffs, one a position,
+     * that decide exactly as the host's ds_conf_below_at): out = [tokens, n]. */
     const bool cut = d->confidence && threshold > 0;
     /* Paged caches (the batched engine) take host page tables: no step region. */
     const bool regions = d->graph_safe && !d->pages;
     const bool chain = walk && keep_on_backend && !d->keep_logits && regions && (!cut || threshold <= 1.0f);
     if (chain && cut && d->conf_cut_t != threshold) {
         float c[DS_MAX_GAMMA];
-        for (int k = 0; k < G; k++) c[k] = ds_conf_cutoff(threshold); /* one a position, as conf_cut takes */
+        for (int k = 0; k < G; k++) c[k] = ds_conf_cutoff_at(threshold, d->conf_temp[k]); /* STS: per position */
         be->ops->upload(be, d->conf_cut, c);
         d->conf_cut_t = threshold;
     }
@@ -297,7 +298,18 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
     } else {
         ds_markov_chain(d, anchor, s, rng, out);
     }
-    out->n = d->confidence ? ds_conf_keep(out->conf_logit, d->gamma, threshold) : d->gamma;
+    out->n = d->confidence ? ds_conf_keep(out->conf_logit, d->conf_temp, d->gamma, threshold) : d->gamma;
+    return NULL;
+}
+
+ds_error *ds_drafter_set_temperatures(ds_drafter *d, const float *temp, int n) {
+    if (temp && n != d->gamma)
+        return ds_errorf("%d STS temperatures for a drafter whose block_size is %d", n, d->gamma);
+    for (int k = 0; k < d->gamma; k++)
+        if (temp && !(temp[k] > 0 && isfinite(temp[k])))
+            return ds_errorf("STS temperature %d is %g, not a finite number > 0", k, temp[k]);
+    for (int k = 0; k < d->gamma; k++) d->conf_temp[k] = temp ? temp[k] : 1.0f;
+    d->conf_cut_t = 0; /* the backend's cutoffs are stale */
     return NULL;
 }
 

@@ -113,6 +113,8 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
     DS_TRY(ds_drafter_round(d, t->taps, st->ctx_pos0, st->ctx_n, st->anchor, st->start, &p->sampling, p->threshold,
                             keep_on_backend, rng, &prop));
     st->ctx_n = 0;
+    out->has_conf = d->confidence && !keep_on_backend;
+    if (out->has_conf) memcpy(out->conf_logit, prop.conf_logit, (size_t)G * sizeof *out->conf_logit);
 
     /* Verify and accept, in one target forward. The verified rows must fit
      * the context. */

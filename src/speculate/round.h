@@ -38,6 +38,9 @@ typedef struct {
     int proposed;    /* drafts verified (accepted, when a stop draft ends the round) */
     bool stop_draft; /* an accepted draft is a stop token: the output ends there, so the
                         caches and the state are left as the verify left them */
+    bool has_conf;   /* conf_logit holds the drafter's gamma raw confidence logits (a confidence
+                        head, and the proposal drafted on the host path: keep_on_backend false) */
+    float conf_logit[DS_MAX_GAMMA];
     double draft_s, verify_s;
 } ds_round_result;
 

@@ -16,8 +16,8 @@
 #include "io/prompt_file.h"
 
 typedef struct {
-    const char *model, *drafter, *prompt, *prompt_file, *tokenizer;
-    bool no_draft, json, ignore_eos, chat;
+    const char *model, *drafter, *prompt, *prompt_file, *tokenizer, *sts;
+    bool no_draft, json, ignore_eos, chat, no_sts;
     bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
     bool cuda; /* --backend cuda */
@@ -28,7 +28,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
             "                       [--tokenizer PATH] [--chat] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                       [--threshold C] [--gamma G] [--threads N] [--backend cpu|cuda] [--ignore-eos] [--json]\n"
+            "                       [--threshold C] [--gamma G] [--sts FILE | --no-sts] [--threads N] [--backend cpu|cuda]\n"
+            "                       [--ignore-eos] [--json]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
             "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
@@ -45,7 +46,9 @@ static void usage(FILE *f) {
             "                   K >= 0 (0: off), P in (0, 1]\n"
             "  --seed S         random seed (default 0)\n"
             "  --threshold C    cut each proposal before the first confidence below C, C in [0, 1]\n"
-            "                   (default 0: off)\n"
+            "                   (default 0: off); the confidence is the calibrated one when the drafter\n"
+            "                   directory has an sts.json (dspark calibrate)\n"
+            "  --sts FILE       STS temperatures from FILE instead; --no-sts: the confidence head as it is\n"
             "  --gamma G        use at most G (1 .. the drafter's block size) of its proposal positions\n"
             "  --backend B      cpu (default) or cuda (GPU 0)\n"
             "  --chat           render -p TEXT as a user turn with the model's chat template\n"
@@ -85,7 +88,7 @@ static int check_ranges(const options *o) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
-           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER };
+           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER, O_STS, O_NO_STS };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -96,6 +99,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"backend", required_argument, 0, O_BACKEND},
         {"chat", no_argument, 0, O_CHAT}, {"tokenizer", required_argument, 0, O_TOKENIZER},
+        {"sts", required_argument, 0, O_STS}, {"no-sts", no_argument, 0, O_NO_STS},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.top_p = 1.0f;
@@ -134,6 +138,8 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_IGNORE_EOS: o->gen.ignore_eos = true; break;
         case O_CHAT: o->chat = true; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
+        case O_STS: o->sts = optarg; break;
+        case O_NO_STS: o->no_sts = true; break;
         case O_BACKEND:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
                 fprintf(stderr, "dspark generate: --backend expects cpu or cuda, got '%s'\n", optarg);
@@ -148,6 +154,10 @@ static int parse_args(int argc, char **argv, options *o) {
 #undef NUM
     if (optind < argc) {
         fprintf(stderr, "dspark generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (o->sts && o->no_sts) {
+        fprintf(stderr, "dspark generate: give at most one of --sts FILE and --no-sts\n");
         return 2;
     }
     if (!o->prompt == !o->prompt_file) {
@@ -278,7 +288,8 @@ static ds_error *open_session(const options *o, session *s) {
     /* No tokenizer is fine while every prompt is input_ids (a `dspark synth`
      * checkpoint has none): text prompts then fail in need_tokenizer(). */
     ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o->cuda ? "cuda" : "cpu",
-                         .threads = o->threads, .tokenizer = o->tokenizer};
+                         .threads = o->threads, .tokenizer = o->tokenizer, .sts = o->sts,
+                         .no_sts = o->no_sts || o->no_draft};
     DS_TRY(ds_engine_open(&eo, &s->engine));
     ds_engine_get_info(s->engine, &s->info);
     if (s->info.has_drafter && o->gamma_given && o->gen.gamma > s->info.block_size)
