@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "draft/drafter_batch.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
 #include "speculate/schedule.h"
@@ -60,6 +61,10 @@ struct ds_batch {
     float *conf;  /* [max_seqs * gamma]: this step's calibrated confidences, for Algorithm 1 */
     int *n_conf, *len;
     ds_tensor draft_probs; /* [max_seqs * gamma, V]: each running sequence's proposal distributions */
+    /* a step's drafter round: the sequences drafting, their arguments and proposals */
+    seq **drafting;
+    ds_draft_seq *dseqs;
+    ds_proposal *dprops;
     bool *slot_used;
     ds_batch_stats stats;
 };
@@ -101,6 +106,7 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
         if (d->be != t->be) return ds_errorf("batched engine: the target and the drafter are on different backends");
         if (t->n_taps != d->n_taps || memcmp(t->tap_layers, d->tap_layers, (size_t)d->n_taps * sizeof(int)))
             DS_TRY(ds_target_set_taps(t, d->tap_layers, d->n_taps));
+        DS_TRY(ds_drafter_reserve_seqs(d, o.max_seqs)); /* every decoding sequence's block in one pass */
     }
     ds_batch *b = calloc(1, sizeof *b);
     if (!b) return ds_errorf("out of memory");
@@ -121,8 +127,12 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     b->conf = malloc((size_t)o.max_seqs * (G > 0 ? G : 1) * sizeof *b->conf);
     b->n_conf = malloc((size_t)o.max_seqs * sizeof *b->n_conf);
     b->len = malloc((size_t)o.max_seqs * sizeof *b->len);
+    b->drafting = malloc((size_t)o.max_seqs * sizeof *b->drafting);
+    b->dseqs = malloc((size_t)o.max_seqs * sizeof *b->dseqs);
+    b->dprops = malloc((size_t)o.max_seqs * sizeof *b->dprops);
     if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||
-               !b->scratch || !b->slot_used || !b->conf || !b->n_conf || !b->len))
+               !b->scratch || !b->slot_used || !b->conf || !b->n_conf || !b->len || !b->drafting || !b->dseqs ||
+               !b->dprops))
         e = ds_errorf("out of memory");
     if (e) {
         ds_batch_free(b);
@@ -156,6 +166,7 @@ void ds_batch_free(ds_batch *b) {
     free(b->ids), free(b->pos), free(b->row_table), free(b->table), free(b->logit_rows), free(b->best);
     free(b->zeros), free(b->logits_host), free(b->scratch), free(b->slot_used);
     free(b->conf), free(b->n_conf), free(b->len);
+    free(b->drafting), free(b->dseqs), free(b->dprops);
     b->be->ops->release(b->be, &b->draft_probs);
     free(b);
 }
@@ -342,24 +353,17 @@ static void set_drafter_pages(ds_batch *b, seq *s, ds_kv_pages *pg) {
     b->d->n_ctx = s->d_nctx;
 }
 
-/* The drafter's round for s: its pending context rows (taps of the last
- * forward), then a block after the anchor; the proposal's distributions
- * kept in s's slot at T > 0 (the drafter's buffers serve the next sequence). */
-static ds_error *draft(ds_batch *b, seq *s) {
+/* What s keeps of its proposal once the batched round has walked it (the
+ * drafter's buffers serve the next sequence's walk): the proposal, and at
+ * T > 0 its distributions in s's slot. */
+static ds_error *keep_proposal(ds_batch *b, seq *s, const ds_proposal *out) {
     ds_drafter *d = b->d;
-    ds_kv_pages pg;
-    set_drafter_pages(b, s, &pg);
-    const ds_tensor taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n) : b->t->taps;
-    ds_error *e = ds_drafter_round(d, taps, s->ctx_pos0, s->ctx_n, s->anchor, s->start, &s->p.sampling,
-                                   s->p.threshold, false, &s->rng, &s->prop);
-    s->d_nctx = d->n_ctx;
-    d->pages = NULL;
-    s->ctx_n = 0;
-    if (!e && b->o.sim) { /* the profile's confidences and outcome; the whole block is proposed */
-        e = ds_sim_round(b->o.sim, &s->sim_rng, d->gamma, s->sim_conf, &s->sim_reject);
+    s->prop = *out;
+    if (b->o.sim) { /* the profile's confidences and outcome; the whole block is proposed */
+        DS_TRY(ds_sim_round(b->o.sim, &s->sim_rng, d->gamma, s->sim_conf, &s->sim_reject));
         s->prop.n = d->gamma;
     }
-    if (e || ds_sampling_greedy(&s->p.sampling)) return e;
+    if (ds_sampling_greedy(&s->p.sampling)) return NULL;
     const int G = d->gamma, V = b->t->vocab;
     if (s->prop.probs_dev.data && ds_spec(b->be)->verify_sample) {
         ds_backend *be = b->be;
@@ -375,6 +379,34 @@ static ds_error *draft(ds_batch *b, seq *s) {
     s->prop.probs = s->host_probs;
     s->prop.probs_dev = ds_no_tensor();
     return NULL;
+}
+
+static ds_error *drafted(void *ctx, int r, ds_proposal *out) {
+    ds_batch *b = ctx;
+    seq *s = b->drafting[r];
+    return ds_error_wrap(keep_proposal(b, s, out), "request %d", s->id);
+}
+
+/* One drafter round for every decoding sequence that got its rows (the
+ * drafter reads the taps of the last forward, which the next one
+ * overwrites): each one's pending context rows, then a block after its
+ * anchor, on its own pages, in one pass (draft/drafter_batch.h). */
+static ds_error *draft_all(ds_batch *b) {
+    int R = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        b->dseqs[R] = (ds_draft_seq){.id = s->id, .taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n)
+                                                                   : ds_no_tensor(),
+                                     .pos0 = s->ctx_pos0, .n = s->ctx_n, .anchor = s->anchor, .start = s->start,
+                                     .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
+                                     .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
+        b->drafting[R++] = s;
+    }
+    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
+    ds_error *e = ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
+    for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;
+    return e;
 }
 
 /* The token after s's logits row l (no drafts): ds_generate's next_token. */
@@ -585,14 +617,9 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             rows += s->n_rows;
         }
 
-    /* Draft for every decoding sequence that got its rows (the drafter reads
-     * the taps of the last forward, which the next one overwrites). */
+    /* Draft for every decoding sequence that got its rows. */
     const double t0 = ds_now_s();
-    for (int i = 0; i < b->n_seqs && d; i++) {
-        seq *s = b->seqs[i];
-        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
-        DS_TRY(ds_error_wrap(draft(b, s), "request %d", s->id));
-    }
+    if (d) DS_TRY(draft_all(b));
     DS_TRY(schedule(b));
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;

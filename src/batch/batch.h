@@ -1,9 +1,9 @@
 /* The batched engine: many requests at once over one target and one
- * drafter. Each step drafts for every decoding sequence, then runs ONE
- * target forward over the ragged rows of all of them (verify blocks,
- * autoregressive rows and prefill chunks mixed), whose keys and values live
- * in a shared pool of pages (pages.h); then accepts and commits each
- * sequence on its own. Requests join between steps and leave when done.
+ * drafter. Each step drafts for every decoding sequence in ONE drafter pass
+ * (draft/drafter_batch.h), then runs ONE target forward over the ragged
+ * rows of all of them (verify blocks, autoregressive rows and prefill
+ * chunks mixed), whose keys and values live in a shared pool of pages
+ * (pages.h); then accepts and commits each sequence on its own. Requests join between steps and leave when done.
  *
  * Batch invariance: every op is row invariant, attention reads only the
  * row's own sequence, and each request draws from its own random stream in
@@ -61,7 +61,8 @@ typedef struct {
 /* Opens an engine over t and d (d NULL: autoregressive). Their caches must
  * be pools (ds_target_opts.cache_rows, ds_drafter_opts.cache_rows) of at
  * least n_pages x page_rows rows (the drafter's: ds_batch_drafter_rows), and
- * t->max_rows, t->max_logit_rows at least step_rows. */
+ * t->max_rows, t->max_logit_rows at least step_rows. d's buffers grow to
+ * draft max_seqs sequences in one pass (ds_drafter_reserve_seqs). */
 ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, ds_batch **out);
 void ds_batch_free(ds_batch *b);
 /* Cache rows the drafter's pool needs for opts (the target's pages, plus

@@ -155,7 +155,8 @@ void ds_drafter_release_common(ds_drafter *d) {
     ds_tensor *all[] = {&d->embed, &d->fc, &d->hidden_norm, &d->lm_head, &d->markov_w1, &d->markov_w2,
                         &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w,
                         &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b, &d->conf_cut,
-                        &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->probs, &d->step_in, &d->step_out};
+                        &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->probs, &d->step_in, &d->step_out,
+                        &d->batch_hidden, &d->batch_logits, &d->batch_taps};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);
     free(d->host_probs);
@@ -185,8 +186,7 @@ static ds_error *check_append(const ds_drafter *d, int pos0, int n) {
     return NULL;
 }
 
-/* ctx = hidden_norm(fc(taps)) for n rows, into every layer's K/V at pos[0..n). */
-static void context_ops(ds_drafter *d, ds_tensor taps, int n, const int32_t *pos) {
+void ds_drafter_context(ds_drafter *d, ds_tensor taps, int n, const int32_t *pos) {
     ds_backend *be = d->be;
     ds_tensor ctx = ds_rows(d->ctx, 0, n);
     be->ops->linear(be, ctx, ds_rows(taps, 0, n), d->fc, ds_no_tensor());
@@ -198,9 +198,21 @@ ds_error *ds_drafter_append(ds_drafter *d, ds_tensor taps, int pos0, int n) {
     if (n <= 0) return NULL;
     DS_TRY(check_append(d, pos0, n));
     for (int i = 0; i < n; i++) d->step.pos[i] = pos0 + i;
-    context_ops(d, taps, n, d->step.pos);
+    ds_drafter_context(d, taps, n, d->step.pos);
     d->n_ctx = pos0 + n;
     return NULL;
+}
+
+/* bf16 checkpoints: the reference's lm_head output and its soft-cap are
+ * both bf16 results (as the target's logits). */
+void ds_drafter_lm_head(ds_drafter *d, ds_tensor logits, ds_tensor hidden) {
+    ds_backend *be = d->be;
+    be->ops->linear(be, logits, hidden, d->lm_head, ds_no_tensor());
+    if (d->logits_bf16) be->ops->round_bf16(be, logits);
+    if (d->logit_softcap > 0) {
+        be->ops->softcap(be, logits, d->logit_softcap);
+        if (d->logits_bf16) be->ops->round_bf16(be, logits);
+    }
 }
 
 ds_error *ds_drafter_propose(ds_drafter *d, int32_t anchor, int start, const ds_sampling *s, float threshold,
@@ -252,19 +264,12 @@ ds_error *ds_drafter_round(ds_drafter *d, ds_tensor taps, int pos0, int n, int32
                              (chain && cut ? 1 << 19 : 0),
                          d};
     if (!regions || ds_region_begin(be, &key, st)) {
-        if (n > 0) context_ops(d, taps, n, st->pos);
-        d->ops->block(d, st->ids, st->pos + n);
+        if (n > 0) ds_drafter_context(d, taps, n, st->pos);
+        d->ops->block(d, G, st->ids, st->pos + n, st->n_keys, d->block_hidden);
         if (walk && ds_markov_head_walk(d)) {
             ds_markov_walk_head_queue(d, anchor, st->out); /* the LM head and the walk at once */
         } else {
-            be->ops->linear(be, d->logits, d->block_hidden, d->lm_head, ds_no_tensor());
-            /* bf16 checkpoints: the reference's lm_head output and its soft-cap are
-             * both bf16 results (as the target's logits). */
-            if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
-            if (d->logit_softcap > 0) {
-                be->ops->softcap(be, d->logits, d->logit_softcap);
-                if (d->logits_bf16) be->ops->round_bf16(be, d->logits);
-            }
+            ds_drafter_lm_head(d, d->logits, d->block_hidden);
             if (walk) ds_markov_walk_queue(d, anchor, st->out);
         }
         if (chain && cut) {

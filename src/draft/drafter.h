@@ -23,9 +23,14 @@ typedef struct {
     /* K/V of projected context rows ctx[n, hidden] at positions pos[0..n) (consecutive) into every layer's
      * cache. pos points into d->step (backend.h ds_step). */
     void (*context)(ds_drafter *d, ds_tensor ctx, const int32_t *pos);
-    /* Backbone over ids[gamma] at positions pos[0..gamma) = start..: fills d->block_hidden (final-normed);
-     * its attentions see keys 0..start+gamma-1 (d->step.n_keys). ids, pos point into d->step. */
-    void (*block)(ds_drafter *d, const int32_t *ids, const int32_t *pos);
+    /* Backbone over ids[rows] at positions pos[rows] into out[rows, hidden] (final-normed): one block
+     * (rows gamma, at start..; ids, pos point into d->step) or a batched round's blocks, gamma rows a
+     * sequence. Not causal: row i sees keys 0..n_keys-1 (start+gamma = d->step.n_keys for one block), or
+     * with d->pages->row_keys its own sequence's. The block's K/V are stored at pos first. */
+    void (*block)(ds_drafter *d, int rows, const int32_t *ids, const int32_t *pos, int n_keys, ds_tensor out);
+    /* Grows the work buffers for blocks of up to block_rows rows and context appends of up to ctx_rows
+     * (a failure keeps the old ones; NULL: one sequence a pass only). */
+    ds_error *(*reserve)(ds_drafter *d, int block_rows, int ctx_rows);
     void (*destroy)(ds_drafter *d);
 } ds_drafter_ops;
 
@@ -83,6 +88,10 @@ struct ds_drafter {
     const ds_kv_pages *pages;
     bool paged;
     int cache_rows;
+    /* Batched rounds (drafter_batch.h): blocks one pass takes (0 or 1: one), and their buffers
+     * ([max_seqs * gamma] rows; taps: the sequences' pending rows gathered, max_seqs * (gamma + 1)). */
+    int max_seqs;
+    ds_tensor batch_hidden, batch_logits, batch_taps;
 };
 
 /* One round's proposal. */
@@ -104,6 +113,7 @@ typedef struct {
     int max_rows;   /* most context rows per append (0: the backend's prefill_rows) */
     int cache_rows; /* rows of each layer's context K/V: 0 = max_ctx + gamma (one sequence); a batched engine's
                        pool of pages asks for pages x page rows (the architecture must take pages: d->paged) */
+    int max_seqs;   /* blocks one batched round's pass takes (drafter_batch.h; 0: 1) */
 } ds_drafter_opts;
 
 /* Opens a DeepSpec drafter directory and checks it against the target.
@@ -144,6 +154,10 @@ ds_error *ds_drafter_host_probs(ds_drafter *d, ds_proposal *out);
 /* Shared pieces for architecture files. */
 ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *target);
 void ds_drafter_release_common(ds_drafter *d);
+/* ctx = hidden_norm(fc(taps)) for n rows, into every layer's K/V at pos[0..n) (through d->pages). */
+void ds_drafter_context(ds_drafter *d, ds_tensor taps, int n, const int32_t *pos);
+/* logits = lm_head(hidden), rounded and soft-capped as the reference (bf16 checkpoints: bf16 results). */
+void ds_drafter_lm_head(ds_drafter *d, ds_tensor logits, ds_tensor hidden);
 /* Markov chain + confidence over the block (markov.c). */
 ds_error *ds_markov_load_bound(ds_drafter *d);
 void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng *rng, ds_proposal *out);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "draft/drafter.h"
+#include "draft/drafter_batch.h"
 #include "draft/dspark_gemma4.h"
 #include "draft/dspark_qwen3.h"
 
@@ -37,6 +38,14 @@ ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *targ
         e = ds_errorf("%s: a %s drafter cannot serve a %s target (it needs %s target)", dir, an, target->model_type,
                       archs[i].family);
     else e = archs[i].open(be, ck, target, opts, out);
-    if (e) ds_checkpoint_close(ck);
+    if (e) {
+        ds_checkpoint_close(ck);
+        return e;
+    }
+    (*out)->max_seqs = 1;
+    if (opts && opts->max_seqs > 1 && (e = ds_drafter_reserve_seqs(*out, opts->max_seqs))) {
+        ds_drafter_free(*out);
+        *out = NULL;
+    }
     return e;
 }

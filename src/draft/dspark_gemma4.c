@@ -36,26 +36,47 @@ static void gd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
                             d->pages);
 }
 
-static void gd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
+static void gd_block(ds_drafter *d, int rows, const int32_t *ids, const int32_t *pos, int n_keys, ds_tensor out) {
     gemma4_drafter *g = (gemma4_drafter *)d;
     ds_backend *be = d->be;
     const ds_gemma4_config *c = &g->c;
-    const int G = d->gamma;
-    ds_tensor x = ds_rows(g->x, 0, G);
+    ds_tensor x = ds_rows(g->x, 0, rows);
     be->ops->embed(be, x, d->embed, ids, g->embed_scale);
     for (int l = 0; l < c->n_layers; l++) {
         const ds_gemma4_layer *L = &g->st.layers[l];
         const int64_t qd = (int64_t)c->n_heads * L->head_dim;
-        ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, G), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, G);
+        ds_tensor q = ds_rows(ds_cols(g->s.q, 0, qd), 0, rows), attn = ds_rows(ds_cols(g->s.attn, 0, qd), 0, rows);
         ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = L->n_kv_heads, .head_dim = L->head_dim,
-                             .v_head_dim = L->head_dim, .n_keys = pos[0] + G, .causal = false,
+                             .v_head_dim = L->head_dim, .n_keys = n_keys, .causal = false,
                              .scale = 1.0f, .q_pos = pos, .pages = d->pages};
         /* The block's K/V go right after the context rows and are overwritten next round. */
         ds_gemma4_attention_inputs(be, c, L, x, q, true, g->st.k[l], g->st.v[l], 0, &g->s, pos, d->pages);
         be->ops->attention(be, attn, q, g->st.k[l], g->st.v[l], &ap);
-        ds_gemma4_output_and_mlp(be, c, L, x, &g->s, G, ds_no_tensor());
+        ds_gemma4_output_and_mlp(be, c, L, x, &g->s, rows, ds_no_tensor());
     }
-    be->ops->rmsnorm(be, d->block_hidden, x, g->final_norm, c->hidden, c->eps);
+    be->ops->rmsnorm(be, out, x, g->final_norm, c->hidden, c->eps);
+}
+
+/* Block buffers for block_rows rows (scratch sized for the widest MLP:
+ * double_wide doubles it), K/V scratch for a context append of ctx_rows or
+ * a block: all allocated before any is given up, so a failure leaves the
+ * old ones. */
+static ds_error *gd_reserve(ds_drafter *d, int block_rows, int ctx_rows) {
+    gemma4_drafter *g = (gemma4_drafter *)d;
+    ds_backend *be = d->be;
+    ds_tensor x = ds_no_tensor();
+    ds_gemma4_scratch s = {0};
+    ds_error *e = be->ops->alloc(be, DS_F32, block_rows, g->c.hidden, &x);
+    if (!e) e = ds_gemma4_scratch_alloc(be, &g->c, block_rows, ctx_rows > block_rows ? ctx_rows : block_rows, &s);
+    if (e) {
+        be->ops->release(be, &x);
+        ds_gemma4_scratch_release(be, &s);
+        return e;
+    }
+    be->ops->release(be, &g->x);
+    ds_gemma4_scratch_release(be, &g->s);
+    g->x = x, g->s = s;
+    return NULL;
 }
 
 static void gd_destroy(ds_drafter *d) {
@@ -70,7 +91,8 @@ static void gd_destroy(ds_drafter *d) {
     free(g);
 }
 
-static const ds_drafter_ops gemma4_drafter_ops = {.context = gd_context, .block = gd_block, .destroy = gd_destroy};
+static const ds_drafter_ops gemma4_drafter_ops = {
+    .context = gd_context, .block = gd_block, .reserve = gd_reserve, .destroy = gd_destroy};
 
 /* What DeepSpec's Gemma4 drafter layer cannot be is refused by field name:
  * it asserts away per-layer inputs, and it builds every layer as a full
@@ -126,10 +148,7 @@ static ds_error *gd_init(gemma4_drafter *g, const ds_target *target) {
     g->embed_scale = ds_gemma4_embed_scale(d->embed.dtype, c->hidden);
     DS_TRY(ds_gemma4_stack_init(&g->st, c->n_layers));
     DS_TRY(ds_load_vector(be, ck, "norm.weight", c->hidden, &g->final_norm));
-    DS_TRY(be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &g->x));
-    /* Sized for the widest MLP (double_wide doubles it); K/V rows for a
-     * context append (max_rows) or a block (gamma). */
-    DS_TRY(ds_gemma4_scratch_alloc(be, c, d->gamma, d->max_rows > d->gamma ? d->max_rows : d->gamma, &g->s));
+    DS_TRY(gd_reserve(d, d->gamma, d->max_rows));
     DS_TRY(load_layers(g));
     d->graph_safe = true;
     return NULL;

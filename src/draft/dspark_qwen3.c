@@ -25,24 +25,49 @@ static void qd_context(ds_drafter *d, ds_tensor ctx, const int32_t *pos) {
     ds_qwen3_stack_key_value(d->be, &q->c, &q->st, ctx, q->ctx_kv, pos, d->pages);
 }
 
-static void qd_block(ds_drafter *d, const int32_t *ids, const int32_t *pos) {
+static void qd_block(ds_drafter *d, int rows, const int32_t *ids, const int32_t *pos, int n_keys, ds_tensor out) {
     qwen3_drafter *q = (qwen3_drafter *)d;
     ds_backend *be = d->be;
     const ds_qwen3_config *c = &q->c;
-    const int G = d->gamma;
-    ds_tensor x = ds_rows(q->x, 0, G), xn = ds_rows(q->s.xn, 0, G);
-    ds_tensor attn = ds_rows(q->s.attn, 0, G);
+    ds_tensor x = ds_rows(q->x, 0, rows), xn = ds_rows(q->s.xn, 0, rows);
+    ds_tensor attn = ds_rows(q->s.attn, 0, rows);
     be->ops->embed(be, x, d->embed, ids, 1.0f);
     ds_attn_params ap = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                         .v_head_dim = c->head_dim, .n_keys = pos[0] + G, .causal = false,
+                         .v_head_dim = c->head_dim, .n_keys = n_keys, .causal = false,
                          .scale = 1.0f / sqrtf((float)c->head_dim), .q_pos = pos, .pages = d->pages};
     for (int l = 0; l < c->n_layers; l++) {
         const ds_qwen3_layer *L = &q->st.layers[l];
         /* The block's K/V go right after the context rows and are overwritten next round. */
         ds_qwen3_attention(be, c, L, x, xn, q->st.k[l], q->st.v[l], &q->s, &ap, attn);
-        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, G);
+        ds_qwen3_output_and_mlp(be, c, L, x, &q->s, rows);
     }
-    be->ops->rmsnorm(be, d->block_hidden, x, q->final_norm, c->hidden, c->eps);
+    be->ops->rmsnorm(be, out, x, q->final_norm, c->hidden, c->eps);
+}
+
+/* Block buffers for block_rows rows, the context's K/V scratch for
+ * ctx_rows: all allocated before any is given up, so a failure leaves the
+ * old ones. */
+static ds_error *qd_reserve(ds_drafter *d, int block_rows, int ctx_rows) {
+    qwen3_drafter *q = (qwen3_drafter *)d;
+    ds_backend *be = d->be;
+    const ds_qwen3_config *c = &q->c;
+    ds_tensor x = ds_no_tensor(), kv = ds_no_tensor();
+    ds_qwen3_scratch s = {0};
+    /* k / v scratch serve the block's rows; the context's go through ctx_kv. */
+    ds_error *e = be->ops->alloc(be, DS_F32, block_rows, c->hidden, &x);
+    if (!e) e = ds_qwen3_scratch_alloc(be, c, block_rows, block_rows, &s);
+    if (!e) e = be->ops->alloc(be, DS_F32, ctx_rows, 2 * (int64_t)c->n_layers * c->n_kv_heads * c->head_dim, &kv);
+    if (e) {
+        be->ops->release(be, &x);
+        be->ops->release(be, &kv);
+        ds_qwen3_scratch_release(be, &s);
+        return e;
+    }
+    be->ops->release(be, &q->x);
+    be->ops->release(be, &q->ctx_kv);
+    ds_qwen3_scratch_release(be, &q->s);
+    q->x = x, q->ctx_kv = kv, q->s = s;
+    return NULL;
 }
 
 static void qd_destroy(ds_drafter *d) {
@@ -58,7 +83,8 @@ static void qd_destroy(ds_drafter *d) {
     free(q);
 }
 
-static const ds_drafter_ops qwen3_drafter_ops = {.context = qd_context, .block = qd_block, .destroy = qd_destroy};
+static const ds_drafter_ops qwen3_drafter_ops = {
+    .context = qd_context, .block = qd_block, .reserve = qd_reserve, .destroy = qd_destroy};
 
 ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target, const ds_drafter_opts *opts,
                                ds_drafter **out) {
@@ -79,11 +105,7 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     if (!e) e = ds_qwen3_stack_load(be, ck, "layers.", c, d->cache_rows, &q->st);
     /* Buffers sized by the config come after the weights have confirmed it
      * (a bogus intermediate_size must not allocate gigabytes first). */
-    if (!e) e = be->ops->alloc(be, DS_F32, d->gamma, c->hidden, &q->x);
-    const int ctx_rows = d->max_rows > d->gamma ? d->max_rows : d->gamma;
-    /* k / v scratch serve the block's G rows; the context's go through ctx_kv. */
-    if (!e) e = ds_qwen3_scratch_alloc(be, c, d->gamma, d->gamma, &q->s);
-    if (!e) e = be->ops->alloc(be, DS_F32, ctx_rows, 2 * (int64_t)c->n_layers * c->n_kv_heads * c->head_dim, &q->ctx_kv);
+    if (!e) e = qd_reserve(d, d->gamma, d->max_rows > d->gamma ? d->max_rows : d->gamma);
     d->graph_safe = !e;
     if (e) {
         qd_destroy(d);

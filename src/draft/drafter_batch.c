@@ -1,0 +1,201 @@
+/* ds_drafter_round_batch: one context pass, one block forward and one LM
+ * head for many sequences, then each sequence's walk (drafter_batch.h). */
+#include "draft/drafter_batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Blocks one pass takes. */
+static int seqs_per_pass(const ds_drafter *d) { return d->max_seqs > 1 ? d->max_seqs : 1; }
+
+/* Allocates a fresh tensor, then releases the old one: a failed growth
+ * leaves the old (smaller, still valid) buffer in place. */
+static ds_error *regrow(ds_backend *be, ds_tensor *t, int64_t rows, int64_t cols) {
+    ds_tensor n;
+    DS_TRY(be->ops->alloc(be, DS_F32, rows, cols, &n));
+    be->ops->release(be, t);
+    *t = n;
+    return NULL;
+}
+
+ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs) {
+    if (max_seqs < 1) return ds_errorf("drafter: max_seqs %d must be at least 1", max_seqs);
+    if (max_seqs <= seqs_per_pass(d)) return NULL;
+    if (!d->ops->reserve)
+        return ds_errorf("%s: the %s drafter cannot draft several sequences in one pass", d->ck->dir, d->arch);
+    ds_backend *be = d->be;
+    const int G = d->gamma;
+    const int64_t rows = (int64_t)max_seqs * G, ctx = (int64_t)max_seqs * (G + 1);
+    if (rows > (1 << 24)) return ds_errorf("drafter: max_seqs %d is too large", max_seqs);
+    const int ctx_rows = ctx > d->max_rows ? (int)ctx : d->max_rows;
+    DS_TRY(regrow(be, &d->batch_hidden, rows, d->hidden));
+    DS_TRY(regrow(be, &d->batch_logits, rows, d->vocab));
+    DS_TRY(regrow(be, &d->batch_taps, ctx, (int64_t)d->n_taps * d->hidden));
+    if (d->ctx.rows < ctx_rows) DS_TRY(regrow(be, &d->ctx, ctx_rows, d->hidden));
+    DS_TRY(d->ops->reserve(d, (int)rows, ctx_rows));
+    d->max_seqs = max_seqs;
+    return NULL;
+}
+
+/* Everything ds_drafter_round would refuse, and what a batch adds (pages
+ * that hold the block), before any op runs. */
+static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_rows) {
+    const int id = q->id;
+    if (!q->n_ctx || !q->sampling || !q->rng || !q->pages)
+        return ds_errorf("drafter sequence %d: no %s", id,
+                         !q->n_ctx ? "n_ctx" : !q->sampling ? "sampling" : !q->rng ? "rng" : "page list");
+    if (q->n < 0) return ds_errorf("drafter sequence %d: %d pending context rows", id, q->n);
+    if (q->n > 0) {
+        if (q->n > d->max_rows)
+            return ds_errorf("drafter sequence %d: context append of %d rows (at most %d)", id, q->n, d->max_rows);
+        if (q->pos0 < 0 || q->pos0 > *q->n_ctx)
+            return ds_errorf("drafter sequence %d: context append at position %d but it holds %d rows", id, q->pos0,
+                             *q->n_ctx);
+        if (q->pos0 + q->n > d->max_ctx)
+            return ds_errorf("drafter sequence %d: context of %d rows exceeds %d", id, q->pos0 + q->n, d->max_ctx);
+        if (!q->taps.data || q->taps.rows < q->n || q->taps.cols != (int64_t)d->n_taps * d->hidden ||
+            q->taps.dtype != DS_F32)
+            return ds_errorf("drafter sequence %d: taps of %lld x %lld for %d rows of %d fp32 taps x %d", id,
+                             (long long)q->taps.rows, (long long)q->taps.cols, q->n, d->n_taps, d->hidden);
+    }
+    const int have = q->n > 0 ? q->pos0 + q->n : *q->n_ctx;
+    if (q->start != have)
+        return ds_errorf("drafter sequence %d: drafting at position %d but its context holds %d rows", id, q->start,
+                         have);
+    if (q->anchor < 0 || q->anchor >= d->vocab)
+        return ds_errorf("drafter sequence %d: anchor token %d is outside the vocabulary (0..%d)", id, q->anchor,
+                         d->vocab - 1);
+    if ((int64_t)q->n_pages * page_rows < (int64_t)q->start + d->gamma)
+        return ds_errorf("drafter sequence %d: %d pages of %d rows cannot hold its block at positions %d..%d", id,
+                         q->n_pages, page_rows, q->start, q->start + d->gamma - 1);
+    return NULL;
+}
+
+/* Host arrays of one call: the sequences' page lists concatenated (base[r]:
+ * where r's starts), and per row of a context chunk or a block pass its
+ * position, list start, and (blocks) id and key limit. */
+typedef struct {
+    int32_t *table, *base;
+    int32_t *cpos, *crt;                  /* context chunk rows */
+    int32_t *ids, *bpos, *brt, *bkeys;    /* block rows */
+} host_rows;
+
+/* The pending context of seqs[0..R): chunks of whole sequences of up to
+ * cap rows (all of them at once when d was reserved for R; cap 0: one
+ * sequence a chunk), each gathered into batch_taps (one sequence alone is
+ * read in place), then projected and stored in one pass, every row
+ * through its own sequence's pages. */
+static void context_pass(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o,
+                         const host_rows *h, int cap) {
+    ds_backend *be = d->be;
+    for (int r = 0; r < R;) {
+        int r1 = r, rows = 0, used = 0, last = -1;
+        while (r1 < R && (seqs[r1].n == 0 || rows == 0 || rows + seqs[r1].n <= cap)) {
+            const ds_draft_seq *q = &seqs[r1];
+            for (int i = 0; i < q->n; i++) h->cpos[rows + i] = q->pos0 + i, h->crt[rows + i] = h->base[r1];
+            if (q->n > 0) used++, last = r1;
+            rows += q->n;
+            r1++;
+        }
+        if (used > 0) {
+            ds_tensor taps = ds_rows(seqs[last].taps, 0, rows);
+            if (used > 1) {
+                taps = ds_rows(d->batch_taps, 0, rows);
+                for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
+                    if (seqs[k].n > 0)
+                        be->ops->copy(be, ds_rows(taps, at, seqs[k].n), ds_rows(seqs[k].taps, 0, seqs[k].n));
+            }
+            const ds_kv_pages pg = {.page_rows = o->page_rows, .table = h->table, .row_table = h->crt};
+            d->pages = &pg;
+            ds_drafter_context(d, taps, rows, h->cpos);
+            d->pages = NULL;
+        }
+        r = r1;
+    }
+}
+
+/* Sequence r's walk over its rows of the pass's block hidden states and
+ * logits: the drafter's block_hidden / logits point there meanwhile, so the
+ * walk is the very code ds_drafter_round runs. */
+static void walk(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, const ds_draft_seq *q, ds_proposal *out) {
+    const int G = d->gamma;
+    const ds_tensor keep_hidden = d->block_hidden, keep_logits = d->logits;
+    d->block_hidden = ds_rows(hidden, (int64_t)j * G, G);
+    d->logits = ds_rows(logits, (int64_t)j * G, G);
+    out->n_kept = 0;
+    ds_markov_chain(d, q->anchor, q->sampling, q->rng, out);
+    out->n = d->confidence ? ds_conf_keep(out->conf_logit, d->conf_temp, G, q->threshold) : G;
+    d->block_hidden = keep_hidden;
+    d->logits = keep_logits;
+}
+
+ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o,
+                                 ds_proposal *out) {
+    if (R <= 0) return NULL;
+    if (!seqs || !o || !out)
+        return ds_errorf("drafter batch round: no %s", !seqs ? "sequences" : !o ? "options" : "output array");
+    if (o->page_rows < 1) return ds_errorf("drafter batch round: page_rows %d must be at least 1", o->page_rows);
+    int64_t n_table = 0;
+    int most = 0;
+    for (int r = 0; r < R; r++) {
+        DS_TRY(check_seq(d, &seqs[r], o->page_rows));
+        n_table += seqs[r].n_pages;
+        if (seqs[r].n > most) most = seqs[r].n;
+    }
+    ds_backend *be = d->be;
+    const int G = d->gamma, S = seqs_per_pass(d);
+    /* Context rows a chunk takes: all of S sequences' pending rows (what
+     * reserve sized batch_taps and the architecture's scratch for). */
+    const int cap = S > 1 ? (int)d->batch_taps.rows : 0;
+    const int crows = cap > most ? cap : most, brows = S * G;
+    int32_t *mem = malloc(((size_t)n_table + (size_t)R + 2 * (size_t)crows + 4 * (size_t)brows) * sizeof *mem);
+    if (!mem) return ds_errorf("out of memory");
+    host_rows h = {.table = mem};
+    h.base = h.table + n_table;
+    h.cpos = h.base + R, h.crt = h.cpos + crows;
+    h.ids = h.crt + crows, h.bpos = h.ids + brows, h.brt = h.bpos + brows, h.bkeys = h.brt + brows;
+    for (int r = 0, at = 0; r < R; at += seqs[r].n_pages, r++) {
+        h.base[r] = at;
+        memcpy(h.table + at, seqs[r].pages, (size_t)seqs[r].n_pages * sizeof *h.table);
+    }
+    const ds_kv_pages *pages = d->pages;
+    context_pass(d, R, seqs, o, &h, cap);
+    for (int r = 0; r < R; r++)
+        if (seqs[r].n > 0) *seqs[r].n_ctx = seqs[r].pos0 + seqs[r].n;
+
+    /* Blocks, S sequences a pass: ids [anchor, mask...] at start.., each
+     * row's keys its own sequence's 0..start+G-1 (the block's own K/V
+     * stored at start.. of its pages first). A drafter sized for one
+     * sequence writes its own G-row buffers, as ds_drafter_round does. */
+    ds_error *e = NULL;
+    for (int r0 = 0; r0 < R && !e; r0 += S) {
+        const int ns = R - r0 < S ? R - r0 : S, rows = ns * G;
+        int n_keys = 0;
+        for (int j = 0; j < ns; j++) {
+            const ds_draft_seq *q = &seqs[r0 + j];
+            for (int k = 0; k < G; k++) {
+                const int i = j * G + k;
+                h.ids[i] = k ? d->mask_id : q->anchor;
+                h.bpos[i] = q->start + k;
+                h.brt[i] = h.base[r0 + j];
+                h.bkeys[i] = q->start + G;
+            }
+            if (q->start + G > n_keys) n_keys = q->start + G;
+        }
+        const ds_tensor hidden = ds_rows(S > 1 ? d->batch_hidden : d->block_hidden, 0, rows);
+        const ds_tensor logits = ds_rows(S > 1 ? d->batch_logits : d->logits, 0, rows);
+        const ds_kv_pages pg = {.page_rows = o->page_rows, .table = h.table, .row_table = h.brt, .row_keys = h.bkeys};
+        d->pages = &pg;
+        d->ops->block(d, rows, h.ids, h.bpos, n_keys, hidden);
+        d->pages = NULL;
+        ds_drafter_lm_head(d, logits, hidden);
+        for (int j = 0; j < ns && !e; j++) {
+            walk(d, hidden, logits, j, &seqs[r0 + j], &out[r0 + j]);
+            if (o->done) e = o->done(o->ctx, r0 + j, &out[r0 + j]);
+        }
+    }
+    d->pages = pages;
+    free(mem);
+    if (e) return e;
+    return ds_backend_check(be);
+}
