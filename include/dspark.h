@@ -72,6 +72,15 @@ typedef struct {
     const char *sts;         /* STS temperatures for the drafter's confidence (`dspark calibrate`'s file);
                                 NULL: the drafter directory's sts.json when there is one */
     bool no_sts;             /* read no temperature file: the confidence head as it is */
+    /* The batched engine (ds_engine_generate_batch): */
+    int batch;               /* > 0: up to `batch` requests at once, one target forward a step over all of
+                                them, KV caches a pool of pages; 0: one generation at a time */
+    int ctx;                 /* tokens a request may hold, prompt and output (0: the model's context);
+                                required with batch: the pool holds batch x ctx rows */
+    bool confidence_schedule; /* with batch: SPEC §6 Algorithm 1 chooses how much of each proposal is
+                                 verified (needs a confidence head); the target's step cost is profiled
+                                 at open */
+    const char *sps_cache;   /* with confidence_schedule: the step-cost profile's cache file (NULL: none) */
 } ds_engine_opts;
 
 /* Opens the backend, the target, the drafter (and its STS temperatures)
@@ -154,11 +163,31 @@ typedef struct {
 typedef bool (*ds_on_token)(void *user, int32_t token);
 
 /* Generates from prompt ids (from a tokenizer, ds_engine_chat_encode, or
- * given as is: each in [0, vocab_size), no BOS added). The engine serves one
- * generation at a time. Options out of range are errors naming the field. */
+ * given as is: each in [0, vocab_size), no BOS added). Options out of range
+ * are errors naming the field. On a batched engine (ds_engine_opts.batch)
+ * it is a batch of one, and on_token sees the tokens once it has ended. */
 ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *opts,
                              ds_on_token on_token, void *user, ds_output *out);
 void ds_output_free(ds_output *o);
+
+/* Generates for prompts[0..n) at once on a batched engine (ds_engine_opts
+ * .batch > 0), at most `batch` in flight, requests joining as others end:
+ * outs[i] for prompts[i] (n_prompts[i] ids) under opts[i]. Each output is
+ * token for token what ds_engine_generate gives that prompt alone, at
+ * T > 0 too (every request draws from its own seed's stream), whatever
+ * else runs beside it; with confidence_schedule the rounds, and at T > 0
+ * which tokens are drawn, depend on the batch (the distribution does not).
+ * Per request no_draft and record_confidence are not offered. An output's
+ * total_s is its share (1/n) of the batch's wall time, so that pooled
+ * stats add up to it; summary (may be NULL) gets the whole. */
+typedef struct {
+    double total_s;    /* wall time of the whole batch */
+    long steps;        /* engine steps (one target forward each) */
+    long preemptions;  /* requests whose KV pages were taken back and recomputed */
+    int max_running;   /* most requests in flight at once */
+} ds_batch_summary;
+ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const *prompts, const size_t *n_prompts,
+                                   const ds_generate_opts *opts, ds_output *outs, ds_batch_summary *summary);
 
 /* ---- metrics pooled over generations ------------------------------------ */
 /* The meaning of DeepSpec's build_metrics_row, over every round of every

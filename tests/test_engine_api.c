@@ -358,7 +358,55 @@ static void test_bad_options(void) {
     ds_output_free(&out);
 }
 
+/* The batched engine through the public API: prompts of several lengths at
+ * T = 0 and T = 1, 3 in flight, each output the single engine's for it; a
+ * batch of one through ds_engine_generate; the options it refuses. */
+static void test_batch(void) {
+    ds_engine *be_;
+    ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
+                        .batch = 3, .ctx = 256};
+    CHECK_OK(ds_engine_open(&o, &be_));
+    static const char *texts[] = {"It is a truth universally acknowledged", "Call me", "The war in Europe",
+                                  "Once upon a time there was", "Happy families are all alike; every unhappy"};
+    enum { N = sizeof texts / sizeof texts[0] };
+    int32_t *ids[N];
+    size_t lens[N];
+    ds_generate_opts g[N];
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(ds_tokenizer_encode(ds_engine_tokenizer(eng), texts[i], strlen(texts[i]), false, &ids[i], &lens[i]));
+        g[i] = (ds_generate_opts){.max_new = 24, .temperature = i % 2 ? 1.0f : 0.0f, .seed = 7 + (uint64_t)i};
+    }
+    ds_output outs[N];
+    ds_batch_summary sum;
+    CHECK_OK(ds_engine_generate_batch(be_, N, (const int32_t *const *)ids, lens, g, outs, &sum));
+    for (int i = 0; i < N; i++) {
+        ds_output solo;
+        CHECK_OK(ds_engine_generate(eng, ids[i], lens[i], &g[i], NULL, NULL, &solo));
+        CHECK(solo.n_tokens == outs[i].n_tokens &&
+                  !memcmp(solo.tokens, outs[i].tokens, (size_t)solo.n_tokens * sizeof *solo.tokens) &&
+                  solo.rounds == outs[i].rounds,
+              "request %d (T=%g): batched output differs from the single engine's", i, g[i].temperature);
+        ds_output_free(&solo);
+        ds_output_free(&outs[i]);
+    }
+    CHECK(sum.max_running == 3 && sum.steps > 0, "%d at once, %ld steps", sum.max_running, sum.steps);
+    ds_output one;
+    counter c = {0};
+    CHECK_OK(ds_engine_generate(be_, ids[0], lens[0], &g[0], count, &c, &one));
+    CHECK(c.seen == one.n_tokens && one.n_tokens == 24, "a batch of one: %d tokens, callback saw %d", one.n_tokens,
+          c.seen);
+    ds_output_free(&one);
+    g[0].no_draft = true;
+    CHECK_ERR(ds_engine_generate_batch(be_, 1, (const int32_t *const *)ids, lens, g, outs, NULL), "no_draft");
+    CHECK_ERR(ds_engine_generate_batch(eng, 1, (const int32_t *const *)ids, lens, g, outs, NULL), "batch > 0");
+    for (int i = 0; i < N; i++) free(ids[i]);
+    ds_engine_free(be_);
+    o.ctx = 0;
+    CHECK_ERR(ds_engine_open(&o, &be_), "ctx");
+}
+
 static void teardown(void) { ds_engine_free(eng); }
 
 RUN_TESTS("engine_api", setup, test_drafted_equals_plain, test_callback_stops, test_round_metrics,
-          test_finish_reasons, test_chat, test_ids_without_tokenizer, test_backend_choice, test_bad_options, teardown)
+          test_finish_reasons, test_chat, test_ids_without_tokenizer, test_backend_choice, test_bad_options, test_batch,
+          teardown)

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "dspark.h"
+#include "base/clock.h"
+#include "batch/batch.h"
 #include "draft/drafter.h"
 #include "draft/sts_file.h"
 #include "io/checkpoint.h"
@@ -22,11 +24,15 @@ struct ds_engine {
     char *model_dir;     /* where the chat template is looked up */
     ds_chat_family chat; /* detected on first use */
     bool calibrated;     /* STS temperatures applied to the drafter */
+    bool batched;        /* the target's and drafter's caches are a pool of pages (ds_engine_opts.batch) */
+    ds_batch_opts bo;    /* the batched engine's shape */
+    ds_step_cost *sps;   /* Algorithm 1's step cost (confidence_schedule) */
 };
 
 void ds_engine_free(ds_engine *e) {
     if (!e) return;
     ds_tokenizer_free(e->tok);
+    ds_step_cost_free(e->sps);
     ds_drafter_free(e->drafter);
     ds_target_free(e->target);
     if (e->be) e->be->ops->destroy(e->be);
@@ -71,6 +77,45 @@ static ds_error *open_sts(const ds_engine_opts *o, ds_engine *e) {
     return NULL;
 }
 
+/* The batched engine's pools: batch x (ctx + a block) rows of pages, one
+ * step up to every request's verify block (or a prefill chunk). */
+static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_opts *to, ds_drafter_opts *dopts) {
+    if (o->ctx <= 0) return ds_errorf("ds_engine_opts.ctx: the batched engine sizes its KV pool by it (give > 0)");
+    if (o->confidence_schedule && !o->drafter_dir)
+        return ds_errorf("ds_engine_opts.confidence_schedule: Algorithm 1 schedules drafts, and there is no drafter");
+    const int page = 16, block = DS_MAX_GAMMA + 1, pre = ds_backend_prefill_rows(e->be);
+    ds_batch_opts *b = &e->bo;
+    b->max_seqs = o->batch;
+    b->page_rows = page;
+    b->n_pages = o->batch * ((o->ctx + block + page - 1) / page);
+    b->step_rows = o->batch * 8 > pre ? o->batch * 8 : pre; /* 8: a block of 7 drafts and its anchor */
+    if (b->step_rows < block) b->step_rows = block;
+    b->schedule = o->confidence_schedule ? DS_SCHEDULE_CONFIDENCE : DS_SCHEDULE_FIXED;
+    to->max_rows = to->max_logit_rows = b->step_rows;
+    to->cache_rows = b->n_pages * page;
+    dopts->cache_rows = ds_batch_drafter_rows(b, DS_MAX_GAMMA);
+    e->batched = true;
+    return NULL;
+}
+
+/* Algorithm 1's step cost, measured on this machine (cached at sps_cache). */
+static ds_error *profile_steps(ds_engine *e, const ds_engine_opts *o) {
+    if (!e->drafter->confidence)
+        return ds_errorf("ds_engine_opts.confidence_schedule: the drafter %s has no confidence head", o->drafter_dir);
+    char dev[128], model[4200];
+    snprintf(dev, sizeof dev, "%s %d threads", e->be->ops->name, e->be->n_threads);
+    snprintf(model, sizeof model, "%s rows<=%d", o->model_dir, e->bo.step_rows);
+    const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
+    ds_batch_opts plain = e->bo; /* the profile times target forwards alone */
+    plain.schedule = DS_SCHEDULE_FIXED;
+    ds_batch *b;
+    DS_TRY(ds_batch_new(e->target, NULL, &plain, &b));
+    ds_error *err = ds_batch_profile(b, &key, o->sps_cache, NULL, &e->sps);
+    ds_batch_free(b);
+    e->bo.sps = e->sps;
+    return err;
+}
+
 ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!out) return ds_errorf("ds_engine_open: out is NULL");
     *out = NULL;
@@ -88,10 +133,14 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!o->backend || !strcmp(o->backend, "cpu")) err = ds_backend_cpu_new(threads, &e->be);
     else if (!strcmp(o->backend, "cuda")) err = ds_backend_cuda_new(o->device, &e->be);
     else err = ds_errorf("ds_engine_open: unknown backend \"%s\" (cpu or cuda)", o->backend);
-    ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1}; /* prefill chunks: the backend's prefill_rows */
+    ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx}; /* prefill: the backend's rows */
+    ds_drafter_opts dopts = {0};
+    if (!err && (o->batch < 0 || o->ctx < 0)) err = ds_errorf("ds_engine_open: batch and ctx must be >= 0");
+    if (!err && o->batch > 0) err = batch_shape(e, o, &to, &dopts);
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
-    if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, NULL, &e->drafter);
+    if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, &dopts, &e->drafter);
     if (!err) err = open_sts(o, e);
+    if (!err && o->batch > 0 && o->confidence_schedule) err = profile_steps(e, o);
     if (!err) err = open_tokenizer(o, &e->tok);
     if (err) {
         ds_engine_free(e);
@@ -170,6 +219,90 @@ const char *ds_finish_reason_name(ds_finish_reason r) {
     return "unknown";
 }
 
+static ds_gen_params gen_params(const ds_generate_opts *o) {
+    return (ds_gen_params){.max_new = o->max_new,
+                           .sampling = {.temperature = o->temperature, .top_k = o->top_k,
+                                        .top_p = o->top_p > 0 && o->top_p < 1 ? o->top_p : 1.0f},
+                           .seed = o->seed,
+                           .threshold = o->threshold,
+                           .gamma = o->gamma,
+                           .ignore_stop = o->ignore_eos,
+                           .record_conf = o->record_confidence};
+}
+
+/* A copy of the batched engine's result (which it owns) as an output. */
+static ds_error *output_of(const ds_gen_result *r, ds_output *out) {
+    memset(out, 0, sizeof *out);
+    const size_t nt = (size_t)r->n_tokens, nr = (size_t)r->rounds;
+    out->tokens = malloc((nt ? nt : 1) * sizeof *out->tokens);
+    if (nr) {
+        out->accepted = malloc(nr * sizeof *out->accepted);
+        out->proposed = malloc(nr * sizeof *out->proposed);
+        out->accept_len = malloc(nr * sizeof *out->accept_len);
+    }
+    if (!out->tokens || (nr && (!out->accepted || !out->proposed || !out->accept_len))) {
+        ds_output_free(out);
+        return ds_errorf("out of memory");
+    }
+    memcpy(out->tokens, r->tokens, nt * sizeof *out->tokens);
+    if (nr) {
+        memcpy(out->accepted, r->accepted, nr * sizeof *out->accepted);
+        memcpy(out->proposed, r->proposed, nr * sizeof *out->proposed);
+        memcpy(out->accept_len, r->accept_len, nr * sizeof *out->accept_len);
+    }
+    out->n_tokens = r->n_tokens;
+    out->stopped = r->stopped;
+    out->finish_reason = finish_reason(r->stop_reason);
+    out->rounds = r->rounds;
+    ds_metrics m = {0};
+    ds_metrics_add(&m, r);
+    out->acceptance_length = ds_metrics_tau(&m);
+    return NULL;
+}
+
+ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const *prompts, const size_t *n_prompts,
+                                   const ds_generate_opts *opts, ds_output *outs, ds_batch_summary *summary) {
+    for (size_t i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
+    if (!e->batched) return ds_errorf("ds_engine_generate_batch: open the engine with ds_engine_opts.batch > 0");
+    for (size_t i = 0; i < n; i++) {
+        DS_TRY(ds_error_wrap(check_opts(e, &opts[i]), "request %zu", i));
+        if (opts[i].no_draft && e->drafter)
+            return ds_errorf("request %zu: no_draft: the batched engine drafts for every request (open it without "
+                             "a drafter to decode autoregressively)", i);
+        if (opts[i].record_confidence)
+            return ds_errorf("request %zu: record_confidence is a single-request option (dspark calibrate)", i);
+        if (n_prompts[i] > (size_t)e->target->max_ctx)
+            return ds_errorf("request %zu: prompt of %zu tokens does not fit the context of %d tokens", i, n_prompts[i],
+                             e->target->max_ctx);
+    }
+    ds_batch *b;
+    DS_TRY(ds_batch_new(e->target, e->drafter, &e->bo, &b));
+    ds_error *err = NULL;
+    int *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) err = ds_errorf("out of memory");
+    for (size_t i = 0; i < n && !err; i++) {
+        const ds_batch_request rq = {.prompt = prompts[i], .n_prompt = (int)n_prompts[i], .params = gen_params(&opts[i])};
+        err = ds_error_wrap(ds_batch_submit(b, &rq, &ids[i]), "request %zu", i);
+    }
+    const double t0 = ds_now_s();
+    if (!err) err = ds_batch_run(b);
+    const double t1 = ds_now_s();
+    for (size_t i = 0; i < n && !err; i++) {
+        err = output_of(ds_batch_result(b, ids[i]), &outs[i]);
+        outs[i].total_s = (t1 - t0) / (double)n; /* its share: pooled over the batch, the wall time */
+    }
+    if (summary) {
+        const ds_batch_stats st = ds_batch_get_stats(b);
+        *summary = (ds_batch_summary){.total_s = t1 - t0, .steps = (long)st.steps, .preemptions = (long)st.preemptions,
+                                      .max_running = st.max_running};
+    }
+    if (err)
+        for (size_t i = 0; i < n; i++) ds_output_free(&outs[i]);
+    free(ids);
+    ds_batch_free(b);
+    return err;
+}
+
 /* An output's rounds as the loop's result, for the metrics code (a view: it owns nothing). */
 static ds_gen_result result_view(const ds_output *o) {
     return (ds_gen_result){.n_tokens = o->n_tokens, .rounds = o->rounds, .accepted = o->accepted,
@@ -185,14 +318,13 @@ ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_promp
     if (n_prompt > (size_t)e->target->max_ctx)
         return ds_errorf("prompt of %zu tokens does not fit the model's context of %d tokens", n_prompt,
                          e->target->max_ctx);
-    ds_gen_params p = {.max_new = o->max_new,
-                       .sampling = {.temperature = o->temperature, .top_k = o->top_k,
-                                    .top_p = o->top_p > 0 && o->top_p < 1 ? o->top_p : 1.0f},
-                       .seed = o->seed,
-                       .threshold = o->threshold,
-                       .gamma = o->gamma,
-                       .ignore_stop = o->ignore_eos,
-                       .record_conf = o->record_confidence};
+    if (e->batched) { /* a batch of one; the tokens go to on_token once it has ended */
+        DS_TRY(ds_engine_generate_batch(e, 1, &prompt, &n_prompt, o, out, NULL));
+        for (int i = 0; i < out->n_tokens && on_token; i++)
+            if (!on_token(user, out->tokens[i])) break;
+        return NULL;
+    }
+    ds_gen_params p = gen_params(o);
     ds_gen_result r;
     DS_TRY(ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, (int)n_prompt, &p, on_token, user, &r));
     *out = (ds_output){.tokens = r.tokens, .n_tokens = r.n_tokens, .stopped = r.stopped,

@@ -20,6 +20,9 @@ typedef struct {
     bool no_draft, json, ignore_eos, chat, no_sts;
     bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
+    int batch, ctx;           /* --batch N (the batched engine), --ctx N */
+    bool schedule_confidence; /* --schedule confidence: Algorithm 1 */
+    const char *sps_cache;
     bool cuda; /* --backend cuda */
     ds_generate_opts gen;
 } options;
@@ -29,7 +32,8 @@ static void usage(FILE *f) {
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
             "                       [--tokenizer PATH] [--chat] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
             "                       [--threshold C] [--gamma G] [--sts FILE | --no-sts] [--threads N] [--backend cpu|cuda]\n"
-            "                       [--ignore-eos] [--json]\n"
+            "                       [--ignore-eos] [--json] [--batch N [--ctx N] [--schedule fixed|confidence]\n"
+            "                       [--sps-cache FILE]]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
             "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
@@ -54,7 +58,12 @@ static void usage(FILE *f) {
             "  --chat           render -p TEXT as a user turn with the model's chat template\n"
             "                   (prompt files may give {\"messages\": [{\"role\", \"content\"}...]})\n"
             "  --ignore-eos     do not stop at the model's stop tokens\n"
-            "  --json           one JSON object per prompt (ids, text, timings, acceptance)\n");
+            "  --json           one JSON object per prompt (ids, text, timings, acceptance)\n"
+            "  --batch N        the batched engine: the prompts N at a time over one target forward a step\n"
+            "                   (output per prompt in input order, the same tokens as one at a time)\n"
+            "  --ctx N          tokens a request may hold (with --batch: default 2048, the KV pool's size)\n"
+            "  --schedule S     with --batch: fixed (each proposal whole) or confidence (SPEC §6 Algorithm 1:\n"
+            "                   the target's step cost is profiled first; --sps-cache FILE keeps it)\n");
 }
 
 /* An int option; out of int range leaves *end on the text so it is refused. */
@@ -81,6 +90,9 @@ static int check_ranges(const options *o) {
         snprintf(bad, sizeof bad, "--gamma must be >= 1, got %d (leave it out for the drafter's block size)",
                  g->gamma);
     else if (!(o->threads >= 1)) snprintf(bad, sizeof bad, "--threads must be >= 1, got %d", o->threads);
+    else if (!(o->batch >= 0)) snprintf(bad, sizeof bad, "--batch must be >= 1, got %d", o->batch);
+    else if (!(o->ctx >= 0)) snprintf(bad, sizeof bad, "--ctx must be >= 1, got %d", o->ctx);
+    else if (o->schedule_confidence && !o->batch) snprintf(bad, sizeof bad, "--schedule needs --batch");
     if (!*bad) return 0;
     fprintf(stderr, "dspark generate: %s\n", bad);
     return 2;
@@ -88,7 +100,8 @@ static int check_ranges(const options *o) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
-           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER, O_STS, O_NO_STS };
+           O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER, O_STS, O_NO_STS, O_BATCH, O_CTX, O_SCHEDULE,
+           O_SPS_CACHE };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -100,6 +113,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"ignore-eos", no_argument, 0, O_IGNORE_EOS}, {"backend", required_argument, 0, O_BACKEND},
         {"chat", no_argument, 0, O_CHAT}, {"tokenizer", required_argument, 0, O_TOKENIZER},
         {"sts", required_argument, 0, O_STS}, {"no-sts", no_argument, 0, O_NO_STS},
+        {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
+        {"schedule", required_argument, 0, O_SCHEDULE}, {"sps-cache", required_argument, 0, O_SPS_CACHE},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.top_p = 1.0f;
@@ -140,6 +155,16 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_STS: o->sts = optarg; break;
         case O_NO_STS: o->no_sts = true; break;
+        case O_BATCH: NUM(o->batch, int_arg(optarg, &end), "--batch"); break;
+        case O_CTX: NUM(o->ctx, int_arg(optarg, &end), "--ctx"); break;
+        case O_SPS_CACHE: o->sps_cache = optarg; break;
+        case O_SCHEDULE:
+            if (strcmp(optarg, "fixed") && strcmp(optarg, "confidence")) {
+                fprintf(stderr, "dspark generate: --schedule expects fixed or confidence, got '%s'\n", optarg);
+                return 2;
+            }
+            o->schedule_confidence = !strcmp(optarg, "confidence");
+            break;
         case O_BACKEND:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
                 fprintf(stderr, "dspark generate: --backend expects cpu or cuda, got '%s'\n", optarg);
@@ -289,7 +314,9 @@ static ds_error *open_session(const options *o, session *s) {
      * checkpoint has none): text prompts then fail in need_tokenizer(). */
     ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o->cuda ? "cuda" : "cpu",
                          .threads = o->threads, .tokenizer = o->tokenizer, .sts = o->sts,
-                         .no_sts = o->no_sts || o->no_draft};
+                         .no_sts = o->no_sts || o->no_draft, .batch = o->batch,
+                         .ctx = o->ctx ? o->ctx : o->batch ? 2048 : 0,
+                         .confidence_schedule = o->schedule_confidence, .sps_cache = o->sps_cache};
     DS_TRY(ds_engine_open(&eo, &s->engine));
     ds_engine_get_info(s->engine, &s->info);
     if (s->info.has_drafter && o->gamma_given && o->gen.gamma > s->info.block_size)
@@ -382,7 +409,59 @@ static ds_error *read_prompts(const options *o, ds_prompt_list *list, char **std
     return NULL;
 }
 
+/* --batch: every prompt through the batched engine at once, then the
+ * outputs in input order, as run_one prints them, and a line for the batch. */
+static ds_error *run_batch(const options *o, session *s, const ds_prompt_list *list, ds_stats *m) {
+    const size_t n = list->n;
+    int32_t **ids = calloc(n ? n : 1, sizeof *ids);
+    size_t *lens = calloc(n ? n : 1, sizeof *lens);
+    ds_generate_opts *gen = calloc(n ? n : 1, sizeof *gen);
+    ds_output *outs = calloc(n ? n : 1, sizeof *outs);
+    ds_error *e = ids && lens && gen && outs ? NULL : ds_errorf("out of memory");
+    for (size_t i = 0; i < n && !e; i++) {
+        e = prompt_ids(o, s, &list->items[i], &ids[i], &lens[i]);
+        if (e && o->prompt_file) e = ds_error_wrap(e, "%s:%d", o->prompt_file, list->items[i].line);
+        gen[i] = o->gen;
+    }
+    ds_batch_summary sum = {0};
+    if (!e) e = ds_engine_generate_batch(s->engine, n, (const int32_t *const *)ids, lens, gen, outs, &sum);
+    const ds_tokenizer *tok = ds_engine_tokenizer(s->engine);
+    long tokens = 0;
+    for (size_t i = 0; i < n && !e; i++) {
+        if (o->json) {
+            e = print_json(tok, list->items[i].id, (int)lens[i], &outs[i], s->info.has_drafter);
+        } else {
+            char *text = NULL;
+            size_t len = 0;
+            if (tok) e = ds_tokenizer_decode(tok, outs[i].tokens, (size_t)outs[i].n_tokens, true, &text, &len);
+            if (!e) printf("%s\n", text ? text : "");
+            free(text);
+        }
+        tokens += outs[i].n_tokens;
+        ds_stats_add(m, &outs[i]);
+    }
+    if (!e) {
+        const double tps = sum.total_s > 0 ? (double)tokens / sum.total_s : 0;
+        if (o->json) {
+            printf("{\"batch\":{\"requests\":%zu,\"in_flight\":%d,\"most_at_once\":%d,\"tokens\":%ld,\"seconds\":%.6f,"
+                   "\"tokens_per_s\":%.3f,\"steps\":%ld,\"preemptions\":%ld,\"schedule\":\"%s\"}}\n",
+                   n, o->batch, sum.max_running, tokens, sum.total_s, tps, sum.steps, sum.preemptions,
+                   o->schedule_confidence ? "confidence" : "fixed");
+        } else {
+            fprintf(stderr, "[batch of %zu, %d in flight: %ld tokens in %.2f s, %.1f tok/s, %ld steps]\n", n, o->batch,
+                    tokens, sum.total_s, tps, sum.steps);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids) free(ids[i]);
+        if (outs) ds_output_free(&outs[i]);
+    }
+    free(ids), free(lens), free(gen), free(outs);
+    return e;
+}
+
 static ds_error *run_all(const options *o, session *s, const ds_prompt_list *list, ds_stats *m) {
+    if (o->batch > 0) return run_batch(o, s, list, m);
     const char *name = !o->prompt_file ? NULL : strcmp(o->prompt_file, "-") ? o->prompt_file : "<stdin>";
     ds_error *e = NULL;
     for (size_t i = 0; i < list->n && !e; i++) {
