@@ -18,7 +18,7 @@
 #include "pico_prompts.h"
 #include "testlib.h"
 
-#define NEW_TOKENS 24
+#define NEW_TOKENS 16
 #define PAGE_ROWS 16
 
 static ds_backend *be;
@@ -34,7 +34,7 @@ typedef struct {
 static const shape shapes[] = {
     {"8 in flight, 64 rows a step", 8, 64, 160, false},
     {"32 in flight, 96 rows a step, a pool of 200 pages", 32, 96, 200, false},
-    /* prompts of up to 64 tokens + 24 new + a block: at most 6 pages each at the end */
+    /* prompts of up to 64 tokens + 16 new + a block: at most 6 pages each at the end */
     {"32 in flight, 96 rows a step, a pool of 20 pages", 32, 96, 20, true},
 };
 
@@ -130,7 +130,7 @@ static void run_mode(const mode *m, float temp) {
 
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
         const shape *S = &shapes[sh];
-        if (quick() && sh == 1) continue;
+        if ((quick() || m->n_prompts < 32) && sh == 1) continue; /* the fixtures' 8 prompts: 8 in flight is all */
         /* Algorithm 1's step cost, made up: a step of B rows costs 1 + B / 64 */
         static const int tok[] = {1, 64, 512};
         static const double sec[] = {1.015625, 2, 9};
