@@ -101,7 +101,7 @@ static bool same_result(const ds_gen_result *a, const ds_gen_result *b, bool rou
     return true;
 }
 
-/* DS_TEST_QUICK (CI's sanitizer build): 8 prompts a mode, and not the middle shape. */
+/* DS_TEST_QUICK (CI's sanitizer build): 4 prompts a mode, and not the middle shape. */
 static bool quick(void) {
     const char *q = getenv("DS_TEST_QUICK");
     return q && *q && strcmp(q, "0");
@@ -115,7 +115,7 @@ static void run_mode(const mode *m, float temp) {
     CHECK_OK(ds_target_open(be, m->target, &so, &t));
     if (m->drafter) CHECK_OK(ds_drafter_open(be, m->drafter, t, NULL, &d));
     int n = m->n_prompts < n_prompts ? m->n_prompts : n_prompts;
-    if (quick() && n > 8) n = 8;
+    if (quick() && n > 4) n = 4;
     const int G = d ? d->gamma : 0;
     static int32_t ids[PICO_MAX_PROMPTS][128];
     for (int i = 0; i < n; i++)
