@@ -7,7 +7,8 @@
  *   serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]
  *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat]
  *              [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
- *              [--check-t0] [--offline FILE] [--json OUT] [--quiet]
+ *              [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]
+ *   serve_load [--prompts FILE] [--chat] --write-prompts OUT
  *
  * Per request: TTFT is request sent -> the first event carrying content;
  * the speculative engine emits several tokens per event (a verify round's
@@ -29,7 +30,11 @@
  * the prompt file's order): every answer must equal it.
  * --server-pid PID samples /proc/PID/status (VmRSS, VmHWM) once a second;
  * "flat after warm-up" is reported as the RSS change and the least-squares
- * slope over the samples after --warmup seconds (default: a tenth of the run). */
+ * slope over the samples after --warmup seconds (default: a tenth of the run).
+ * --row FILE appends the run as one Markdown table row (bench/serve_load.sh).
+ * --write-prompts OUT writes the prompts exactly as they are sent, as a
+ * `dspark generate --prompt-file` file ({"prompt"} or {"messages"} lines),
+ * and exits: its output is what --offline compares against. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
@@ -146,6 +151,8 @@ static struct {
     bool check_t0;
     const char *offline_path;
     const char *json_path;
+    const char *row_path;
+    const char *write_prompts;
     bool quiet;
 } opt;
 
@@ -832,7 +839,8 @@ static void usage(void) {
             "usage: serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]\n"
             "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat]\n"
             "                  [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
-            "                  [--check-t0] [--offline FILE] [--json OUT] [--quiet]\n");
+            "                  [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]\n"
+            "       serve_load [--prompts FILE] [--chat] --write-prompts OUT\n");
     exit(2);
 }
 
@@ -894,6 +902,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--check-t0")) opt.check_t0 = true;
         else if (!strcmp(a, "--offline")) { NEEDV(); opt.offline_path = v; }
         else if (!strcmp(a, "--json")) { NEEDV(); opt.json_path = v; }
+        else if (!strcmp(a, "--row")) { NEEDV(); opt.row_path = v; }
+        else if (!strcmp(a, "--write-prompts")) { NEEDV(); opt.write_prompts = v; }
         else if (!strcmp(a, "--quiet")) opt.quiet = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) usage();
         else die("unknown option %s (--help lists them)", a);
@@ -904,6 +914,13 @@ int main(int argc, char **argv) {
     if (opt.warmup < 0) opt.warmup = opt.duration / 10;
     signal(SIGPIPE, SIG_IGN);
     load_prompts(opt.prompts_path);
+    if (opt.write_prompts) {
+        FILE *f = fopen(opt.write_prompts, "w");
+        if (!f) die("cannot write %s: %s", opt.write_prompts, strerror(errno));
+        for (size_t i = 0; i < n_prompts; i++) fprintf(f, "{\"%s\": %s}\n", opt.chat ? "messages" : "prompt", prompts[i].json);
+        if (fclose(f) != 0) die("cannot write %s", opt.write_prompts);
+        return 0;
+    }
     if (opt.offline_path) load_offline(opt.offline_path);
     resolve();
 
@@ -1015,6 +1032,19 @@ int main(int argc, char **argv) {
     for (int i = 0; i < MAX_ERROR_KINDS && error_kinds[i].count; i++)
         printf("  error x%ld: %s\n", error_kinds[i].count, error_kinds[i].what);
     if (error_kinds_other) printf("  other errors: %ld\n", error_kinds_other);
+
+    if (opt.row_path) {
+        FILE *f = fopen(opt.row_path, "a");
+        char rss_col[64] = "-";
+        if (opt.server_pid) snprintf(rss_col, sizeof rss_col, "%.0f", hwm / 1024.0);
+        if (!f || fprintf(f, "| %d | %.0f | %ld | %.2f | %.1f | %.0f | %.0f | %.0f | %.0f | %.2f | %.1f | %ld | %ld | %s |\n",
+                          opt.clients, opt.duration, requests, (double)all.ok / elapsed,
+                          (double)all.out_tokens / elapsed, pct(&all.ttft, 50) * 1e3, pct(&all.ttft, 99) * 1e3,
+                          pct(&all.itl, 50) * 1e3, pct(&all.itl, 99) * 1e3,
+                          all.events ? (double)all.out_tokens / (double)all.events : 0.0, pct(&all.decode_tps, 50),
+                          all.errors, all.lost, rss_col) < 0 || fclose(f) != 0)
+            die("cannot write %s", opt.row_path);
+    }
 
     if (opt.json_path) {
         cJSON *o = cJSON_CreateObject();
