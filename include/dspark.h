@@ -189,6 +189,69 @@ typedef struct {
 ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const *prompts, const size_t *n_prompts,
                                    const ds_generate_opts *opts, ds_output *outs, ds_batch_summary *summary);
 
+/* ---- requests that come and go: the batched engine stepped by its caller -- */
+/* For a server: on a batched engine (ds_engine_opts.batch > 0) requests are
+ * submitted at any time, each ds_engine_step runs one target forward over
+ * every request in flight (requests join and leave between steps), and a
+ * request's committed tokens can be read after every step. Each request's
+ * tokens are those ds_engine_generate gives it alone (see
+ * ds_engine_generate_batch). Not thread-safe: one thread submits, steps,
+ * reads, cancels and releases (a server's engine thread). */
+typedef int64_t ds_request_id;
+
+/* Queues a request (prompt copied); *id is unique for the engine's life.
+ * A request that could never run (empty, over-long or out-of-vocabulary
+ * prompt, a prompt the KV pool cannot hold, bad options) is an error naming
+ * the field; nothing is queued then. */
+ds_error *ds_engine_submit(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *opts,
+                           ds_request_id *id);
+/* One step: admit waiting requests, draft, one target forward, accept,
+ * commit. *active: requests submitted and not finished after it (0: the
+ * engine is idle; a step then does nothing and returns at once). */
+ds_error *ds_engine_step(ds_engine *e, int *active);
+
+typedef struct {
+    const int32_t *tokens;  /* committed so far (a final stop token included); valid until the next
+                               step, cancel or release */
+    size_t n_tokens;
+    size_t n_prompt;
+    bool running;           /* holds KV pages now (prefilling or decoding); false while waiting or done */
+    bool finished;
+    ds_finish_reason finish_reason; /* once finished */
+    int rounds;             /* verify passes so far */
+    long accepted;          /* drafts the target accepted so far */
+    long proposed;          /* drafts sent to verification so far */
+} ds_request_state;
+/* The state of a request not yet released; an unknown id is an error. */
+ds_error *ds_engine_request(const ds_engine *e, ds_request_id id, ds_request_state *st);
+/* Ends a request now (finish reason "caller"; its tokens so far stay
+ * readable) and gives its KV pages back. No-op on a finished request. */
+ds_error *ds_engine_cancel(ds_engine *e, ds_request_id id);
+/* Forgets a request (cancelling it first if it runs): its id becomes unknown. */
+ds_error *ds_engine_release(ds_engine *e, ds_request_id id);
+
+/* What a batched engine did since it opened (the counters a server
+ * exports: names follow vLLM's metrics where vLLM has one). */
+#define DS_METRICS_POSITIONS 32
+typedef struct {
+    int running;              /* requests holding KV pages */
+    int waiting;              /* requests queued, not admitted (or preempted) */
+    int kv_pages_used, kv_pages_total; /* the target's KV pool */
+    int kv_page_rows;         /* rows (tokens) a page holds */
+    int64_t steps;            /* engine steps with a target forward */
+    int64_t prompt_tokens;    /* prefilled rows (recomputes after preemption included) */
+    int64_t generation_tokens; /* tokens committed */
+    int64_t preemptions;
+    int64_t requests_finished;
+    /* speculative decoding (vllm:spec_decode_*): */
+    int64_t drafts;            /* verify rounds that verified at least one draft */
+    int64_t draft_tokens;      /* drafts sent to verification */
+    int64_t accepted_tokens;   /* drafts the target accepted */
+    int64_t accepted_per_pos[DS_METRICS_POSITIONS]; /* rounds whose draft at position k was accepted */
+} ds_engine_metrics;
+/* Zeros on an engine that is not batched. */
+void ds_engine_get_metrics(const ds_engine *e, ds_engine_metrics *m);
+
 /* ---- metrics pooled over generations ------------------------------------ */
 /* The meaning of DeepSpec's build_metrics_row, over every round of every
  * output added. */

@@ -149,7 +149,7 @@ static void run_mode(const mode *m, float temp) {
         }
         ds_batch *b;
         CHECK_OK(ds_batch_new(t, d, &bo, &b));
-        int rid[PICO_MAX_PROMPTS];
+        int64_t rid[PICO_MAX_PROMPTS];
         for (int i = 0; i < n; i++) {
             const ds_batch_request rq = {.prompt = ids[i], .n_prompt = prompt_len(i), .params = params(m, temp, i)};
             CHECK_OK(ds_batch_submit(b, &rq, &rid[i]));
@@ -196,7 +196,7 @@ static void test_refusals(void) {
     ds_batch *b;
     CHECK_OK(ds_batch_new(t, NULL, &bo, &b));
     int32_t ids[200] = {0};
-    int id;
+    int64_t id;
     ds_batch_request rq = {.prompt = ids, .n_prompt = 0, .params = {.max_new = 4}};
     CHECK_ERR(ds_batch_submit(b, &rq, &id), "empty prompt");
     rq.n_prompt = 200; /* 8 pages of 16 rows hold 128 */

@@ -405,8 +405,106 @@ static void test_batch(void) {
     CHECK_ERR(ds_engine_open(&o, &be_), "ctx");
 }
 
+/* The batched engine stepped by its caller (a server's loop): tokens grow a
+ * step at a time and end as the solo run's, a cancel ends a request at once
+ * and gives its pages back, released ids are unknown, and the speculative
+ * counters add up to the requests' own rounds. */
+static void test_submit_step(void) {
+    ds_engine *be_;
+    const ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
+                              .batch = 2, .ctx = 128};
+    CHECK_OK(ds_engine_open(&o, &be_));
+    static const char *texts[] = {"It is a truth universally acknowledged", "Call me", "The war in Europe"};
+    enum { N = 3 };
+    int32_t *ids[N];
+    size_t lens[N];
+    ds_generate_opts g[N];
+    ds_request_id rid[N];
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(ds_tokenizer_encode(ds_engine_tokenizer(eng), texts[i], strlen(texts[i]), false, &ids[i], &lens[i]));
+        g[i] = (ds_generate_opts){.max_new = 20, .temperature = i == 1 ? 1.0f : 0.0f, .seed = 11 + (uint64_t)i};
+        CHECK_OK(ds_engine_submit(be_, ids[i], lens[i], &g[i], &rid[i]));
+    }
+    CHECK(rid[0] == 0 && rid[1] == 1 && rid[2] == 2, "ids %lld %lld %lld", (long long)rid[0], (long long)rid[1],
+          (long long)rid[2]);
+    ds_engine_metrics m;
+    ds_engine_get_metrics(be_, &m);
+    CHECK(m.waiting == 3 && m.running == 0 && m.kv_pages_used == 0 && m.kv_pages_total > 0, "before: %d waiting, %d "
+          "running, %d of %d pages", m.waiting, m.running, m.kv_pages_used, m.kv_pages_total);
+    size_t seen[N] = {0};
+    int steps = 0, active = N;
+    bool cancelled = false;
+    while (active > 0) {
+        CHECK_OK(ds_engine_step(be_, &active));
+        steps++;
+        ds_engine_get_metrics(be_, &m);
+        CHECK(m.running <= 2, "%d running with batch 2", m.running);
+        for (int i = 0; i < N; i++) {
+            ds_request_state st;
+            CHECK_OK(ds_engine_request(be_, rid[i], &st));
+            CHECK(st.n_tokens >= seen[i] && st.n_prompt == lens[i], "request %d: %zu tokens after %zu", i,
+                  st.n_tokens, seen[i]);
+            seen[i] = st.n_tokens;
+            if (i == 2 && !cancelled && st.n_tokens >= 3) { /* the third ends early, by its caller */
+                const int used = m.kv_pages_used;
+                CHECK_OK(ds_engine_cancel(be_, rid[2]));
+                CHECK_OK(ds_engine_request(be_, rid[2], &st));
+                CHECK(st.finished && st.finish_reason == DS_FINISH_CALLER && !st.running && st.n_tokens == seen[2],
+                      "cancelled: finished %d, reason %s, %zu tokens", st.finished,
+                      ds_finish_reason_name(st.finish_reason), st.n_tokens);
+                ds_engine_get_metrics(be_, &m);
+                CHECK(m.kv_pages_used < used, "a cancel gives pages back: %d -> %d", used, m.kv_pages_used);
+                cancelled = true;
+            }
+        }
+    }
+    CHECK(cancelled && steps > 3, "cancelled %d after %d steps", cancelled, steps);
+    int64_t drafts = 0, drafted = 0, accepted = 0;
+    for (int i = 0; i < N; i++) {
+        ds_request_state st;
+        CHECK_OK(ds_engine_request(be_, rid[i], &st));
+        CHECK(st.finished, "request %d unfinished", i);
+        drafts += st.rounds, drafted += st.proposed, accepted += st.accepted;
+        if (i == 2) continue;
+        ds_output solo;
+        CHECK_OK(ds_engine_generate(eng, ids[i], lens[i], &g[i], NULL, NULL, &solo));
+        CHECK(solo.n_tokens == (int)st.n_tokens &&
+                  !memcmp(solo.tokens, st.tokens, st.n_tokens * sizeof *st.tokens) && solo.rounds == st.rounds,
+              "request %d: stepped output differs from the single engine's", i);
+        ds_output_free(&solo);
+    }
+    ds_engine_get_metrics(be_, &m);
+    CHECK(m.running == 0 && m.waiting == 0 && m.kv_pages_used == 0 && m.requests_finished == N,
+          "after: %d running, %d waiting, %d pages, %lld finished", m.running, m.waiting, m.kv_pages_used,
+          (long long)m.requests_finished);
+    CHECK(m.drafts == drafts && m.draft_tokens == drafted && m.accepted_tokens == accepted && drafts > 0,
+          "spec counters %lld/%lld/%lld vs the requests' %lld/%lld/%lld", (long long)m.drafts,
+          (long long)m.draft_tokens, (long long)m.accepted_tokens, (long long)drafts, (long long)drafted,
+          (long long)accepted);
+    int64_t per_pos = 0;
+    for (int k = 0; k < DS_METRICS_POSITIONS; k++) {
+        per_pos += m.accepted_per_pos[k];
+        CHECK(k == 0 || m.accepted_per_pos[k] <= m.accepted_per_pos[k - 1], "position %d accepted more than %d", k,
+              k - 1);
+    }
+    CHECK(per_pos == accepted && m.generation_tokens == (int64_t)(seen[0] + seen[1] + seen[2]),
+          "per position %lld, accepted %lld; %lld tokens", (long long)per_pos, (long long)accepted,
+          (long long)m.generation_tokens);
+    for (int i = 0; i < N; i++) CHECK_OK(ds_engine_release(be_, rid[i]));
+    ds_request_state st;
+    CHECK_ERR(ds_engine_request(be_, rid[0], &st), "no such request");
+    CHECK_ERR(ds_engine_cancel(be_, 99), "no such request");
+    int32_t bad = 1 << 30;
+    ds_request_id id;
+    CHECK_ERR(ds_engine_submit(be_, &bad, 1, &g[0], &id), "outside the vocabulary");
+    CHECK(id == -1, "a refused request got id %lld", (long long)id);
+    CHECK_ERR(ds_engine_submit(eng, ids[0], lens[0], &g[0], &id), "batch > 0");
+    for (int i = 0; i < N; i++) free(ids[i]);
+    ds_engine_free(be_);
+}
+
 static void teardown(void) { ds_engine_free(eng); }
 
 RUN_TESTS("engine_api", setup, test_drafted_equals_plain, test_callback_stops, test_round_metrics,
           test_finish_reasons, test_chat, test_ids_without_tokenizer, test_backend_choice, test_bad_options, test_batch,
-          teardown)
+          test_submit_step, teardown)

@@ -555,7 +555,7 @@ static void test_batched_algorithm1(void) {
     if (!e) e = ds_drafter_open(be, FIX "/drafter-trained", t, &dopts, &d);
     if (!e) e = ds_batch_new(t, d, &bo, &b);
     int32_t *codes = malloc((size_t)n * sizeof *codes);
-    int *ids = malloc((size_t)n * sizeof *ids);
+    int64_t *ids = malloc((size_t)n * sizeof *ids);
     const double t0 = now_s();
     for (int i = 0; i < n && !e; i++) {
         const ds_batch_request rq = {.prompt = PROMPT, .n_prompt = N_PROMPT,

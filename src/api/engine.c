@@ -27,10 +27,12 @@ struct ds_engine {
     bool batched;        /* the target's and drafter's caches are a pool of pages (ds_engine_opts.batch) */
     ds_batch_opts bo;    /* the batched engine's shape */
     ds_step_cost *sps;   /* Algorithm 1's step cost (confidence_schedule) */
+    ds_batch *live;      /* the batched engine: every request, submitted or generated in a batch */
 };
 
 void ds_engine_free(ds_engine *e) {
     if (!e) return;
+    ds_batch_free(e->live);
     ds_tokenizer_free(e->tok);
     ds_step_cost_free(e->sps);
     ds_drafter_free(e->drafter);
@@ -141,6 +143,7 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, &dopts, &e->drafter);
     if (!err) err = open_sts(o, e);
     if (!err && o->batch > 0 && o->confidence_schedule) err = profile_steps(e, o);
+    if (!err && o->batch > 0) err = ds_batch_new(e->target, e->drafter, &e->bo, &e->live);
     if (!err) err = open_tokenizer(o, &e->tok);
     if (err) {
         ds_engine_free(e);
@@ -260,32 +263,47 @@ static ds_error *output_of(const ds_gen_result *r, ds_output *out) {
     return NULL;
 }
 
+/* What a request on the batched engine may not ask for, beyond check_opts. */
+static ds_error *check_batched(const ds_engine *e, const ds_generate_opts *o, size_t n_prompt) {
+    DS_TRY(check_opts(e, o));
+    if (o->no_draft && e->drafter)
+        return ds_errorf("no_draft: the batched engine drafts for every request (open it without a drafter to "
+                         "decode autoregressively)");
+    if (o->record_confidence) return ds_errorf("record_confidence is a single-request option (dspark calibrate)");
+    if (n_prompt > (size_t)e->target->max_ctx)
+        return ds_errorf("prompt of %zu tokens does not fit the context of %d tokens", n_prompt, e->target->max_ctx);
+    return NULL;
+}
+
 ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const *prompts, const size_t *n_prompts,
                                    const ds_generate_opts *opts, ds_output *outs, ds_batch_summary *summary) {
     for (size_t i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
     if (!e->batched) return ds_errorf("ds_engine_generate_batch: open the engine with ds_engine_opts.batch > 0");
-    for (size_t i = 0; i < n; i++) {
-        DS_TRY(ds_error_wrap(check_opts(e, &opts[i]), "request %zu", i));
-        if (opts[i].no_draft && e->drafter)
-            return ds_errorf("request %zu: no_draft: the batched engine drafts for every request (open it without "
-                             "a drafter to decode autoregressively)", i);
-        if (opts[i].record_confidence)
-            return ds_errorf("request %zu: record_confidence is a single-request option (dspark calibrate)", i);
-        if (n_prompts[i] > (size_t)e->target->max_ctx)
-            return ds_errorf("request %zu: prompt of %zu tokens does not fit the context of %d tokens", i, n_prompts[i],
-                             e->target->max_ctx);
-    }
-    ds_batch *b;
-    DS_TRY(ds_batch_new(e->target, e->drafter, &e->bo, &b));
+    for (size_t i = 0; i < n; i++) DS_TRY(ds_error_wrap(check_batched(e, &opts[i], n_prompts[i]), "request %zu", i));
+    ds_batch *b = e->live;
+    const ds_batch_stats st0 = ds_batch_get_stats(b);
     ds_error *err = NULL;
-    int *ids = malloc((n ? n : 1) * sizeof *ids);
-    if (!ids) err = ds_errorf("out of memory");
-    for (size_t i = 0; i < n && !err; i++) {
-        const ds_batch_request rq = {.prompt = prompts[i], .n_prompt = (int)n_prompts[i], .params = gen_params(&opts[i])};
-        err = ds_error_wrap(ds_batch_submit(b, &rq, &ids[i]), "request %zu", i);
+    int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) return ds_errorf("out of memory");
+    size_t submitted = 0;
+    for (; submitted < n && !err; submitted++) {
+        const ds_batch_request rq = {.prompt = prompts[submitted], .n_prompt = (int)n_prompts[submitted],
+                                     .params = gen_params(&opts[submitted])};
+        err = ds_error_wrap(ds_batch_submit(b, &rq, &ids[submitted]), "request %zu", submitted);
+        if (err) break;
     }
+    /* Steps until all of these are done (other requests the engine holds run along). */
     const double t0 = ds_now_s();
-    if (!err) err = ds_batch_run(b);
+    int max_running = 0;
+    for (size_t left = n; !err && left > 0;) {
+        int active;
+        err = ds_batch_step(b, &active);
+        const ds_batch_stats st = ds_batch_get_stats(b);
+        if (st.running > max_running) max_running = st.running;
+        left = 0; /* they end in any order */
+        for (size_t k = 0; k < n; k++) left += !ds_batch_result(b, ids[k]);
+        if (!err && active == 0 && left > 0) err = ds_errorf("batched engine: idle with %zu requests unfinished", left);
+    }
     const double t1 = ds_now_s();
     for (size_t i = 0; i < n && !err; i++) {
         err = output_of(ds_batch_result(b, ids[i]), &outs[i]);
@@ -293,14 +311,68 @@ ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const 
     }
     if (summary) {
         const ds_batch_stats st = ds_batch_get_stats(b);
-        *summary = (ds_batch_summary){.total_s = t1 - t0, .steps = (long)st.steps, .preemptions = (long)st.preemptions,
-                                      .max_running = st.max_running};
+        *summary = (ds_batch_summary){.total_s = t1 - t0, .steps = (long)(st.steps - st0.steps),
+                                      .preemptions = (long)(st.preemptions - st0.preemptions),
+                                      .max_running = max_running};
     }
     if (err)
         for (size_t i = 0; i < n; i++) ds_output_free(&outs[i]);
+    for (size_t i = 0; i < submitted; i++) ds_error_free(ds_batch_release(b, ids[i]));
     free(ids);
-    ds_batch_free(b);
     return err;
+}
+
+ds_error *ds_engine_submit(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *opts,
+                           ds_request_id *id) {
+    *id = -1;
+    if (!e->batched) return ds_errorf("ds_engine_submit: open the engine with ds_engine_opts.batch > 0");
+    if (!opts) return ds_errorf("ds_engine_submit: no options");
+    DS_TRY(check_batched(e, opts, n_prompt));
+    const ds_batch_request rq = {.prompt = prompt, .n_prompt = (int)n_prompt, .params = gen_params(opts)};
+    return ds_batch_submit(e->live, &rq, id);
+}
+
+ds_error *ds_engine_step(ds_engine *e, int *active) {
+    *active = 0;
+    if (!e->batched) return ds_errorf("ds_engine_step: open the engine with ds_engine_opts.batch > 0");
+    return ds_batch_step(e->live, active);
+}
+
+ds_error *ds_engine_request(const ds_engine *e, ds_request_id id, ds_request_state *st) {
+    memset(st, 0, sizeof *st);
+    if (!e->batched) return ds_errorf("ds_engine_request: open the engine with ds_engine_opts.batch > 0");
+    ds_batch_state_info in;
+    DS_TRY(ds_batch_state(e->live, id, &in));
+    const ds_gen_result *r = in.res;
+    long acc = 0, prop = 0;
+    for (int i = 0; i < r->rounds; i++) acc += r->accepted[i], prop += r->proposed[i];
+    *st = (ds_request_state){.tokens = r->tokens, .n_tokens = (size_t)r->n_tokens, .n_prompt = (size_t)in.n_prompt,
+                             .running = in.running, .finished = in.finished,
+                             .finish_reason = finish_reason(r->stop_reason), .rounds = r->rounds, .accepted = acc,
+                             .proposed = prop};
+    return NULL;
+}
+
+ds_error *ds_engine_cancel(ds_engine *e, ds_request_id id) {
+    if (!e->batched) return ds_errorf("ds_engine_cancel: open the engine with ds_engine_opts.batch > 0");
+    return ds_batch_cancel(e->live, id);
+}
+
+ds_error *ds_engine_release(ds_engine *e, ds_request_id id) {
+    if (!e->batched) return ds_errorf("ds_engine_release: open the engine with ds_engine_opts.batch > 0");
+    return ds_batch_release(e->live, id);
+}
+
+void ds_engine_get_metrics(const ds_engine *e, ds_engine_metrics *m) {
+    memset(m, 0, sizeof *m);
+    if (!e->batched) return;
+    const ds_batch_stats st = ds_batch_get_stats(e->live);
+    *m = (ds_engine_metrics){.running = st.running, .waiting = st.waiting, .kv_pages_used = st.pages_used,
+                             .kv_pages_total = st.pages_total, .kv_page_rows = e->bo.page_rows, .steps = st.steps,
+                             .prompt_tokens = st.prefill_rows, .generation_tokens = st.generation_tokens,
+                             .preemptions = st.preemptions, .requests_finished = st.finished, .drafts = st.drafts,
+                             .draft_tokens = st.draft_tokens, .accepted_tokens = st.accepted_tokens};
+    for (int k = 0; k < DS_METRICS_POSITIONS && k < DS_MAX_GAMMA; k++) m->accepted_per_pos[k] = st.accepted_pos[k];
 }
 
 /* An output's rounds as the loop's result, for the metrics code (a view: it owns nothing). */

@@ -12,7 +12,7 @@
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_phase;
 
 typedef struct {
-    int id;
+    int64_t id;
     seq_phase phase;
     ds_gen_params p;
     int n_prompt;
@@ -51,9 +51,12 @@ struct ds_batch {
     ds_backend *be;
     ds_batch_opts o;
     ds_page_pool tpool, dpool;
+    /* Requests not yet released, in submission order (ids ascending: found
+     * by bisection); ds_batch_release takes them out. */
     seq **seqs;
     int n_seqs, cap_seqs;
-    int n_done;
+    int n_done;       /* of seqs[], those finished */
+    int64_t next_id;
     /* per step */
     int32_t *ids, *pos, *row_table, *table, *logit_rows, *best, *zeros;
     int cap_table;
@@ -171,10 +174,42 @@ void ds_batch_free(ds_batch *b) {
     free(b);
 }
 
-ds_batch_stats ds_batch_get_stats(const ds_batch *b) { return b->stats; }
+ds_batch_stats ds_batch_get_stats(const ds_batch *b) {
+    ds_batch_stats st = b->stats;
+    st.running = st.waiting = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        st.running += b->seqs[i]->phase == SEQ_RUNNING;
+        st.waiting += b->seqs[i]->phase == SEQ_WAITING;
+    }
+    st.pages_used = b->tpool.n_pages - b->tpool.n_free;
+    st.pages_total = b->tpool.n_pages;
+    return st;
+}
 
-const ds_gen_result *ds_batch_result(const ds_batch *b, int id) {
-    return id >= 0 && id < b->n_seqs && b->seqs[id]->phase == SEQ_DONE ? &b->seqs[id]->res : NULL;
+/* Index of request id in seqs[], or -1 (released or never submitted). */
+static int find(const ds_batch *b, int64_t id) {
+    int lo = 0, hi = b->n_seqs - 1;
+    while (lo <= hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (b->seqs[mid]->id == id) return mid;
+        if (b->seqs[mid]->id < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+const ds_gen_result *ds_batch_result(const ds_batch *b, int64_t id) {
+    const int i = find(b, id);
+    return i >= 0 && b->seqs[i]->phase == SEQ_DONE ? &b->seqs[i]->res : NULL;
+}
+
+ds_error *ds_batch_state(const ds_batch *b, int64_t id, ds_batch_state_info *st) {
+    const int i = find(b, id);
+    if (i < 0) return ds_errorf("request %lld: no such request (never submitted, or released)", (long long)id);
+    const seq *s = b->seqs[i];
+    *st = (ds_batch_state_info){.res = &s->res, .n_prompt = s->n_prompt, .running = s->phase == SEQ_RUNNING,
+                                .finished = s->phase == SEQ_DONE};
+    return NULL;
 }
 
 /* The proposal positions s verifies: its gamma, or the drafter's block size. */
@@ -187,22 +222,23 @@ static int seq_gamma(const ds_batch *b, const seq *s) {
  * drafter's caches for one more step. */
 static int target_need(const ds_batch *b, const seq *s) { return s->start + (b->d ? b->d->gamma : 0) + 1; }
 
-ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id) {
+ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int64_t *id) {
     const ds_target *t = b->t;
     const int n = req->n_prompt, G = b->d ? b->d->gamma : 0;
+    const long long rid = (long long)b->next_id;
     *id = -1;
-    if (n < 1) return ds_errorf("request %d: empty prompt", b->n_seqs);
+    if (n < 1) return ds_errorf("request %lld: empty prompt", rid);
     if (n >= t->max_ctx)
-        return ds_errorf("request %d: prompt of %d tokens does not fit the model's context of %d tokens", b->n_seqs,
+        return ds_errorf("request %lld: prompt of %d tokens does not fit the model's context of %d tokens", rid,
                          n, t->max_ctx);
     if (ds_pages_for(&b->tpool, n + G + 1) > b->tpool.n_pages)
-        return ds_errorf("request %d: prompt of %d tokens does not fit the KV pool (%d pages of %d rows)", b->n_seqs,
+        return ds_errorf("request %lld: prompt of %d tokens does not fit the KV pool (%d pages of %d rows)", rid,
                          n, b->tpool.n_pages, b->tpool.page_rows);
-    if (req->params.max_new < 0) return ds_errorf("request %d: max_new %d is negative", b->n_seqs, req->params.max_new);
-    if (req->params.verify) return ds_errorf("request %d: the batched engine verifies with ds_verify only", b->n_seqs);
+    if (req->params.max_new < 0) return ds_errorf("request %lld: max_new %d is negative", rid, req->params.max_new);
+    if (req->params.verify) return ds_errorf("request %lld: the batched engine verifies with ds_verify only", rid);
     for (int i = 0; i < n; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= t->vocab)
-            return ds_errorf("request %d: prompt token %d at index %d is outside the vocabulary (0..%d)", b->n_seqs,
+            return ds_errorf("request %lld: prompt token %d at index %d is outside the vocabulary (0..%d)", rid,
                              req->prompt[i], i, t->vocab - 1);
     if (b->n_seqs == b->cap_seqs) {
         const int cap = b->cap_seqs ? 2 * b->cap_seqs : 16;
@@ -221,7 +257,7 @@ ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id) {
         free(s);
         return ds_errorf("out of memory");
     }
-    s->id = b->n_seqs;
+    s->id = b->next_id++;
     s->p = req->params;
     s->n_prompt = s->goal = s->n_hist = n;
     memcpy(s->hist, req->prompt, (size_t)n * sizeof *s->hist);
@@ -229,16 +265,18 @@ ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id) {
     s->done = s->p.max_new == 0;
     ds_rng_seed(&s->rng, s->p.seed);
     if (b->o.sim) ds_sim_stream_seed(&s->sim_rng, b->o.sim_seed, (uint64_t)s->id);
+    s->phase = SEQ_WAITING;
     b->seqs[b->n_seqs++] = s;
     *id = s->id;
     return NULL;
 }
 
 /* ds_generate's emit: records the token unless the output is full, ends on a stop token. */
-static void emit(const ds_batch *b, seq *s, int32_t tok) {
+static void emit(ds_batch *b, seq *s, int32_t tok) {
     ds_gen_result *r = &s->res;
     if (s->done || r->n_tokens >= s->max_tokens) return;
     r->tokens[r->n_tokens++] = tok;
+    b->stats.generation_tokens++;
     if (!s->p.ignore_stop && ds_target_is_stop(b->t, tok)) {
         r->stopped = true;
         s->done = true;
@@ -265,6 +303,30 @@ static void finish(ds_batch *b, seq *s) {
     seq_release(b, s);
     s->phase = SEQ_DONE;
     b->n_done++;
+    b->stats.finished++;
+}
+
+ds_error *ds_batch_cancel(ds_batch *b, int64_t id) {
+    const int i = find(b, id);
+    if (i < 0) return ds_errorf("request %lld: no such request to cancel (never submitted, or released)", (long long)id);
+    seq *s = b->seqs[i];
+    if (s->phase == SEQ_DONE) return NULL;
+    s->cancelled = s->done = true;
+    finish(b, s); /* between steps no forward holds its pages */
+    return NULL;
+}
+
+ds_error *ds_batch_release(ds_batch *b, int64_t id) {
+    DS_TRY(ds_batch_cancel(b, id));
+    const int i = find(b, id);
+    seq *s = b->seqs[i];
+    free(s->hist);
+    ds_gen_result_free(&s->res);
+    free(s);
+    memmove(b->seqs + i, b->seqs + i + 1, (size_t)(b->n_seqs - i - 1) * sizeof *b->seqs);
+    b->n_seqs--;
+    b->n_done--;
+    return NULL;
 }
 
 static void push_hist(seq *s, int32_t tok) {
@@ -384,7 +446,7 @@ static ds_error *keep_proposal(ds_batch *b, seq *s, const ds_proposal *out) {
 static ds_error *drafted(void *ctx, int r, ds_proposal *out) {
     ds_batch *b = ctx;
     seq *s = b->drafting[r];
-    return ds_error_wrap(keep_proposal(b, s, out), "request %d", s->id);
+    return ds_error_wrap(keep_proposal(b, s, out), "request %lld", (long long)s->id);
 }
 
 /* One drafter round for every decoding sequence that got its rows (the
@@ -442,7 +504,7 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
         while (a < n && b->best[l + a] == x[a]) a++;
         for (int i = 0; i < a; i++)
             if (ds_target_placeholder_of(t, x[i]))
-                return ds_errorf("request %d: accepted draft token %d, a placeholder the model embeds as pad", s->id,
+                return ds_errorf("request %lld: accepted draft token %d, a placeholder the model embeds as pad", (long long)s->id,
                                  x[i]);
         *accepted = a;
         *next = b->best[l + a];
@@ -492,6 +554,16 @@ static ds_error *after_prefill(ds_batch *b, seq *s) {
     return NULL;
 }
 
+/* The speculative counters (ds_batch_stats) of one verify round. */
+static void tally_round(ds_batch *b, int accepted, int proposed) {
+    ds_batch_stats *st = &b->stats;
+    if (proposed <= 0) return;
+    st->drafts++;
+    st->draft_tokens += proposed;
+    st->accepted_tokens += accepted;
+    for (int k = 0; k < accepted && k < DS_MAX_GAMMA; k++) st->accepted_pos[k]++;
+}
+
 /* After the forward: s's verify (or autoregressive) rows; commit. */
 static ds_error *after_decode(ds_batch *b, seq *s) {
     int a = 0;
@@ -508,11 +580,13 @@ static ds_error *after_decode(ds_batch *b, seq *s) {
         for (int i = 0; i < a && !s->p.ignore_stop; i++)
             if (ds_target_is_stop(b->t, s->prop.tokens[i])) { /* a stop draft ends the output after it */
                 DS_TRY(ds_gen_result_add_round(r, i + 1, i + 1, i + 1));
+                tally_round(b, i + 1, i + 1);
                 for (int k = 0; k <= i; k++) emit(b, s, s->prop.tokens[k]);
                 s->done = true;
                 return NULL;
             }
         DS_TRY(ds_gen_result_add_round(r, a, n, a + 1));
+        tally_round(b, a, n);
         for (int k = 0; k < a; k++) emit(b, s, s->prop.tokens[k]), push_hist(s, s->prop.tokens[k]);
         emit(b, s, next);
         push_hist(s, next);
@@ -670,9 +744,9 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
         if (s->phase != SEQ_RUNNING || s->n_rows == 0) continue;
         if (s->prefill_step) {
             b->stats.prefill_rows += s->n_rows;
-            DS_TRY(ds_error_wrap(after_prefill(b, s), "request %d", s->id));
+            DS_TRY(ds_error_wrap(after_prefill(b, s), "request %lld", (long long)s->id));
         } else {
-            DS_TRY(ds_error_wrap(after_decode(b, s), "request %d", s->id));
+            DS_TRY(ds_error_wrap(after_decode(b, s), "request %lld", (long long)s->id));
         }
         s->n_rows = 0;
         if (s->started && s->cached >= s->goal && !wants_step(b, s)) finish(b, s);

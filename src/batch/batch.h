@@ -72,14 +72,32 @@ int ds_batch_drafter_rows(const ds_batch_opts *opts, int gamma);
 /* Queues a request; *id numbers it from 0 in submission order. Refuses a
  * request that could never run (empty or over-long prompt, a prompt the
  * whole pool cannot hold, bad ids) with a message naming it. */
-ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int *id);
+ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int64_t *id);
 /* One engine step: admit, draft, one target forward, accept, commit.
  * *active: requests not finished after it (0: all done). */
 ds_error *ds_batch_step(ds_batch *b, int *active);
 /* Steps until every submitted request has finished. */
 ds_error *ds_batch_run(ds_batch *b);
-/* A finished request's result (NULL while it runs); owned by the engine. */
-const ds_gen_result *ds_batch_result(const ds_batch *b, int id);
+/* A finished request's result (NULL while it runs, or released); owned by
+ * the engine. */
+const ds_gen_result *ds_batch_result(const ds_batch *b, int64_t id);
+
+/* Where a request is between steps: its result so far (res->tokens: every
+ * committed token; res->stop_reason once finished), owned by the engine. */
+typedef struct {
+    const ds_gen_result *res;
+    int n_prompt;
+    bool running;  /* holds pages (prefilling or decoding) */
+    bool finished;
+} ds_batch_state_info;
+/* An unknown (released or never submitted) id is an error. */
+ds_error *ds_batch_state(const ds_batch *b, int64_t id, ds_batch_state_info *st);
+/* Ends a request between steps (stop reason DS_STOP_CALLER), its pages
+ * back to the pools at once; its tokens stay readable. No-op when finished. */
+ds_error *ds_batch_cancel(ds_batch *b, int64_t id);
+/* Forgets a request, cancelling it first: a server's engine runs for days,
+ * so finished requests must not pile up. */
+ds_error *ds_batch_release(ds_batch *b, int64_t id);
 
 /* Profiles the target's step cost (steps per second by rows a step) on b's
  * own pool, cached at cache_path (NULL: not cached) under key: the curve
@@ -91,7 +109,14 @@ ds_error *ds_batch_profile(ds_batch *b, const ds_step_cost_key *key, const char 
 typedef struct {
     int64_t steps, rows, prefill_rows, preemptions;
     int64_t drafted, verified_drafts; /* drafts proposed (after the threshold) and sent to verification */
+    int64_t generation_tokens, finished; /* tokens committed; requests ended */
+    /* Verify rounds (vLLM's spec_decode counters): rounds with drafts, the
+     * drafts they verified, those accepted, and per draft position k the
+     * rounds that accepted it. */
+    int64_t drafts, draft_tokens, accepted_tokens, accepted_pos[DS_MAX_GAMMA];
     int max_running;   /* most sequences in flight in one step */
+    int running, waiting;          /* now: sequences holding pages, sequences queued (or preempted) */
+    int pages_used, pages_total;   /* now: the target's pool */
     double forward_s;  /* time in target forwards (outputs included) */
     double draft_s;    /* time in drafter rounds */
 } ds_batch_stats;

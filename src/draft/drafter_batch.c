@@ -40,33 +40,33 @@ ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs) {
 /* Everything ds_drafter_round would refuse, and what a batch adds (pages
  * that hold the block), before any op runs. */
 static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_rows) {
-    const int id = q->id;
+    const long long id = (long long)q->id;
     if (!q->n_ctx || !q->sampling || !q->rng || !q->pages)
-        return ds_errorf("drafter sequence %d: no %s", id,
+        return ds_errorf("drafter sequence %lld: no %s", id,
                          !q->n_ctx ? "n_ctx" : !q->sampling ? "sampling" : !q->rng ? "rng" : "page list");
-    if (q->n < 0) return ds_errorf("drafter sequence %d: %d pending context rows", id, q->n);
+    if (q->n < 0) return ds_errorf("drafter sequence %lld: %d pending context rows", id, q->n);
     if (q->n > 0) {
         if (q->n > d->max_rows)
-            return ds_errorf("drafter sequence %d: context append of %d rows (at most %d)", id, q->n, d->max_rows);
+            return ds_errorf("drafter sequence %lld: context append of %d rows (at most %d)", id, q->n, d->max_rows);
         if (q->pos0 < 0 || q->pos0 > *q->n_ctx)
-            return ds_errorf("drafter sequence %d: context append at position %d but it holds %d rows", id, q->pos0,
+            return ds_errorf("drafter sequence %lld: context append at position %d but it holds %d rows", id, q->pos0,
                              *q->n_ctx);
         if (q->pos0 + q->n > d->max_ctx)
-            return ds_errorf("drafter sequence %d: context of %d rows exceeds %d", id, q->pos0 + q->n, d->max_ctx);
+            return ds_errorf("drafter sequence %lld: context of %d rows exceeds %d", id, q->pos0 + q->n, d->max_ctx);
         if (!q->taps.data || q->taps.rows < q->n || q->taps.cols != (int64_t)d->n_taps * d->hidden ||
             q->taps.dtype != DS_F32)
-            return ds_errorf("drafter sequence %d: taps of %lld x %lld for %d rows of %d fp32 taps x %d", id,
+            return ds_errorf("drafter sequence %lld: taps of %lld x %lld for %d rows of %d fp32 taps x %d", id,
                              (long long)q->taps.rows, (long long)q->taps.cols, q->n, d->n_taps, d->hidden);
     }
     const int have = q->n > 0 ? q->pos0 + q->n : *q->n_ctx;
     if (q->start != have)
-        return ds_errorf("drafter sequence %d: drafting at position %d but its context holds %d rows", id, q->start,
+        return ds_errorf("drafter sequence %lld: drafting at position %d but its context holds %d rows", id, q->start,
                          have);
     if (q->anchor < 0 || q->anchor >= d->vocab)
-        return ds_errorf("drafter sequence %d: anchor token %d is outside the vocabulary (0..%d)", id, q->anchor,
+        return ds_errorf("drafter sequence %lld: anchor token %d is outside the vocabulary (0..%d)", id, q->anchor,
                          d->vocab - 1);
     if ((int64_t)q->n_pages * page_rows < (int64_t)q->start + d->gamma)
-        return ds_errorf("drafter sequence %d: %d pages of %d rows cannot hold its block at positions %d..%d", id,
+        return ds_errorf("drafter sequence %lld: %d pages of %d rows cannot hold its block at positions %d..%d", id,
                          q->n_pages, page_rows, q->start, q->start + d->gamma - 1);
     return NULL;
 }

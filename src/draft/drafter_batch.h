@@ -16,7 +16,7 @@
 /* One sequence of a batched round: ds_drafter_round's arguments, its page
  * list in the drafter's pool and its context length. */
 typedef struct {
-    int id;                     /* named in errors (the caller's request number) */
+    int64_t id;                 /* named in errors (the caller's request number) */
     ds_tensor taps;             /* [>= n, n_taps * hidden] fp32: target taps of its pending context rows */
     int pos0, n;                /* their positions pos0..pos0+n-1 (n 0: none); pos0 <= *n_ctx, n <= d->max_rows */
     int32_t anchor;             /* the block's first token, at position start */

@@ -155,7 +155,7 @@ static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base,
     DS_TRY(ds_batch_new(t, arm == ARM_AR ? NULL : d, &bo, &b));
     ds_error *e = NULL;
     for (int i = 0; i < c && !e; i++) {
-        int id;
+        int64_t id;
         const ds_batch_request rq = {
             .prompt = prompts + (size_t)i * o->prompt_len, .n_prompt = o->prompt_len,
             .params = {.max_new = o->decode, .seed = o->seed + (uint64_t)i, .ignore_stop = true,
