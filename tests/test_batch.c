@@ -52,7 +52,7 @@ static const mode modes[] = {
     {"AR", DS_MODELS "/pico-qwen3", NULL, 0, 32, false},
     {"DSpark", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 0, 32, false},
     {"DSpark, threshold 0.5", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 0.5f, 32, false},
-    {"DFlash", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dflash", 0, 32, false},
+    {"DFlash", DS_MODELS "/pico-qwen3", DS_DFLASH, 0, 32, false},
     {"DSpark, Algorithm 1", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 0, 32, true},
     /* Gemma 4 (random-init fixtures): sliding layers (window 8) read through the pages, a Gemma 4
      * drafter; the E-series' shared K/V and per-layer inputs */

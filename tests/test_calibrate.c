@@ -678,8 +678,8 @@ static void test_cli_end_to_end(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && text && strstr(text, "bad.jsonl:2"), "bad prompt file: %s", text ? text : "");
     free(text);
     /* A drafter without a confidence head has nothing to calibrate. */
-    snprintf(cmd, sizeof cmd, "'%s' calibrate -m '%s/pico-qwen3' -d '%s/pico-qwen3-dflash' --prompt-file '%s' --out '%s' 2>'%s'",
-             DS_CLI, DS_MODELS, DS_MODELS, cal, out, stdout_path);
+    snprintf(cmd, sizeof cmd, "'%s' calibrate -m '%s/pico-qwen3' -d '%s' --prompt-file '%s' --out '%s' 2>'%s'",
+             DS_CLI, DS_MODELS, DS_DFLASH, cal, out, stdout_path);
     st = system(cmd);
     text = read_text_file(stdout_path, NULL);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && text && strstr(text, "no confidence head"), "dflash: %s", text ? text : "");

@@ -33,7 +33,7 @@ typedef struct {
 
 static const pair pairs[] = {
     {"pico DSpark", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark"},
-    {"pico DFlash", DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dflash"},
+    {"pico DFlash", DS_MODELS "/pico-qwen3", DS_DFLASH},
     {"qwen3-tiny gated", QWEN "/target", DS_TESTDATA "/fixtures/qwen3-tiny-heads/drafter-gated"},
     {"qwen3-tiny RNN", QWEN "/target", DS_TESTDATA "/fixtures/qwen3-tiny-heads/drafter-rnn"},
     {"Gemma 4 trained", GEMMA "/target", GEMMA "/drafter-trained"},

@@ -214,7 +214,7 @@ static void test_dspark(void) { check_drafter(DS_MODELS "/pico-qwen3-dspark", "d
 static void test_dspark_threshold(void) {
     check_drafter(DS_MODELS "/pico-qwen3-dspark", "dspark_c0.5", 0.5f, 2.337, 1.650);
 }
-static void test_dflash(void) { check_drafter(DS_MODELS "/pico-qwen3-dflash", "dflash", 0, 2.285, 1.786); }
+static void test_dflash(void) { check_drafter(DS_DFLASH, "dflash", 0, 2.285, 1.786); }
 
 static void teardown(void) {
     pinned_close();
