@@ -5,10 +5,10 @@
  * the server, and a client library's buffering would blur the event times.
  *
  *   serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]
- *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat]
+ *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]
  *              [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
  *              [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]
- *   serve_load [--prompts FILE] [--chat] --write-prompts OUT
+ *   serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT
  *
  * Per request: TTFT is request sent -> the first event carrying content;
  * the speculative engine emits several tokens per event (a verify round's
@@ -144,6 +144,7 @@ static struct {
     bool seed_set;
     const char *prompts_path;
     bool chat;
+    bool ids;
     const char *api_key;
     double timeout;
     int server_pid;
@@ -528,8 +529,9 @@ static char *request_body(const prompt *p, bool stream) {
     }
     buf_add(&b, opt.chat ? "\"messages\":" : "\"prompt\":", opt.chat ? 11 : 9);
     buf_add(&b, p->json, strlen(p->json));
-    snprintf(tmp, sizeof tmp, ",\"max_tokens\":%d,\"temperature\":%.17g,\"stream\":%s", opt.max_tokens,
-             opt.temperature, stream ? "true" : "false");
+    /* stream_options.include_usage: how OpenAI clients ask for the usage chunk. */
+    snprintf(tmp, sizeof tmp, ",\"max_tokens\":%d,\"temperature\":%.17g,\"stream\":%s%s", opt.max_tokens,
+             opt.temperature, stream ? "true" : "false", stream ? ",\"stream_options\":{\"include_usage\":true}" : "");
     buf_add(&b, tmp, strlen(tmp));
     if (opt.seed_set) {
         snprintf(tmp, sizeof tmp, ",\"seed\":%ld", opt.seed);
@@ -729,8 +731,9 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* Prompts: a line's "messages" (chat), else its "prompt" or "text" (as a
- * string prompt, or one user message with --chat). "input_ids" are not
- * sent: the server's text path is what clients use. */
+ * string prompt, or one user message with --chat). "input_ids" are sent
+ * only with --ids (as /v1/completions' token-id prompt): by default the
+ * server's text path, which is what clients use, is what runs. */
 static void load_prompts(const char *path) {
     size_t len;
     char *all = read_file(path, &len);
@@ -746,8 +749,12 @@ static void load_prompts(const char *path) {
             const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "prompt");
             if (!cJSON_IsString(text)) text = cJSON_GetObjectItemCaseSensitive(j, "text");
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
             prompt p = {0};
-            if (opt.chat && cJSON_IsArray(msgs)) {
+            if (opt.ids) {
+                if (!cJSON_IsArray(ids)) die("%s:%d: --ids: no \"input_ids\" array", path, line_no);
+                p.json = cJSON_PrintUnformatted(ids);
+            } else if (opt.chat && cJSON_IsArray(msgs)) {
                 p.json = cJSON_PrintUnformatted(msgs);
             } else if (cJSON_IsString(text)) {
                 if (opt.chat) {
@@ -837,10 +844,10 @@ static void parse_url(const char *url) {
 static void usage(void) {
     fprintf(stderr,
             "usage: serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]\n"
-            "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat]\n"
+            "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]\n"
             "                  [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
             "                  [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]\n"
-            "       serve_load [--prompts FILE] [--chat] --write-prompts OUT\n");
+            "       serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT\n");
     exit(2);
 }
 
@@ -895,6 +902,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { NEEDV(); opt.seed = (long)num_arg(a, v, 0, 9e15); opt.seed_set = true; }
         else if (!strcmp(a, "--prompts")) { NEEDV(); opt.prompts_path = v; }
         else if (!strcmp(a, "--chat")) opt.chat = true;
+        else if (!strcmp(a, "--ids")) opt.ids = true;
         else if (!strcmp(a, "--api-key")) { NEEDV(); opt.api_key = v; }
         else if (!strcmp(a, "--timeout")) { NEEDV(); opt.timeout = num_arg(a, v, 0.1, 1e6); }
         else if (!strcmp(a, "--server-pid")) { NEEDV(); opt.server_pid = (int)num_arg(a, v, 1, 1e9); }
@@ -909,6 +917,7 @@ int main(int argc, char **argv) {
         else die("unknown option %s (--help lists them)", a);
 #undef NEEDV
     }
+    if (opt.ids && opt.chat) die("--ids is for /v1/completions (token ids as the prompt), not --chat");
     if (opt.check_t0 && opt.temperature != 0) die("--check-t0 needs --temperature 0");
     if (opt.offline_path && opt.temperature != 0) die("--offline needs --temperature 0");
     if (opt.warmup < 0) opt.warmup = opt.duration / 10;
@@ -917,7 +926,7 @@ int main(int argc, char **argv) {
     if (opt.write_prompts) {
         FILE *f = fopen(opt.write_prompts, "w");
         if (!f) die("cannot write %s: %s", opt.write_prompts, strerror(errno));
-        for (size_t i = 0; i < n_prompts; i++) fprintf(f, "{\"%s\": %s}\n", opt.chat ? "messages" : "prompt", prompts[i].json);
+        for (size_t i = 0; i < n_prompts; i++) fprintf(f, "{\"%s\": %s}\n", opt.chat ? "messages" : opt.ids ? "input_ids" : "prompt", prompts[i].json);
         if (fclose(f) != 0) die("cannot write %s", opt.write_prompts);
         return 0;
     }
