@@ -7,7 +7,7 @@
  *   serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]
  *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]
  *              [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
- *              [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]
+ *              [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]
  *   serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT
  *
  * Per request: TTFT is request sent -> the first event carrying content;
@@ -31,6 +31,10 @@
  * --server-pid PID samples /proc/PID/status (VmRSS, VmHWM) once a second;
  * "flat after warm-up" is reported as the RSS change and the least-squares
  * slope over the samples after --warmup seconds (default: a tenth of the run).
+ * --cancel-frac F: that fraction of the requests (spread over the prompts)
+ * disconnects right after its first content event, as a user pressing stop;
+ * they count as cancelled, and the run ends by checking /metrics: nothing
+ * running or waiting, the KV pool empty, as many aborts as cancels.
  * --row FILE appends the run as one Markdown table row (bench/serve_load.sh).
  * --write-prompts OUT writes the prompts exactly as they are sent, as a
  * `dspark generate --prompt-file` file ({"prompt"} or {"messages"} lines),
@@ -145,6 +149,7 @@ static struct {
     const char *prompts_path;
     bool chat;
     bool ids;
+    double cancel_frac;
     const char *api_key;
     double timeout;
     int server_pid;
@@ -180,7 +185,7 @@ typedef struct {
     pthread_t thread;
     dvec ttft, itl, tok_per_event, decode_tps, latency;
     long ok, errors, lost, out_tokens, in_tokens, events;
-    long t0_checked, t0_mismatch, offline_checked, offline_mismatch;
+    long t0_checked, t0_mismatch, offline_checked, offline_mismatch, cancelled;
     double last_end;
 } client;
 
@@ -541,9 +546,10 @@ static char *request_body(const prompt *p, bool stream) {
     return b.p;
 }
 
-typedef enum { OUT_OK, OUT_ERROR, OUT_LOST } outcome;
+typedef enum { OUT_OK, OUT_ERROR, OUT_LOST, OUT_CANCELLED } outcome;
 
-static outcome stream_request(client *c, size_t pi) {
+/* cancel: disconnect right after the first content event (--cancel-frac). */
+static outcome stream_request(client *c, size_t pi, bool cancel) {
     prompt *p = &prompts[pi];
     char *body = request_body(p, true);
     buf req = {0}, raw = {0}, dec = {0}, errbody = {0};
@@ -601,6 +607,11 @@ static outcome stream_request(client *c, size_t pi) {
             s.malformed = true;
             note_error("SSE event over %d bytes", MAX_EVENT_BYTES);
             break;
+        }
+        if (cancel && s.events > 0 && !s.malformed && !s.error_event) {
+            result = OUT_CANCELLED;
+            c->cancelled++;
+            goto done; /* closing the socket is the cancel */
         }
         if (body_complete(&d) || (status != 200 && errbody.n > 65536)) break;
     }
@@ -694,11 +705,20 @@ done:
     return result;
 }
 
+/* splitmix64: which requests --cancel-frac cancels, spread over the prompts. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
 static void *client_main(void *arg) {
     client *c = arg;
     while (now_s() < t_deadline) {
-        size_t pi = atomic_fetch_add(&next_prompt, 1) % n_prompts;
-        stream_request(c, pi);
+        size_t k = atomic_fetch_add(&next_prompt, 1);
+        bool cancel = opt.cancel_frac > 0 && (double)(mix64(k) >> 11) * 0x1p-53 < opt.cancel_frac;
+        stream_request(c, k % n_prompts, cancel);
         c->last_end = now_s();
     }
     return NULL;
@@ -841,12 +861,55 @@ static void parse_url(const char *url) {
     opt.port = colon ? atoi(colon + 1) : 80;
 }
 
+/* What /metrics says once the clients are done: every request gone and
+ * every KV page back. Cancels reach the engine asynchronously, so this polls
+ * for up to 10 s until nothing runs or waits. */
+typedef struct {
+    bool seen;
+    double running, waiting, kv_use, aborted;
+} server_state;
+
+static bool metric(const char *text, const char *name, const char *label, double *out) {
+    size_t nl = strlen(name);
+    for (const char *line = text; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (strncmp(line, name, nl) || (line[nl] != ' ' && line[nl] != '{')) continue;
+        const char *end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        if (label) {
+            const char *l = strstr(line, label);
+            if (!l || l > end) continue;
+        }
+        const char *v = end;
+        while (v > line && v[-1] != ' ') v--;
+        *out = strtod(v, NULL);
+        return true;
+    }
+    return false;
+}
+
+static server_state server_after_run(void) {
+    server_state st = {0};
+    for (int tries = 0; tries < 20; tries++) {
+        http_result r = http_simple("GET", "/metrics", NULL);
+        if (r.status == 200 && r.body.p) {
+            st.seen = metric(r.body.p, "vllm:num_requests_running", NULL, &st.running) &&
+                      metric(r.body.p, "vllm:num_requests_waiting", NULL, &st.waiting);
+            metric(r.body.p, "vllm:kv_cache_usage_perc", NULL, &st.kv_use);
+            metric(r.body.p, "vllm:request_success_total", "finished_reason=\"abort\"", &st.aborted);
+        }
+        free(r.body.p);
+        if (!st.seen || (st.running == 0 && st.waiting == 0)) break;
+        nanosleep(&(struct timespec){0, 500000000}, NULL);
+    }
+    return st;
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]\n"
             "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]\n"
             "                  [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
-            "                  [--check-t0] [--offline FILE] [--json OUT] [--row FILE] [--quiet]\n"
+            "                  [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]\n"
             "       serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT\n");
     exit(2);
 }
@@ -903,6 +966,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompts")) { NEEDV(); opt.prompts_path = v; }
         else if (!strcmp(a, "--chat")) opt.chat = true;
         else if (!strcmp(a, "--ids")) opt.ids = true;
+        else if (!strcmp(a, "--cancel-frac")) { NEEDV(); opt.cancel_frac = num_arg(a, v, 0, 1); }
         else if (!strcmp(a, "--api-key")) { NEEDV(); opt.api_key = v; }
         else if (!strcmp(a, "--timeout")) { NEEDV(); opt.timeout = num_arg(a, v, 0.1, 1e6); }
         else if (!strcmp(a, "--server-pid")) { NEEDV(); opt.server_pid = (int)num_arg(a, v, 1, 1e9); }
@@ -984,6 +1048,7 @@ int main(int argc, char **argv) {
         all.t0_mismatch += c->t0_mismatch;
         all.offline_checked += c->offline_checked;
         all.offline_mismatch += c->offline_mismatch;
+        all.cancelled += c->cancelled;
         dvec_append(&all.ttft, &c->ttft);
         dvec_append(&all.itl, &c->itl);
         dvec_append(&all.tok_per_event, &c->tok_per_event);
@@ -993,7 +1058,8 @@ int main(int argc, char **argv) {
     dvec *dists[] = {&all.ttft, &all.itl, &all.tok_per_event, &all.decode_tps, &all.latency};
     for (size_t i = 0; i < sizeof dists / sizeof *dists; i++) qsort(dists[i]->v, dists[i]->n, sizeof(double), cmp_double);
     double elapsed = t_end - t_start;
-    long requests = all.ok + all.errors + all.lost;
+    long requests = all.ok + all.errors + all.lost + all.cancelled;
+    server_state after = server_after_run();
 
     /* RSS after warm-up: change and least-squares slope. */
     long rss_peak = 0, rss_warm = -1, rss_last = -1, rss_min_after = -1, rss_max_after = -1;
@@ -1019,7 +1085,8 @@ int main(int argc, char **argv) {
 
     printf("serve_load: %d clients, %.1f s (%.1f s with the drain), %s\n", opt.clients, opt.duration, elapsed,
            opt.chat ? "chat" : "completions");
-    printf("  requests %ld: ok %ld, errors %ld, lost %ld\n", requests, all.ok, all.errors, all.lost);
+    printf("  requests %ld: ok %ld, errors %ld, lost %ld, cancelled by the client %ld\n", requests, all.ok,
+           all.errors, all.lost, all.cancelled);
     printf("  requests/s %.3f   output tokens/s %.1f   (%ld output tokens, %ld prompt tokens, %.2f tokens/event)\n",
            (double)all.ok / elapsed, (double)all.out_tokens / elapsed, all.out_tokens, all.in_tokens,
            all.events ? (double)all.out_tokens / (double)all.events : 0.0);
@@ -1032,6 +1099,9 @@ int main(int argc, char **argv) {
         printf("  T=0 repeats checked %ld: mismatches %ld\n", all.t0_checked, all.t0_mismatch);
     if (opt.offline_path)
         printf("  offline answers checked %ld: mismatches %ld\n", all.offline_checked, all.offline_mismatch);
+    if (after.seen)
+        printf("  server after the run (/metrics): running %.0f, waiting %.0f, KV use %.4f, aborted requests %.0f\n",
+               after.running, after.waiting, after.kv_use, after.aborted);
     if (opt.server_pid) {
         printf("  server RSS: peak (VmHWM) %.1f MiB; after %.0f s warm-up %.1f -> %.1f MiB (min %.1f, max %.1f), "
                "slope %+.3f MiB/min; %zu samples%s\n",
@@ -1070,6 +1140,15 @@ int main(int argc, char **argv) {
         cJSON_AddNumberToObject(o, "ok", (double)all.ok);
         cJSON_AddNumberToObject(o, "errors", (double)all.errors);
         cJSON_AddNumberToObject(o, "lost", (double)all.lost);
+        cJSON_AddNumberToObject(o, "cancelled", (double)all.cancelled);
+        cJSON_AddNumberToObject(o, "cancel_frac", opt.cancel_frac);
+        if (after.seen) {
+            cJSON *a = cJSON_AddObjectToObject(o, "server_after_run");
+            cJSON_AddNumberToObject(a, "num_requests_running", after.running);
+            cJSON_AddNumberToObject(a, "num_requests_waiting", after.waiting);
+            cJSON_AddNumberToObject(a, "kv_cache_usage_perc", after.kv_use);
+            cJSON_AddNumberToObject(a, "request_success_abort", after.aborted);
+        }
         cJSON_AddNumberToObject(o, "requests_per_s", (double)all.ok / elapsed);
         cJSON_AddNumberToObject(o, "output_tokens", (double)all.out_tokens);
         cJSON_AddNumberToObject(o, "prompt_tokens", (double)all.in_tokens);
