@@ -11,7 +11,7 @@
 # ~700 MB of text: with TESTS=1 and a round of bench, a traced call takes 400-500 s).
 #
 #   bash bench/make_devdata.sh            # here, once per checkout
-#   # on the device (carry: [".devdata/root.tar.xz", ".devdata/devenv.sh"]: the tracked tree
+#   # on the device (carry: [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]: the tracked tree
 #   # is ~61 MiB and .devdata/root, which a local build unpacks, would pass the 64 MiB a call carries), e.g.
 #   TESTS=1 BASE_FILES="src/backend/cuda/attention.cu" bash bench/ab_cuda.sh
 #   VARIANTS="graphs=DS_X=1 opbyop=DS_CUDA_GRAPHS=0" TRACE_ENV=DS_X=1 bash bench/ab_cuda.sh

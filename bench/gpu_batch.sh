@@ -3,7 +3,7 @@
 # with and without DS_CUDA_INVARIANT, and `dspark bench --concurrency` on the
 # bundled pair (measured acceptance) and at the Qwen3-8B shape (simulated
 # acceptance, bench/profiles/), invariance off and on. Logs in $OUT.
-#   run (carry [".devdata/root.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch.sh [LEVELS]
+#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch.sh [LEVELS]
 # Reuses build-cuda/ and /tmp/synth-qwen3-8b from bench/gpu_check.sh on a warm machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@
 # on the GPU (DS_BACKEND=cuda), and `dspark bench` at the Qwen3-8B shape with
 # the copy bandwidth measured in the same run. Logs in $OUT (or /tmp/gpu_check).
 #   bash bench/make_devdata.sh     # here, once
-#   run (carry [".devdata/root.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_check.sh
+#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_check.sh
 # With .devdata/base.tar.xz (what to compare against, made here by
 #   git archive REV CMakeLists.txt include src tools | xz -9 > .devdata/base.tar.xz
 # (its tests/ and bench/ are left out: only its CLI is built)
