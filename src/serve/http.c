@@ -17,6 +17,7 @@
 
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -397,6 +398,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- life ------------------------------------------------------------------ */
 
+/* MHD's own messages, prefixed; the ones about a connection we closed on
+ * purpose (the client left mid-stream, ds_sse_read said so) are dropped:
+ * under load with clients that stop early they would flood the log. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (strstr(msg, "application error generating response")) return;
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    fprintf(stderr, "dspark serve: http: %s\n", msg);
+}
+
 ds_error *ds_server_start(ds_engine *e, const ds_server_opts *o, ds_server **out) {
     *out = NULL;
     if (!(o->port >= 0 && o->port <= 65535)) return ds_errorf("--port must be in [0, 65535], got %d", o->port);
@@ -433,6 +447,7 @@ ds_error *ds_server_start(ds_engine *e, const ds_server_opts *o, ds_server **out
                                   MHD_OPTION_CONNECTION_TIMEOUT, 60u,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                   MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
+                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                   MHD_OPTION_END);
         if (!s->mhd) err = ds_errorf("cannot listen on %s:%d (in use, or not an address of this machine?)",
                                      o->host ? o->host : "127.0.0.1", o->port);
