@@ -439,6 +439,7 @@ ds_error *ds_server_start(ds_engine *e, const ds_server_opts *o, ds_server **out
         unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                          MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
         s->mhd = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, /* first, or MHD says so */
                                   MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
                                   /* request line + headers must fit (MHD answers 431 past it) */
@@ -447,7 +448,6 @@ ds_error *ds_server_start(ds_engine *e, const ds_server_opts *o, ds_server **out
                                   MHD_OPTION_CONNECTION_TIMEOUT, 60u,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                   MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u,
-                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                                   MHD_OPTION_END);
         if (!s->mhd) err = ds_errorf("cannot listen on %s:%d (in use, or not an address of this machine?)",
                                      o->host ? o->host : "127.0.0.1", o->port);
