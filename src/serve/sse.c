@@ -24,6 +24,10 @@ struct ds_sse {
     bool done;         /* [DONE] is in pending */
 };
 
+/* POLLRDHUP: the peer closed (or shut down its sending side). A client
+ * that half-closes after its request would read as gone; HTTP/1.1 clients
+ * do not (the request's end is its length, not EOF), and reading the end of
+ * a stream is what tells a hang-up apart from a slow reader. */
 bool ds_peer_gone(int fd) {
     if (fd < 0) return false;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
