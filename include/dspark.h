@@ -77,6 +77,12 @@ typedef struct {
                                 them, KV caches a pool of pages; 0: one generation at a time */
     int ctx;                 /* tokens a request may hold, prompt and output (0: the model's context);
                                 required with batch: the pool holds batch x ctx rows */
+    int64_t kv_mem;          /* with batch: bytes for the KV pool, the target's and the drafter's caches
+                                together (0: batch x ctx rows). Pages = what the budget holds at the bytes a
+                                position takes in both (from the checkpoints' configs, before anything is
+                                allocated), after the drafter's rows for every request's block; at most what
+                                batch requests of ctx tokens can use. A budget short of one request of ctx
+                                tokens (and a block) is an error naming both. ds_engine_info reports the pool */
     bool confidence_schedule; /* with batch: SPEC §6 Algorithm 1 chooses how much of each proposal is
                                  verified (needs a confidence head); the target's step cost is profiled
                                  at open */
@@ -103,6 +109,12 @@ typedef struct {
     bool has_tokenizer;
     bool has_confidence; /* the drafter has a confidence head (a threshold can cut its proposals) */
     bool calibrated;     /* STS temperatures are applied to it */
+    /* The batched engine's KV pool (zeros on an engine that is not batched): */
+    int kv_pages, kv_page_rows;   /* pages of the target's pool, rows (positions) a page holds */
+    int64_t kv_tokens;            /* kv_pages x kv_page_rows: positions the pool holds, all requests together */
+    int64_t kv_bytes;             /* the pool's K/V caches, target and drafter (its block rows included) */
+    int64_t kv_target_row_bytes;  /* bytes one position takes in the target's caches, every layer */
+    int64_t kv_drafter_row_bytes; /* the same in the drafter's (0: no drafter) */
 } ds_engine_info;
 void ds_engine_get_info(const ds_engine *e, ds_engine_info *info);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "draft/drafter.h" /* test_kv_mem: the caches a model really allocates, counted */
 #include "testlib.h"
 
 static ds_engine *eng;
@@ -503,8 +504,197 @@ static void test_submit_step(void) {
     ds_engine_free(be_);
 }
 
+/* The backend's alloc, counted: the bytes a model really allocates. */
+static const ds_backend_ops *real_ops;
+static int64_t counted_bytes;
+
+static ds_error *counted_alloc(ds_backend *be, ds_dtype dt, int64_t rows, int64_t cols, ds_tensor *out) {
+    counted_bytes += rows * cols * (int64_t)ds_dtype_size(dt);
+    return real_ops->alloc(be, dt, rows, cols, out);
+}
+
+/* Bytes the target in dir (and, given one, its drafter) allocate for each
+ * cache row, from opening them with a pool of 32 and of 64 rows: whatever
+ * else they allocate is the same both times. */
+static void measured_row_bytes(const char *dir, const char *drafter, int64_t *trow, int64_t *drow) {
+    *trow = *drow = -1;
+    ds_backend *be;
+    CHECK_OK(ds_backend_cpu_new(1, &be));
+    real_ops = be->ops;
+    ds_backend_ops ops = *be->ops;
+    ops.alloc = counted_alloc;
+    be->ops = &ops;
+    int64_t t_bytes[2] = {0}, d_bytes[2] = {0};
+    ds_error *e = NULL;
+    for (int i = 0; i < 2 && !e; i++) {
+        ds_target *t;
+        counted_bytes = 0;
+        const ds_target_opts to = {.cache_rows = 32 * (i + 1)};
+        if ((e = ds_target_open(be, dir, &to, &t))) break;
+        t_bytes[i] = counted_bytes;
+        if (drafter) {
+            ds_drafter *d;
+            counted_bytes = 0;
+            const ds_drafter_opts dopts = {.cache_rows = 32 * (i + 1)};
+            if (!(e = ds_drafter_open(be, drafter, t, &dopts, &d))) ds_drafter_free(d);
+            d_bytes[i] = counted_bytes;
+        }
+        ds_target_free(t);
+    }
+    be->ops = real_ops;
+    be->ops->destroy(be);
+    CHECK_OK(e);
+    *trow = (t_bytes[1] - t_bytes[0]) / 32;
+    *drow = drafter ? (d_bytes[1] - d_bytes[0]) / 32 : 0;
+}
+
+/* ds_engine_opts.kv_mem: the pool's pages from a byte budget, at the bytes
+ * a position takes (hand-computed here from each config, and measured as
+ * allocated), for the pico pair, Gemma 4 (sliding and full layers of their
+ * own geometry) and Gemma 4 E (KV-shared layers hold no cache); a budget
+ * short of one request is an error naming both numbers; a large one stops
+ * at what `batch` requests can use. */
+static void test_kv_mem(void) {
+    static const struct {
+        const char *target, *drafter;
+        int64_t trow, drow;
+    } models[] = {
+        /* 8 layers x K and V x 2 KV heads x head_dim 64 x 4 bytes (fp32); the drafter's 3 layers alike */
+        {DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 8 * 2 * 2 * 64 * 4, 3 * 2 * 2 * 64 * 4},
+        /* 2 sliding layers of 2 KV heads x 16 and 2 full ones of 1 global KV head x 32 (attention_k_eq_v),
+         * K and V each; the drafter's 2 full layers */
+        {DS_TESTDATA "/fixtures/gemma4-tiny/target", DS_TESTDATA "/fixtures/gemma4-tiny/drafter-trained",
+         (2 * 2 * 16 + 2 * 1 * 32) * 2 * 4, 2 * 1 * 32 * 2 * 4},
+        /* 6 layers, the last 2 KV-shared: sliding 0, 1, 3 (2 x 16) and full 2 (2 x 32, per_layer_config) */
+        {DS_TESTDATA "/fixtures/gemma4-e-tiny/target", NULL, (3 * 2 * 16 + 2 * 32) * 2 * 4, 0},
+    };
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        const char *name = models[m].target;
+        const int64_t trow = models[m].trow, drow = models[m].drow;
+        int64_t got_t, got_d;
+        CHECK_OK(ds_target_kv_row_bytes(name, &got_t));
+        got_d = 0;
+        if (models[m].drafter) CHECK_OK(ds_drafter_kv_row_bytes(models[m].drafter, &got_d));
+        int64_t alloc_t, alloc_d;
+        measured_row_bytes(name, models[m].drafter, &alloc_t, &alloc_d);
+        CHECK(got_t == trow && got_d == drow && alloc_t == trow && alloc_d == drow,
+              "%s: bytes a row: config %lld + %lld, allocated %lld + %lld, by hand %lld + %lld", name,
+              (long long)got_t, (long long)got_d, (long long)alloc_t, (long long)alloc_d, (long long)trow,
+              (long long)drow);
+        /* batch 2, ctx 40: one request is (40 + a block of 33) rows = 5 pages of 16; the drafter's pool
+         * adds (32 / 16 + 1) pages for each sequence's block (ds_batch_drafter_rows). */
+        const int64_t page = 16 * (trow + drow), blocks = 2 * 3 * 16 * drow;
+        ds_engine_opts o = {.model_dir = name, .drafter_dir = models[m].drafter, .batch = 2, .ctx = 40,
+                            .kv_mem = blocks + 7 * page + page - 1};
+        ds_engine *e;
+        CHECK_OK(ds_engine_open(&o, &e));
+        ds_engine_info in;
+        ds_engine_get_info(e, &in);
+        ds_engine_free(e);
+        CHECK(in.kv_pages == 7 && in.kv_page_rows == 16 && in.kv_tokens == 7 * 16 && in.kv_target_row_bytes == trow &&
+                  in.kv_drafter_row_bytes == drow && in.kv_bytes == blocks + 7 * page && in.kv_bytes <= o.kv_mem,
+              "%s: %d pages x %d rows = %lld tokens, %lld bytes (%lld + %lld a row) from %lld", name, in.kv_pages,
+              in.kv_page_rows, (long long)in.kv_tokens, (long long)in.kv_bytes, (long long)in.kv_target_row_bytes,
+              (long long)in.kv_drafter_row_bytes, (long long)o.kv_mem);
+        /* More than 2 requests of 40 tokens can use: their 10 pages; no budget: the same. */
+        for (int k = 0; k < 2; k++) {
+            o.kv_mem = k ? 0 : (int64_t)1 << 40;
+            CHECK_OK(ds_engine_open(&o, &e));
+            ds_engine_get_info(e, &in);
+            ds_engine_free(e);
+            CHECK(in.kv_pages == 10 && in.kv_bytes == blocks + 10 * page, "%s, kv_mem %lld: %d pages, %lld bytes",
+                  name, (long long)o.kv_mem, in.kv_pages, (long long)in.kv_bytes);
+        }
+        /* One byte short of one request: an error naming the budget and what one request needs. */
+        o.kv_mem = blocks + 5 * page - 1;
+        ds_error *err = ds_engine_open(&o, &e);
+        char budget[96], need[64];
+        snprintf(budget, sizeof budget, "kv_mem (a request: ctx 40 tokens and a block): %lld bytes cannot hold",
+                 (long long)o.kv_mem);
+        snprintf(need, sizeof need, "needs %lld bytes", (long long)(blocks + 5 * page));
+        CHECK(err && strstr(ds_error_message(err), budget) && strstr(ds_error_message(err), need), "%s: %s", name,
+              err ? ds_error_message(err) : "opened");
+        ds_error_free(err);
+        o.kv_mem = blocks + 5 * page;
+        CHECK_OK(ds_engine_open(&o, &e));
+        ds_engine_get_info(e, &in);
+        ds_engine_free(e);
+        CHECK(in.kv_pages == 5, "%s: a budget of exactly one request gives %d pages", name, in.kv_pages);
+    }
+    /* A config whose K/V no pool's arithmetic could hold (2^30 layers) is refused, read before anything loads. */
+    char bogus[] = "/tmp/ds_kv_mem_XXXXXX", path[64];
+    CHECK(mkdtemp(bogus), "mkdtemp");
+    snprintf(path, sizeof path, "%s/config.json", bogus);
+    FILE *f = fopen(path, "w");
+    CHECK(f, "%s", path);
+    if (f) {
+        fputs("{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 512, "
+              "\"hidden_size\": 64, \"num_hidden_layers\": 1073741824, \"num_attention_heads\": 4, "
+              "\"intermediate_size\": 128}",
+              f);
+        fclose(f);
+    }
+    int64_t rb;
+    CHECK_ERR(ds_target_kv_row_bytes(bogus, &rb), "would take over 1073741824 bytes a position");
+    ds_engine *e;
+    ds_engine_opts o = {.model_dir = bogus, .batch = 2, .ctx = 40, .kv_mem = 1 << 30};
+    CHECK_ERR(ds_engine_open(&o, &e), "config.json: its layers' K/V would take over");
+    remove(path);
+    rmdir(bogus);
+    o = (ds_engine_opts){.model_dir = DS_MODELS "/pico-qwen3", .kv_mem = 1 << 20};
+    CHECK_ERR(ds_engine_open(&o, &e), "kv_mem sizes the batched engine's KV pool: give batch > 0");
+    o = (ds_engine_opts){.model_dir = DS_MODELS "/pico-qwen3", .batch = 2, .ctx = 40, .kv_mem = -1};
+    CHECK_ERR(ds_engine_open(&o, &e), "ds_engine_opts.kv_mem must be >= 0");
+    ds_engine_info in;
+    ds_engine_get_info(eng, &in);
+    CHECK(in.kv_pages == 0 && in.kv_bytes == 0, "an engine that is not batched reports a pool of %d pages",
+          in.kv_pages);
+}
+
+/* A pool from kv_mem of one request's pages, 3 requests in flight that
+ * outgrow it: sequences are preempted and recomputed, and each request
+ * still gets exactly its solo tokens (T = 0 and T = 1). */
+static void test_kv_mem_preemption(void) {
+    /* ctx 64: one request is (64 + 33) rows = 7 pages; the drafter's 3 blocks of 3 pages beside them. */
+    const int64_t page = 16 * (8192 + 3072), blocks = 3 * 3 * 16 * 3072;
+    const ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
+                              .batch = 3, .ctx = 64, .kv_mem = blocks + 7 * page};
+    ds_engine *be_;
+    CHECK_OK(ds_engine_open(&o, &be_));
+    ds_engine_info in;
+    ds_engine_get_info(be_, &in);
+    CHECK(in.kv_pages == 7, "%d pages", in.kv_pages);
+    static const char *texts[] = {"It is a truth universally acknowledged", "Call me", "The war in Europe",
+                                  "Once upon a time there was"};
+    enum { N = sizeof texts / sizeof texts[0] };
+    int32_t *ids[N];
+    size_t lens[N];
+    ds_generate_opts g[N];
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(ds_tokenizer_encode(ds_engine_tokenizer(eng), texts[i], strlen(texts[i]), false, &ids[i], &lens[i]));
+        g[i] = (ds_generate_opts){.max_new = 40, .temperature = i % 2 ? 1.0f : 0.0f, .seed = 3 + (uint64_t)i,
+                                  .ignore_eos = true};
+    }
+    ds_output outs[N];
+    ds_batch_summary sum;
+    CHECK_OK(ds_engine_generate_batch(be_, N, (const int32_t *const *)ids, lens, g, outs, &sum));
+    CHECK(sum.preemptions > 0, "3 requests of up to %d tokens in %d pages: no preemption", 8 + 40 + 8, in.kv_pages);
+    for (int i = 0; i < N; i++) {
+        ds_output solo;
+        CHECK_OK(ds_engine_generate(eng, ids[i], lens[i], &g[i], NULL, NULL, &solo));
+        CHECK(solo.n_tokens == outs[i].n_tokens && outs[i].n_tokens == 40 &&
+                  !memcmp(solo.tokens, outs[i].tokens, (size_t)solo.n_tokens * sizeof *solo.tokens),
+              "request %d (T=%g): %d tokens in the small pool, %d solo, or they differ", i, g[i].temperature,
+              outs[i].n_tokens, solo.n_tokens);
+        ds_output_free(&solo);
+        ds_output_free(&outs[i]);
+        free(ids[i]);
+    }
+    ds_engine_free(be_);
+}
+
 static void teardown(void) { ds_engine_free(eng); }
 
 RUN_TESTS("engine_api", setup, test_drafted_equals_plain, test_callback_stops, test_round_metrics,
           test_finish_reasons, test_chat, test_ids_without_tokenizer, test_backend_choice, test_bad_options, test_batch,
-          test_submit_step, teardown)
+          test_submit_step, test_kv_mem, test_kv_mem_preemption, teardown)

@@ -1,5 +1,6 @@
 /* The public engine API: the internal target, drafter, tokenizer and loop
  * behind the few calls of include/dspark.h. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "dspark.h"
 #include "base/clock.h"
 #include "batch/batch.h"
+#include "batch/kv_budget.h"
 #include "draft/drafter.h"
 #include "draft/sts_file.h"
 #include "io/checkpoint.h"
@@ -26,6 +28,7 @@ struct ds_engine {
     bool calibrated;     /* STS temperatures applied to the drafter */
     bool batched;        /* the target's and drafter's caches are a pool of pages (ds_engine_opts.batch) */
     ds_batch_opts bo;    /* the batched engine's shape */
+    int64_t kv_row[2];   /* bytes a position takes in the target's, the drafter's caches (batched) */
     ds_step_cost *sps;   /* Algorithm 1's step cost (confidence_schedule) */
     ds_batch *live;      /* the batched engine: every request, submitted or generated in a batch */
 };
@@ -79,8 +82,10 @@ static ds_error *open_sts(const ds_engine_opts *o, ds_engine *e) {
     return NULL;
 }
 
-/* The batched engine's pools: batch x (ctx + a block) rows of pages, one
- * step up to every request's verify block (or a prefill chunk). */
+/* The batched engine's pools: pages for batch x (ctx + a block) rows, or
+ * what kv_mem buys; one step up to every request's verify block (or a
+ * prefill chunk). The bytes a position takes come from the checkpoints'
+ * configs before anything is allocated. */
 static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_opts *to, ds_drafter_opts *dopts) {
     if (o->ctx <= 0) return ds_errorf("ds_engine_opts.ctx: the batched engine sizes its KV pool by it (give > 0)");
     if (o->confidence_schedule && !o->drafter_dir)
@@ -89,7 +94,26 @@ static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_op
     ds_batch_opts *b = &e->bo;
     b->max_seqs = o->batch;
     b->page_rows = page;
-    b->n_pages = o->batch * ((o->ctx + block + page - 1) / page);
+    DS_TRY(ds_target_kv_row_bytes(o->model_dir, &e->kv_row[0]));
+    if (o->drafter_dir) DS_TRY(ds_drafter_kv_row_bytes(o->drafter_dir, &e->kv_row[1]));
+    const int64_t per_req = ((int64_t)o->ctx + block + page - 1) / page; /* one request of ctx tokens and a block */
+    /* From kv_mem: what the budget buys at the bytes a position takes in both models, after the drafter's
+     * block rows; at least one request (else nothing could run), at most what `batch` of them can use. */
+    int64_t pages = per_req * o->batch;
+    b->n_pages = 0;
+    if (o->kv_mem > 0) {
+        DS_TRY(ds_error_wrap(ds_kv_pool_fit(b, DS_MAX_GAMMA, o->kv_mem, e->kv_row[0], e->kv_row[1], per_req, pages),
+                             "ds_engine_opts.kv_mem (a request: ctx %d tokens and a block)", o->ctx));
+        pages = b->n_pages;
+        b->n_pages = 0;
+    }
+    /* Cache rows are ints: the drafter's pool, the larger, must fit one. */
+    const int64_t drafter_rows = pages * page + ds_batch_drafter_rows(b, DS_MAX_GAMMA);
+    if (drafter_rows > INT_MAX)
+        return ds_errorf("ds_engine_opts: a pool of %lld pages of %d rows (batch %d, ctx %d) is more rows than a "
+                         "cache holds (%d)",
+                         (long long)pages, page, o->batch, o->ctx, INT_MAX);
+    b->n_pages = (int)pages;
     b->step_rows = o->batch * 8 > pre ? o->batch * 8 : pre; /* 8: a block of 7 drafts and its anchor */
     if (b->step_rows < block) b->step_rows = block;
     b->schedule = o->confidence_schedule ? DS_SCHEDULE_CONFIDENCE : DS_SCHEDULE_FIXED;
@@ -138,6 +162,10 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx}; /* prefill: the backend's rows */
     ds_drafter_opts dopts = {0};
     if (!err && (o->batch < 0 || o->ctx < 0)) err = ds_errorf("ds_engine_open: batch and ctx must be >= 0");
+    if (!err && o->kv_mem < 0)
+        err = ds_errorf("ds_engine_opts.kv_mem must be >= 0 (0: batch x ctx), got %lld", (long long)o->kv_mem);
+    if (!err && o->kv_mem > 0 && o->batch <= 0)
+        err = ds_errorf("ds_engine_opts.kv_mem sizes the batched engine's KV pool: give batch > 0");
     if (!err && o->batch > 0) err = batch_shape(e, o, &to, &dopts);
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, &dopts, &e->drafter);
@@ -163,6 +191,14 @@ void ds_engine_get_info(const ds_engine *e, ds_engine_info *info) {
                              .has_tokenizer = e->tok != NULL,
                              .has_confidence = e->drafter && e->drafter->confidence,
                              .calibrated = e->calibrated};
+    if (!e->batched) return;
+    info->kv_pages = e->bo.n_pages;
+    info->kv_page_rows = e->bo.page_rows;
+    info->kv_tokens = (int64_t)e->bo.n_pages * e->bo.page_rows;
+    info->kv_target_row_bytes = e->kv_row[0];
+    info->kv_drafter_row_bytes = e->drafter ? e->kv_row[1] : 0;
+    /* As allocated: the drafter's pool was sized for the largest block (DS_MAX_GAMMA) before it opened. */
+    info->kv_bytes = ds_kv_pool_bytes(&e->bo, DS_MAX_GAMMA, e->kv_row[0], info->kv_drafter_row_bytes);
 }
 
 ds_error *ds_engine_chat_render(ds_engine *e, const ds_chat_message *msgs, size_t n, char **text) {

@@ -121,6 +121,11 @@ typedef struct {
  * sits above the architectures that depend on this file's code. */
 ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
                           ds_drafter **out);
+/* Bytes one cached context position takes in the K/V caches the drafter in
+ * dir would allocate (every layer together, the caches' dtype: kv_cache.h):
+ * read from dir's config.json alone, before anything is loaded, so a memory
+ * budget can size the pool. */
+ds_error *ds_drafter_kv_row_bytes(const char *dir, int64_t *out);
 void ds_drafter_free(ds_drafter *d);
 /* Appends context rows from target taps [n, n_taps*hidden] at positions pos0..
  * (pos0 <= n_ctx: later rows are forgotten first). n <= max_rows. */

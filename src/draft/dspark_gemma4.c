@@ -174,3 +174,12 @@ ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_targ
     *out = d;
     return NULL;
 }
+
+ds_error *ds_dspark_gemma4_kv_row_bytes(const cJSON *cfg, const char *where, int64_t *out) {
+    ds_gemma4_config c;
+    /* share_kv = false, as gd_init reads it: every drafter layer owns its K/V. */
+    ds_error *e = ds_gemma4_config_read(cfg, where, false, &c);
+    if (!e) *out = ds_gemma4_kv_row_bytes(&c);
+    ds_gemma4_config_free(&c);
+    return e;
+}

@@ -7,5 +7,7 @@
 /* A drafter constructor (drafter_archs.c): takes ownership of ck only on success. */
 ds_error *ds_dspark_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target *target,
                                 const ds_drafter_opts *opts, ds_drafter **out);
+/* Bytes a cached context position takes in its layers' K/V (config.json cfg; where: its directory). */
+ds_error *ds_dspark_gemma4_kv_row_bytes(const cJSON *cfg, const char *where, int64_t *out);
 
 #endif

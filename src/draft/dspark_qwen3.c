@@ -114,3 +114,11 @@ ds_error *ds_dspark_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_targe
     *out = d;
     return NULL;
 }
+
+ds_error *ds_dspark_qwen3_kv_row_bytes(const cJSON *cfg, const char *where, int64_t *out) {
+    ds_qwen3_config c;
+    DS_TRY(ds_qwen3_config_read(cfg, where, &c)); /* as ds_dspark_qwen3_open reads it */
+    *out = ds_qwen3_kv_row_bytes(&c);
+    ds_qwen3_config_free(&c);
+    return NULL;
+}

@@ -293,3 +293,13 @@ ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts
     *out = t;
     return NULL;
 }
+
+ds_error *ds_gemma4_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out) {
+    ds_gemma4_layout lay;
+    DS_TRY(ds_gemma4_layout_read(cfg, where, &lay));
+    ds_gemma4_config c = {0};
+    ds_error *e = ds_gemma4_config_read_as(lay.text, where, true, lay.unified, &c); /* as gemma4_init reads it */
+    if (!e) *out = ds_gemma4_kv_row_bytes(&c);
+    ds_gemma4_config_free(&c);
+    return e;
+}

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 
+#include "model/kv_cache.h"
 #include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
 
 /* layer_scalar is a [1] buffer; the reference starts it at 1 when a
@@ -98,8 +99,20 @@ ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n) {
 
 ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows) {
     const int64_t kvd = (int64_t)st->layers[l].n_kv_heads * st->layers[l].head_dim;
-    DS_TRY(be->ops->alloc(be, DS_F32, rows, kvd, &st->k[l]));
-    return be->ops->alloc(be, DS_F32, rows, kvd, &st->v[l]);
+    DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, rows, kvd, &st->k[l]));
+    return be->ops->alloc(be, DS_KV_DTYPE, rows, kvd, &st->v[l]);
+}
+
+int64_t ds_gemma4_kv_row_bytes(const ds_gemma4_config *c) {
+    /* The layers with K/V of their own (kv_source: KV-shared layers read an
+     * earlier layer's), each at its type's geometry, K and V. */
+    int64_t bytes = 0;
+    for (int l = 0; l < c->n_layers && bytes <= DS_KV_ROW_BYTES_MAX; l++) {
+        if (c->kv_source[l] != l) continue;
+        const ds_gemma4_attn_geom *g = &c->geom[c->layer_type[l]];
+        bytes += 2 * (int64_t)g->n_kv_heads * g->head_dim * (int64_t)ds_dtype_size(DS_KV_DTYPE);
+    }
+    return bytes > DS_KV_ROW_BYTES_MAX ? DS_KV_ROW_BYTES_MAX + 1 : bytes;
 }
 
 void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st) {

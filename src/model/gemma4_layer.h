@@ -60,6 +60,11 @@ typedef struct {
 ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n);
 /* Allocates layer l's K and V caches: rows x its n_kv_heads * head_dim. */
 ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows);
+/* Bytes one position takes in the caches of every layer that has its own
+ * K/V, each at full rows: a pool of pages (a single sequence's sliding
+ * layers may keep a smaller ring instead). What a KV pool's budget is
+ * divided by (above DS_KV_ROW_BYTES_MAX: that + 1). */
+int64_t ds_gemma4_kv_row_bytes(const ds_gemma4_config *c);
 void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st);
 
 /* Per-call scratch for up to `rows` rows, sized for the widest layer; k, v:

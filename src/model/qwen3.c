@@ -116,3 +116,11 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
     *out = t;
     return NULL;
 }
+
+ds_error *ds_qwen3_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out) {
+    ds_qwen3_config c;
+    DS_TRY(ds_qwen3_config_read(cfg, where, &c));
+    *out = ds_qwen3_kv_row_bytes(&c);
+    ds_qwen3_config_free(&c);
+    return NULL;
+}

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "io/config.h"
+#include "model/kv_cache.h"
 
 ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head_dim, float **out) {
     double theta;
@@ -144,10 +145,17 @@ ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const cha
     for (int l = 0; l < st->n; l++) {
         snprintf(name, sizeof name, "%s%d.", prefix, l);
         DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->layers[l]));
-        DS_TRY(be->ops->alloc(be, DS_F32, cache_rows, kvd, &st->k[l]));
-        DS_TRY(be->ops->alloc(be, DS_F32, cache_rows, kvd, &st->v[l]));
+        DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, cache_rows, kvd, &st->k[l]));
+        DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, cache_rows, kvd, &st->v[l]));
     }
     return NULL;
+}
+
+int64_t ds_qwen3_kv_row_bytes(const ds_qwen3_config *c) {
+    /* What ds_qwen3_stack_load allocates a cache row: K and V in every layer
+     * (a layer's at most 2^33 bytes: the config reader bounds heads x head_dim). */
+    const int64_t layer = 2 * (int64_t)c->n_kv_heads * c->head_dim * (int64_t)ds_dtype_size(DS_KV_DTYPE);
+    return c->n_layers > DS_KV_ROW_BYTES_MAX / layer ? DS_KV_ROW_BYTES_MAX + 1 : c->n_layers * layer;
 }
 
 void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st) {

@@ -31,6 +31,10 @@ typedef struct {
 /* Loads layers "<prefix>N." for N < c->n_layers (prefix e.g. "model.layers."). */
 ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
                               int cache_rows, ds_qwen3_stack *st);
+/* Bytes one cache row (one position) takes in such a stack's K/V caches,
+ * every layer together: what a KV pool's budget is divided by (above
+ * DS_KV_ROW_BYTES_MAX: that + 1). */
+int64_t ds_qwen3_kv_row_bytes(const ds_qwen3_config *c);
 void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st);
 
 /* Per-call scratch for rows rows; k, v: the new K/V rows before they go

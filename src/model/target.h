@@ -94,6 +94,11 @@ typedef struct {
  * the architectures, so that no architecture depends on this file's code
  * while it depends on them. */
 ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out);
+/* Bytes one cached position takes in the K/V caches the target in dir would
+ * allocate as a pool of pages (ds_target_opts.cache_rows), every layer
+ * together, in the caches' dtype (kv_cache.h): read from dir's config.json
+ * alone, before anything is loaded, so a memory budget can size the pool. */
+ds_error *ds_target_kv_row_bytes(const char *dir, int64_t *out);
 void ds_target_free(ds_target *t);
 /* Which layers' outputs the next forwards tap (SPEC §3 convention). */
 ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n);

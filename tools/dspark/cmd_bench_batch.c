@@ -15,8 +15,10 @@
 #include <string.h>
 
 #include "batch/batch.h"
+#include "batch/kv_budget.h"
 #include "commands.h"
 #include "io/checkpoint.h"
+#include "size_arg.h"
 
 #define MAX_LEVELS 16
 #define DEFAULT_MODEL DS_DEFAULT_MODEL_DIR "/pico-qwen3"
@@ -29,6 +31,7 @@ typedef struct {
     int levels[MAX_LEVELS];
     float temperature;
     uint64_t seed;
+    int64_t kv_mem; /* --kv-mem SIZE: the pool from a byte budget (0: every level's requests whole) */
 } options;
 
 enum { ARM_AR, ARM_FIXED, ARM_ALG1 };
@@ -38,7 +41,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dspark bench --concurrency C1,C2,... [-m MODEL_DIR] [-d DRAFTER_DIR] [--backend cpu|cuda]\n"
                "                    [--prompt-len P] [--decode N] [--arms ar,fixed,confidence] [--temp T]\n"
                "                    [--sim-acceptance FILE] [--sps-cache FILE] [--page-rows R] [--step-rows R]\n"
-               "                    [--seed S] [--threads N] [--json]\n"
+               "                    [--kv-mem SIZE] [--seed S] [--threads N] [--json]\n"
                "\n"
                "  --concurrency    requests in flight, one run per level (e.g. 1,8,32,64,128,256)\n"
                "  --prompt-len P   random prompt ids per request (default 128)\n"
@@ -48,7 +51,10 @@ static void usage(FILE *f) {
                "                   (bench/profiles/*.json), for synthetic weights; reported as simulated\n"
                "  --sps-cache FILE the target's step-cost profile, reused while its key matches\n"
                "  --page-rows R    rows a KV page holds (default 16)\n"
-               "  --step-rows R    most target rows a step (default: the largest level x (gamma + 1), at least 256)\n");
+               "  --step-rows R    most target rows a step (default: the largest level x (gamma + 1), at least 256)\n"
+               "  --kv-mem SIZE    the KV pool (target and drafter) from a byte budget, e.g. 8G, 1.5GiB (powers\n"
+               "                   of 1024), at most what the largest level uses; a smaller pool preempts\n"
+               "                   (default: room for every request of the largest level)\n");
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -66,7 +72,7 @@ static int parse_list(const char *s, int *out, int cap) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_BACKEND = 256, O_PROMPT_LEN, O_DECODE, O_ARMS, O_TEMP, O_SIM, O_SPS, O_PAGE, O_STEP, O_SEED, O_THREADS,
-           O_JSON, O_CONC };
+           O_JSON, O_CONC, O_KV_MEM };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"backend", required_argument, 0, O_BACKEND}, {"prompt-len", required_argument, 0, O_PROMPT_LEN},
@@ -75,7 +81,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sps-cache", required_argument, 0, O_SPS}, {"page-rows", required_argument, 0, O_PAGE},
         {"step-rows", required_argument, 0, O_STEP}, {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
-        {"concurrency", required_argument, 0, O_CONC}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"concurrency", required_argument, 0, O_CONC}, {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (options){.prompt_len = 128, .decode = 128, .page_rows = 16, .arm = {true, true, true}};
     int c;
     optind = 1;
@@ -101,6 +108,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_SIM: o->sim_path = optarg; break;
         case O_SPS: o->sps_cache = optarg; break;
         case O_JSON: o->json = true; break;
+        case O_KV_MEM: {
+            ds_error *e = ds_size_arg("--kv-mem", optarg, &o->kv_mem);
+            if (e) {
+                fprintf(stderr, "dspark bench: %s\n", ds_error_message(e));
+                ds_error_free(e);
+                return 2;
+            }
+            break;
+        }
         case O_ARMS:
             o->arm[0] = strstr(optarg, "ar") != NULL;
             o->arm[1] = strstr(optarg, "fixed") != NULL;
@@ -180,6 +196,26 @@ static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base,
     return e;
 }
 
+/* --kv-mem: the pool's pages from the budget at the bytes a position takes
+ * in the target and drafter (their configs, before either is loaded), as
+ * the engine sizes it (ds_engine_opts.kv_mem); the pool printed. */
+static ds_error *pool_from_budget(const options *o, ds_batch_opts *bo, int gamma, int per_seq) {
+    int64_t trow, drow = 0;
+    DS_TRY(ds_target_kv_row_bytes(o->model, &trow));
+    if (o->drafter) DS_TRY(ds_drafter_kv_row_bytes(o->drafter, &drow));
+    const int64_t per_req = (per_seq + bo->page_rows - 1) / bo->page_rows;
+    DS_TRY(ds_error_wrap(ds_kv_pool_fit(bo, gamma, o->kv_mem, trow, drow, per_req, bo->n_pages),
+                         "--kv-mem (a request: --prompt-len %d + --decode %d + a block)", o->prompt_len, o->decode));
+    const ds_engine_info in = {.kv_pages = bo->n_pages, .kv_page_rows = bo->page_rows,
+                               .kv_tokens = (int64_t)bo->n_pages * bo->page_rows,
+                               .kv_bytes = ds_kv_pool_bytes(bo, gamma, trow, drow), .kv_target_row_bytes = trow,
+                               .kv_drafter_row_bytes = drow};
+    char line[256];
+    ds_kv_pool_line(&in, line, sizeof line);
+    fprintf(stderr, "%s\n", line);
+    return NULL;
+}
+
 static int fail(ds_error *e) {
     fprintf(stderr, "dspark bench: %s\n", ds_error_message(e));
     ds_error_free(e);
@@ -207,6 +243,7 @@ int cmd_bench_batch(int argc, char **argv) {
     bo.n_pages = cmax * ((per_seq + o.page_rows - 1) / o.page_rows);
     bo.step_rows = o.step_rows > 0 ? o.step_rows : cmax * 9 > 256 ? cmax * 9 : 256;
     bo.max_seqs = cmax;
+    if (!e && o.kv_mem) e = pool_from_budget(&o, &bo, G, per_seq);
     if (!e) {
         const ds_target_opts to = {.max_rows = bo.step_rows, .max_logit_rows = bo.step_rows,
                                    .cache_rows = bo.n_pages * bo.page_rows};

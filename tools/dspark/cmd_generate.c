@@ -14,6 +14,7 @@
 #include "dspark.h"
 #include "io/checkpoint.h"
 #include "io/prompt_file.h"
+#include "size_arg.h"
 
 typedef struct {
     const char *model, *drafter, *prompt, *prompt_file, *tokenizer, *sts;
@@ -21,6 +22,7 @@ typedef struct {
     bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
     int batch, ctx;           /* --batch N (the batched engine), --ctx N */
+    int64_t kv_mem;           /* --kv-mem SIZE: the KV pool from a byte budget (0: batch x ctx) */
     bool schedule_confidence; /* --schedule confidence: Algorithm 1 */
     const char *sps_cache;
     bool cuda; /* --backend cuda */
@@ -32,8 +34,8 @@ static void usage(FILE *f) {
             "usage: dspark generate [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] (-p TEXT | --prompt-file F.jsonl)\n"
             "                       [--tokenizer PATH] [--chat] [-n MAX_NEW] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
             "                       [--threshold C] [--gamma G] [--sts FILE | --no-sts] [--threads N] [--backend cpu|cuda]\n"
-            "                       [--ignore-eos] [--json] [--batch N [--ctx N] [--schedule fixed|confidence]\n"
-            "                       [--sps-cache FILE]]\n"
+            "                       [--ignore-eos] [--json] [--batch N [--ctx N] [--kv-mem SIZE]\n"
+            "                       [--schedule fixed|confidence] [--sps-cache FILE]]\n"
             "\n"
             "  -m DIR           target model directory (default: the bundled pico-qwen3)\n"
             "  -d DIR           DSpark/DFlash drafter directory (default with the bundled model:\n"
@@ -62,6 +64,9 @@ static void usage(FILE *f) {
             "  --batch N        the batched engine: the prompts N at a time over one target forward a step\n"
             "                   (output per prompt in input order, the same tokens as one at a time)\n"
             "  --ctx N          tokens a request may hold (with --batch: default 2048, the KV pool's size)\n"
+            "  --kv-mem SIZE    with --batch: the KV pool (target and drafter) from a byte budget, e.g. 512M,\n"
+            "                   8G, 1.5GiB (powers of 1024): as many pages as it holds, up to N x --ctx;\n"
+            "                   short of one request of --ctx tokens is an error (the pool: on stderr)\n"
             "  --schedule S     with --batch: fixed (each proposal whole) or confidence (SPEC §6 Algorithm 1:\n"
             "                   the target's step cost is profiled first; --sps-cache FILE keeps it)\n");
 }
@@ -93,6 +98,7 @@ static int check_ranges(const options *o) {
     else if (!(o->batch >= 0)) snprintf(bad, sizeof bad, "--batch must be >= 1, got %d", o->batch);
     else if (!(o->ctx >= 0)) snprintf(bad, sizeof bad, "--ctx must be >= 1, got %d", o->ctx);
     else if (o->schedule_confidence && !o->batch) snprintf(bad, sizeof bad, "--schedule needs --batch");
+    else if (o->kv_mem && !o->batch) snprintf(bad, sizeof bad, "--kv-mem needs --batch");
     if (!*bad) return 0;
     fprintf(stderr, "dspark generate: %s\n", bad);
     return 2;
@@ -101,7 +107,7 @@ static int check_ranges(const options *o) {
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
            O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER, O_STS, O_NO_STS, O_BATCH, O_CTX, O_SCHEDULE,
-           O_SPS_CACHE };
+           O_SPS_CACHE, O_KV_MEM };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -115,6 +121,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sts", required_argument, 0, O_STS}, {"no-sts", no_argument, 0, O_NO_STS},
         {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
         {"schedule", required_argument, 0, O_SCHEDULE}, {"sps-cache", required_argument, 0, O_SPS_CACHE},
+        {"kv-mem", required_argument, 0, O_KV_MEM},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.top_p = 1.0f;
@@ -158,6 +165,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_BATCH: NUM(o->batch, int_arg(optarg, &end), "--batch"); break;
         case O_CTX: NUM(o->ctx, int_arg(optarg, &end), "--ctx"); break;
         case O_SPS_CACHE: o->sps_cache = optarg; break;
+        case O_KV_MEM: {
+            ds_error *e = ds_size_arg("--kv-mem", optarg, &o->kv_mem);
+            if (e) {
+                fprintf(stderr, "dspark generate: %s\n", ds_error_message(e));
+                ds_error_free(e);
+                return 2;
+            }
+            break;
+        }
         case O_SCHEDULE:
             if (strcmp(optarg, "fixed") && strcmp(optarg, "confidence")) {
                 fprintf(stderr, "dspark generate: --schedule expects fixed or confidence, got '%s'\n", optarg);
@@ -315,10 +331,15 @@ static ds_error *open_session(const options *o, session *s) {
     ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o->cuda ? "cuda" : "cpu",
                          .threads = o->threads, .tokenizer = o->tokenizer, .sts = o->sts,
                          .no_sts = o->no_sts || o->no_draft, .batch = o->batch,
-                         .ctx = o->ctx ? o->ctx : o->batch ? 2048 : 0,
+                         .ctx = o->ctx ? o->ctx : o->batch ? 2048 : 0, .kv_mem = o->kv_mem,
                          .confidence_schedule = o->schedule_confidence, .sps_cache = o->sps_cache};
     DS_TRY(ds_engine_open(&eo, &s->engine));
     ds_engine_get_info(s->engine, &s->info);
+    if (s->info.kv_pages) {
+        char line[256];
+        ds_kv_pool_line(&s->info, line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+    }
     if (s->info.has_drafter && o->gamma_given && o->gen.gamma > s->info.block_size)
         return ds_errorf("--gamma %d is above the drafter's block size %d (%s/config.json block_size)", o->gen.gamma,
                          s->info.block_size, drafter);
