@@ -12,7 +12,7 @@
 #include "base/dtype.h"
 
 #define DS_KV_DTYPE DS_F32
-/* More bytes a position than any real model's (Qwen3-8B: 144 KiB in fp32):
+/* More bytes a position than any real model's (Qwen3-8B: 288 KiB in fp32):
  * a bogus config, refused before the pool's arithmetic (pages x rows x
  * bytes, in int64) could overflow. The row-bytes functions stop counting
  * past it. */
