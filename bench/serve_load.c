@@ -35,6 +35,10 @@
  * disconnects right after its first content event, as a user pressing stop;
  * they count as cancelled, and the run ends by checking /metrics: nothing
  * running or waiting, the KV pool empty, as many aborts as cancels.
+ * Exit status: 0 when every request was ok or cancelled on purpose, every
+ * check matched, the server is alive, and /metrics (when served) shows
+ * nothing running, waiting or holding KV after the run; 1 otherwise; 2 for
+ * bad arguments or no server.
  * --row FILE appends the run as one Markdown table row (bench/serve_load.sh).
  * --write-prompts OUT writes the prompts exactly as they are sent, as a
  * `dspark generate --prompt-file` file ({"prompt"} or {"messages"} lines),
@@ -1099,9 +1103,11 @@ int main(int argc, char **argv) {
         printf("  T=0 repeats checked %ld: mismatches %ld\n", all.t0_checked, all.t0_mismatch);
     if (opt.offline_path)
         printf("  offline answers checked %ld: mismatches %ld\n", all.offline_checked, all.offline_mismatch);
+    /* Once every client is done nothing may run, wait or hold KV pages: a leak otherwise. */
+    bool leaked = after.seen && (after.running != 0 || after.waiting != 0 || after.kv_use != 0);
     if (after.seen)
-        printf("  server after the run (/metrics): running %.0f, waiting %.0f, KV use %.4f, aborted requests %.0f\n",
-               after.running, after.waiting, after.kv_use, after.aborted);
+        printf("  server after the run (/metrics): running %.0f, waiting %.0f, KV use %.4f, aborted requests %.0f%s\n",
+               after.running, after.waiting, after.kv_use, after.aborted, leaked ? "  LEFT OVER" : "");
     if (opt.server_pid) {
         printf("  server RSS: peak (VmHWM) %.1f MiB; after %.0f s warm-up %.1f -> %.1f MiB (min %.1f, max %.1f), "
                "slope %+.3f MiB/min; %zu samples%s\n",
@@ -1212,6 +1218,7 @@ int main(int argc, char **argv) {
     free(prompts);
     free(rss);
     free(cl);
-    bool bad = all.errors || all.lost || all.t0_mismatch || all.offline_mismatch || !server_alive || all.ok == 0;
+    bool bad = all.errors || all.lost || all.t0_mismatch || all.offline_mismatch || !server_alive || all.ok == 0 ||
+               leaked;
     return bad ? 1 : 0;
 }

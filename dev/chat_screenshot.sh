@@ -10,6 +10,9 @@
 # Environment: QUESTION (the question asked), MAX_TOKENS [96], TEMPERATURE [0],
 # SERVE_ARGS (extra `dspark serve` arguments), WIDTH x HEIGHT [1000 x 700],
 # CHROMIUM (the browser binary) [chromium].
+# STOP_AFTER=S: press the page's Stop button S seconds into the answer instead
+# of waiting for it; the page must then say "stopped" and the server's
+# /metrics count the request as aborted (the disconnect cancelled it).
 #
 # Why the DevTools protocol and not `chromium --screenshot`: that one shoots
 # at the load event (or a virtual-time budget), which does not wait for a
@@ -52,10 +55,10 @@ done
 [[ -n $url ]] || { echo "chat_screenshot.sh: dspark serve did not start" >&2; exit 2; }
 
 python3 - "$chromium" "$url" "$question" "$out" "${MAX_TOKENS:-96}" "${TEMPERATURE:-0}" \
-  "${WIDTH:-1000}" "${HEIGHT:-700}" "$tmp/profile" <<'PY'
-import base64, json, os, subprocess, sys, time, urllib.parse
+  "${WIDTH:-1000}" "${HEIGHT:-700}" "$tmp/profile" "${STOP_AFTER:-}" <<'PY'
+import base64, json, os, re, subprocess, sys, time, urllib.parse, urllib.request
 
-chromium, url, question, out, max_tokens, temperature, width, height, profile = sys.argv[1:]
+chromium, url, question, out, max_tokens, temperature, width, height, profile, stop_after = sys.argv[1:]
 page = url.rstrip("/") + "/?" + urllib.parse.urlencode(
     {"q": question, "autosend": "1", "max_tokens": max_tokens, "temperature": temperature})
 
@@ -117,8 +120,12 @@ try:
          {"width": int(width), "height": int(height), "deviceScaleFactor": 1, "mobile": False}, session)
     call("Page.enable", {}, session)
     call("Page.navigate", {"url": page}, session)
-    state, deadline = "", time.monotonic() + 300
+    state, deadline, pressed = "", time.monotonic() + 300, None
     while state not in ("done", "error", "stopped"):
+        if stop_after and state == "streaming" and pressed is None:
+            time.sleep(float(stop_after))
+            call("Runtime.evaluate", {"expression": "document.getElementById('stop').click()"}, session)
+            pressed = time.monotonic()
         if time.monotonic() > deadline:
             raise SystemExit(f"chat_screenshot: the answer did not complete in 300 s (state {state!r})")
         time.sleep(0.25)
@@ -134,7 +141,20 @@ try:
     with open(out, "wb") as f:
         f.write(png)
     print(f"chat_screenshot: {out} ({len(png)} bytes), page state {state}; {stats}")
-    if state != "done":
+    if stop_after:
+        # The abort closed the connection; the server cancels the request and counts it.
+        aborted = None
+        for _ in range(40):
+            metrics = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10).read().decode()
+            m = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\}\s+(\S+)', metrics, re.M)
+            aborted = float(m.group(1)) if m else None
+            if aborted:
+                break
+            time.sleep(0.25)
+        print(f"chat_screenshot: Stop pressed; /metrics counts {aborted} aborted request(s)")
+        if state != "stopped" or not aborted:
+            sys.exit(1)
+    elif state != "done":
         sys.exit(1)
 finally:
     try:
