@@ -20,7 +20,8 @@
 #
 # The must-show run of issue 40 (64 clients, 10 minutes, every answer checked):
 #   CLIENTS=64 DURATION=600 CHECK=1 bench/serve_load.sh build
-# Exit status: 0 when every run had 0 errors, 0 lost and (CHECK=1) 0 mismatches.
+# Exit status: 0 when every run had 0 errors, 0 lost and (CHECK=1) 0 mismatches,
+# and the server exited 0 on SIGTERM at the end.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,6 +45,7 @@ log=$out/serve.log
 # shellcheck disable=SC2086 # SERVE_ARGS and LOAD_ARGS are word lists on purpose
 "$dspark" serve --host 127.0.0.1 --port 0 ${SERVE_ARGS:-} 2>"$log" &
 server=$!
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
   if kill -0 "$server" 2>/dev/null; then
     kill -TERM "$server" 2>/dev/null || true
@@ -94,6 +96,13 @@ for c in $CLIENTS; do
     --temperature "$TEMPERATURE" --server-pid "$server" --json "$out/c$c.json" --row "$rows" \
     "${check_args[@]}" ${LOAD_ARGS:-} | tee "$out/c$c.txt" || status=1
 done
+
+# A clean stop is part of the run: SIGTERM must drain and exit 0.
+kill -TERM "$server"
+server_rc=0
+wait "$server" || server_rc=$?
+echo "serve_load.sh: dspark serve exited $server_rc after SIGTERM" >&2
+[[ $server_rc == 0 ]] || status=1
 
 echo
 echo "dspark serve ${SERVE_ARGS:-(bundled pair)}; serve_load max_tokens $MAX_TOKENS, T $TEMPERATURE ${LOAD_ARGS:-}; $(nproc) CPUs"
