@@ -7,11 +7,13 @@
  *   named, n > 1, 401, 404 path and model, 405, 413 declared and chunked,
  *   429, 431, 503 while draining);
  * - T = 0 answers token-identical to `dspark generate` for the same
- *   prompt, streamed and not, alone and among concurrent requests;
+ *   prompt, streamed and not, alone and among concurrent requests; a
+ *   seeded T = 0.8 top-k top-p answer identical to generate's too;
  * - stop strings never leak, across token boundaries, streamed or not;
  * - a client that disconnects mid-stream frees its request at once
  *   (/metrics: nothing running, KV pool empty);
- * - SIGTERM: the request in flight completes, new ones get 503, exit 0.
+ * - SIGTERM: the request in flight completes, new ones get 503, exit 0;
+ *   past the grace period it is cancelled (finish_reason "abort").
  * Also unit checks of the parts (request parsing, stop strings, JSON
  * escaping). DS_TEST_QUICK (the sanitizer build) runs fewer prompts. */
 #include <arpa/inet.h>
@@ -689,6 +691,34 @@ static void test_concurrent_identical(void) {
     CHECK(metric(main_srv.port, "vllm:generation_tokens_total") > 0, "no tokens counted");
 }
 
+/* Sampling: a seed's answer is generate's with the same seed and settings
+ * (each request draws from its own seed's stream, whatever runs beside it). */
+static void test_sampled_identical(void) {
+    if (!main_up) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "%s generate -p 'In the beginning God created' --json -n %d --temp 0.8 --top-k 40 "
+             "--top-p 0.9 --seed 1234 --threads 2", DS_CLI, max_tokens);
+    FILE *p = popen(cmd, "r");
+    char line[65536] = "";
+    if (!p || !fgets(line, sizeof line, p)) line[0] = 0;
+    if (p) pclose(p);
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *toks = j ? cJSON_GetObjectItem(j, "tokens") : NULL;
+    CHECK(toks, "dspark generate at T = 0.8 gave no tokens");
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"In the beginning God created\",\"max_tokens\":%d,\"temperature\":0.8,"
+             "\"top_k\":40,\"top_p\":0.9,\"seed\":1234,\"return_token_ids\":true}", max_tokens);
+    answer a;
+    if (toks && ask(main_srv.port, "/v1/completions", body, false, NULL, &a)) {
+        bool same = a.n_ids == cJSON_GetArraySize(toks);
+        for (int i = 0; same && i < a.n_ids; i++) same = a.ids[i] == cJSON_GetArrayItem(toks, i)->valueint;
+        CHECK(same, "T = 0.8, seed 1234: the server's %d tokens differ from generate's %d", a.n_ids,
+              cJSON_GetArraySize(toks));
+        answer_free(&a);
+    }
+    cJSON_Delete(j);
+}
+
 static void test_stop_strings(void) {
     if (!main_up) return;
     /* A stop string from the middle of prompt 0's known answer. */
@@ -889,6 +919,43 @@ static void test_limits_and_shutdown(void) {
     (void)a;
 }
 
+/* A grace period too short for the request in flight: it is cancelled,
+ * its stream still ends properly (finish_reason "abort", [DONE]), exit 0. */
+static void test_grace_expires(void) {
+    server s;
+    const char *args[] = {"--grace", "0", NULL};
+    if (!server_start(&s, args)) {
+        CHECK(false, "the third server did not start");
+        return;
+    }
+    char body[160];
+    snprintf(body, sizeof body, "{\"prompt\":\"In the beginning\",\"max_tokens\":%d,\"ignore_eos\":true,"
+             "\"stream\":true}", 400);
+    int fd = send_request(s.port, "POST", "/v1/completions", NULL, body);
+    CHECK(fd >= 0 && read_until(fd, "data: {"), "the stream did not start");
+    kill(s.pid, SIGTERM);
+    ds_sbuf tail = {0};
+    char buf[4096];
+    ssize_t k;
+    while ((k = recv(fd, buf, sizeof buf, 0)) > 0) ds_sbuf_append(&tail, buf, (size_t)k);
+    close(fd);
+    CHECK(strstr(ds_sbuf_str(&tail), "\"finish_reason\":\"abort\"") && strstr(ds_sbuf_str(&tail), "data: [DONE]"),
+          "a stream cut by the grace period did not end with abort and [DONE]");
+    ds_sbuf_free(&tail);
+    int st = -1;
+    for (double t0 = now_s(); now_s() - t0 < 60;) {
+        int w;
+        if (waitpid(s.pid, &w, WNOHANG) == s.pid) {
+            st = WIFEXITED(w) ? WEXITSTATUS(w) : 128 + WTERMSIG(w);
+            break;
+        }
+        usleep(20000);
+    }
+    CHECK(st == 0, "SIGTERM after the grace period: exit status %d", st);
+    if (st == -1) kill(s.pid, SIGKILL), waitpid(s.pid, NULL, 0);
+    unlink(s.log);
+}
+
 static void setup(void) {
     quick = getenv("DS_TEST_QUICK") != NULL;
     n_prompts = quick ? 2 : N_PROMPTS;
@@ -907,4 +974,4 @@ static void teardown(void) {
 }
 
 RUN_TESTS("serve", setup, test_units, test_endpoints, test_identical_to_generate, test_concurrent_identical,
-          test_stop_strings, test_chat, test_disconnect, test_limits_and_shutdown, teardown)
+          test_sampled_identical, test_stop_strings, test_chat, test_disconnect, test_limits_and_shutdown, test_grace_expires, teardown)
