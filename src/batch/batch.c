@@ -37,12 +37,17 @@ typedef struct {
     int row0, n_rows, logit0, n_drafts;
     int sched; /* drafts the schedule lets it verify this step */
     bool prefill_step, finishes_prefill;
+    bool drafted_now; /* the drafter proposed for it this step */
     ds_proposal prop;
     int slot;          /* its draft-probability slot while running */
     ds_rng sim_rng;    /* opts.sim: this request's stream */
     float sim_conf[DS_MAX_GAMMA];
     int sim_reject;    /* opts.sim: the round's first rejected draft */
     float *host_probs; /* [gamma, V]: the proposal's distributions when drawn on the host */
+    /* Its calibrated confidences of the last step it drafted (Algorithm 1):
+     * what decides whether the next step drafts at all. -1: none yet. */
+    float last_conf[DS_MAX_GAMMA];
+    int last_nconf;
 } seq;
 
 struct ds_batch {
@@ -69,6 +74,11 @@ struct ds_batch {
     ds_draft_seq *dseqs;
     ds_proposal *dprops;
     bool *slot_used;
+    /* Whether to draft at all (DS_SCHEDULE_CONFIDENCE): the drafter pass's
+     * measured seconds by request count (bucket floor(log2 R); 0: not
+     * measured yet) and the steps since the last one drafted. */
+    double draft_cost[16];
+    int steps_undrafted;
     ds_batch_stats stats;
 };
 
@@ -262,6 +272,7 @@ ds_error *ds_batch_submit(ds_batch *b, const ds_batch_request *req, int64_t *id)
     s->n_prompt = s->goal = s->n_hist = n;
     memcpy(s->hist, req->prompt, (size_t)n * sizeof *s->hist);
     s->slot = -1;
+    s->last_nconf = -1;
     s->done = s->p.max_new == 0;
     ds_rng_seed(&s->rng, s->p.seed);
     if (b->o.sim) ds_sim_stream_seed(&s->sim_rng, b->o.sim_seed, (uint64_t)s->id);
@@ -464,11 +475,61 @@ static ds_error *draft_all(ds_batch *b) {
                                      .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
                                      .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
         b->drafting[R++] = s;
+        s->drafted_now = true;
     }
     const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
     ds_error *e = ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
     for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;
     return e;
+}
+
+/* The drafter's context must take every committed row's taps from the
+ * forward that made them, before the next forward overwrites them: a
+ * decoding sequence that does not draft this step (no rows this step, or a
+ * step that skips drafting) appends its pending rows alone. */
+static ds_error *append_pending(ds_batch *b, seq *s) {
+    if (s->ctx_n == 0) return NULL;
+    ds_kv_pages pg;
+    set_drafter_pages(b, s, &pg);
+    ds_error *e = ds_drafter_append(b->d, ds_rows(b->t->taps, s->ctx_row0, s->ctx_n), s->ctx_pos0, s->ctx_n);
+    s->d_nctx = b->d->n_ctx;
+    b->d->pages = NULL;
+    s->ctx_n = 0;
+    return ds_error_wrap(e, "request %lld: drafter context", (long long)s->id);
+}
+
+/* Bucket of the draft-cost table for R sequences. */
+static int cost_bucket(int R) {
+    int k = 0;
+    while (R > 1 && k < 15) R >>= 1, k++;
+    return k;
+}
+
+/* Whether this step drafts (DS_SCHEDULE_CONFIDENCE): Algorithm 1 over each
+ * decoding sequence's last confidences (all ones for one that has not
+ * drafted yet), with the drafter pass's measured cost at this request
+ * count, must beat a plain autoregressive step (ds_schedule_draft_pays). Under
+ * load the draft pass alone can cost more than verification wins back; then
+ * the step decodes autoregressively, and every 16th step drafts anyway so
+ * that the confidences (and the cost) stay current. Lossless either way:
+ * only how many drafts are verified changes. */
+static ds_error *drafting_pays(ds_batch *b, bool *pays) {
+    *pays = true;
+    if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps || b->steps_undrafted >= 15) return NULL;
+    const int G = b->d->gamma;
+    int R = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        const seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        const int n = s->last_nconf < 0 ? G : s->last_nconf;
+        for (int j = 0; j < n; j++) b->conf[R * G + j] = s->last_nconf < 0 ? 1.0f : s->last_conf[j];
+        b->n_conf[R++] = n;
+    }
+    const double cost = b->draft_cost[cost_bucket(R)];
+    if (R == 0 || cost <= 0) return NULL; /* nothing to decide, or the cost is still to be measured */
+    const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
+    const ds_schedule_opts o = {.draft_seconds = cost};
+    return ds_schedule_draft_pays(&in, b->o.sps, &o, pays, NULL);
 }
 
 /* The token after s's logits row l (no drafts): ds_generate's next_token. */
@@ -618,8 +679,15 @@ static ds_error *schedule(ds_batch *b) {
         s->sched = d ? (s->prop.n < cap ? s->prop.n : cap) : 0;
         b->stats.drafted += s->sched;
         if (b->o.schedule != DS_SCHEDULE_CONFIDENCE) continue;
-        for (int j = 0; j < s->sched; j++)
+        if (!s->drafted_now) {
+            b->n_conf[R++] = 0;
+            continue;
+        }
+        for (int j = 0; j < s->sched; j++) {
             b->conf[R * G + j] = b->o.sim ? s->sim_conf[j] : ds_conf_prob(s->prop.conf_logit[j], d->conf_temp[j]);
+            s->last_conf[j] = b->conf[R * G + j];
+        }
+        s->last_nconf = s->sched;
         b->n_conf[R++] = s->sched;
     }
     if (b->o.schedule == DS_SCHEDULE_CONFIDENCE && R > 0) {
@@ -691,12 +759,35 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             rows += s->n_rows;
         }
 
-    /* Draft for every decoding sequence that got its rows. */
+    /* Draft for every decoding sequence that got its rows, when drafting
+     * pays; the others' pending context rows go to the drafter alone. */
     const double t0 = ds_now_s();
-    if (d) DS_TRY(draft_all(b));
+    bool draft_now = false;
+    int R = 0; /* decoding sequences with rows this step */
+    if (d) {
+        DS_TRY(drafting_pays(b, &draft_now));
+        for (int i = 0; i < b->n_seqs; i++) {
+            seq *s = b->seqs[i];
+            const bool decoding = s->phase == SEQ_RUNNING && !s->prefill_step && s->started && s->cached >= s->goal;
+            s->drafted_now = false;
+            if (!decoding) continue;
+            R += s->n_rows > 0;
+            if (draft_now && s->n_rows > 0) continue; /* draft_all's */
+            DS_TRY(append_pending(b, s));
+            s->prop.n = 0;
+        }
+        if (R > 0 && draft_now) {
+            DS_TRY(draft_all(b));
+            b->steps_undrafted = 0;
+        } else if (R > 0) {
+            b->steps_undrafted++;
+            b->stats.draft_skips++;
+        }
+    }
     DS_TRY(schedule(b));
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;
+    if (draft_now && R > 0) b->draft_cost[cost_bucket(R)] = t1 - t0;
 
     /* The rows of one target forward. */
     int n = 0, n_logits = 0, n_table = 0;

@@ -110,6 +110,7 @@ typedef struct {
     int64_t steps, rows, prefill_rows, preemptions;
     int64_t drafted, verified_drafts; /* drafts proposed (after the threshold) and sent to verification */
     int64_t generation_tokens, finished; /* tokens committed; requests ended */
+    int64_t draft_skips; /* steps that decoded autoregressively because drafting was predicted not to pay */
     /* Verify rounds (vLLM's spec_decode counters): rounds with drafts, the
      * drafts they verified, those accepted, and per draft position k the
      * rounds that accepted it. */
