@@ -6,7 +6,7 @@
  *
  *   serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]
  *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]
- *              [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
+ *              [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
  *              [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]
  *   serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT
  *
@@ -31,6 +31,10 @@
  * --server-pid PID samples /proc/PID/status (VmRSS, VmHWM) once a second;
  * "flat after warm-up" is reported as the RSS change and the least-squares
  * slope over the samples after --warmup seconds (default: a tenth of the run).
+ * --ignore-eos and --token-ids send vLLM's ignore_eos (every answer max_tokens
+ * long: fixed work a request, as on random synth weights) and
+ * return_token_ids (an event counts as content when it brings ids, even if
+ * its text is held back).
  * --cancel-frac F: that fraction of the requests (spread over the prompts)
  * disconnects right after its first content event, as a user pressing stop;
  * they count as cancelled, and the run ends by checking /metrics: nothing
@@ -153,6 +157,8 @@ static struct {
     const char *prompts_path;
     bool chat;
     bool ids;
+    bool token_ids;
+    bool ignore_eos;
     double cancel_frac;
     const char *api_key;
     double timeout;
@@ -480,7 +486,10 @@ static void handle_event(stream_state *s, char *ev, double t) {
                 content = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
             else
                 content = cJSON_GetObjectItemCaseSensitive(ch, "text");
-            if (cJSON_IsString(content) && content->valuestring[0]) {
+            /* --token-ids: an event whose ids are all held back as text (half a UTF-8
+             * character, a possible stop string) still brought tokens. */
+            int n_ids = opt.token_ids ? cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ch, "token_ids")) : 0;
+            if ((cJSON_IsString(content) && content->valuestring[0]) || n_ids > 0) {
                 if (s->events == 0) {
                     s->t_first = t;
                 } else {
@@ -488,7 +497,7 @@ static void handle_event(stream_state *s, char *ev, double t) {
                 }
                 s->t_last = t;
                 s->events++;
-                buf_add(&s->text, content->valuestring, strlen(content->valuestring));
+                if (cJSON_IsString(content)) buf_add(&s->text, content->valuestring, strlen(content->valuestring));
             }
             const cJSON *fr = cJSON_GetObjectItemCaseSensitive(ch, "finish_reason");
             if (cJSON_IsString(fr)) s->finish_seen = true;
@@ -546,6 +555,9 @@ static char *request_body(const prompt *p, bool stream) {
         snprintf(tmp, sizeof tmp, ",\"seed\":%ld", opt.seed);
         buf_add(&b, tmp, strlen(tmp));
     }
+    /* vLLM's extensions, which dspark serve takes too. */
+    if (opt.ignore_eos) { const char *e = ",\"ignore_eos\":true"; buf_add(&b, e, strlen(e)); }
+    if (opt.token_ids) { const char *e = ",\"return_token_ids\":true"; buf_add(&b, e, strlen(e)); }
     buf_add(&b, "}", 1);
     return b.p;
 }
@@ -912,7 +924,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]\n"
             "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]\n"
-            "                  [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
+            "                  [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
             "                  [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]\n"
             "       serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT\n");
     exit(2);
@@ -970,6 +982,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--prompts")) { NEEDV(); opt.prompts_path = v; }
         else if (!strcmp(a, "--chat")) opt.chat = true;
         else if (!strcmp(a, "--ids")) opt.ids = true;
+        else if (!strcmp(a, "--token-ids")) opt.token_ids = true;
+        else if (!strcmp(a, "--ignore-eos")) opt.ignore_eos = true;
         else if (!strcmp(a, "--cancel-frac")) { NEEDV(); opt.cancel_frac = num_arg(a, v, 0, 1); }
         else if (!strcmp(a, "--api-key")) { NEEDV(); opt.api_key = v; }
         else if (!strcmp(a, "--timeout")) { NEEDV(); opt.timeout = num_arg(a, v, 0.1, 1e6); }
