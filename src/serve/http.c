@@ -46,9 +46,11 @@ struct ds_server {
     struct MHD_Daemon *mhd;
     int port;
     long long started;      /* Unix seconds (/v1/models' created) */
-    pthread_mutex_t mu;     /* counters, ids */
+    pthread_mutex_t mu;     /* counters, ids, answering */
+    pthread_cond_t answered; /* answering reached 0 */
     ds_http_counts counts;
     uint64_t next_id;
+    int answering;          /* requests holding a job whose response is not yet sent */
 };
 
 typedef enum { R_NONE, R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_METRICS, R_PAGE } route;
@@ -308,6 +310,7 @@ static enum MHD_Result serve_post(ds_server *s, struct MHD_Connection *c, conn_c
     char id[48];
     pthread_mutex_lock(&s->mu);
     unsigned long long n = ++s->next_id;
+    s->answering++; /* until on_completed: the response has gone out (or the client has) */
     pthread_mutex_unlock(&s->mu);
     snprintf(id, sizeof id, "%s-%llx%06llx", kind == DS_REQ_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)s->started,
              n);
@@ -382,7 +385,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    (void)c, (void)why;
+    ds_server *s = cls;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
     if (cc->job) {
@@ -390,6 +394,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
          * job ends with it; a finished job ignores this. */
         ds_job_cancel(cc->job);
         ds_job_unref(cc->job);
+        pthread_mutex_lock(&s->mu);
+        if (--s->answering == 0) pthread_cond_broadcast(&s->answered);
+        pthread_mutex_unlock(&s->mu);
     }
     ds_sbuf_free(&cc->body);
     free(cc);
@@ -420,6 +427,11 @@ ds_error *ds_server_start(ds_engine *e, const ds_server_opts *o, ds_server **out
     if (!s) return ds_errorf("out of memory");
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->answered, &ca);
+    pthread_condattr_destroy(&ca);
     s->started = (long long)time(NULL);
     s->model_name = strdup(o->model_name ? o->model_name : "dspark");
     s->api_key = o->api_key && *o->api_key ? strdup(o->api_key) : NULL;
@@ -469,11 +481,25 @@ int ds_server_port(const ds_server *s) { return s->port; }
 
 bool ds_server_plain_chat(const ds_server *s) { return ds_loop_plain_chat(s->loop); }
 
+/* How long, after every job has ended, the last answers get to reach
+ * their clients before the connections are closed (a client that stopped
+ * reading must not hold the exit forever). */
+#define SEND_GRACE_S 10
+
 void ds_server_shutdown(ds_server *s, double grace_s) {
     if (!s->loop) return;
     ds_loop_begin_drain(s->loop);
     if (ds_loop_wait_idle(s->loop, grace_s) > 0) ds_loop_cancel_all(s->loop);
-    /* Every job has ended: waiting connection threads answer and return. */
+    /* Every job has ended, but its last text, finish reason and [DONE] may
+     * still be on their way out: stopping the daemon now would cut them.
+     * Wait for each request's completion (MHD's notice) first. */
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += SEND_GRACE_S;
+    pthread_mutex_lock(&s->mu);
+    while (s->answering > 0 && pthread_cond_timedwait(&s->answered, &s->mu, &dl) == 0) {
+    }
+    pthread_mutex_unlock(&s->mu);
     if (s->mhd) MHD_stop_daemon(s->mhd);
     s->mhd = NULL;
 }
@@ -482,6 +508,7 @@ void ds_server_free(ds_server *s) {
     if (!s) return;
     if (s->mhd) ds_server_shutdown(s, 0);
     ds_loop_free(s->loop);
+    pthread_cond_destroy(&s->answered);
     pthread_mutex_destroy(&s->mu);
     free(s->model_name);
     free(s->api_key);
