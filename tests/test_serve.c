@@ -689,6 +689,10 @@ static void test_concurrent_identical(void) {
     CHECK(metric(main_srv.port, "vllm:num_requests_running") == 0, "requests still running after the burst");
     CHECK(metric(main_srv.port, "vllm:spec_decode_num_drafts_total") > 0, "no drafts counted");
     CHECK(metric(main_srv.port, "vllm:generation_tokens_total") > 0, "no tokens counted");
+    CHECK(metric(main_srv.port, "vllm:time_to_first_token_seconds_count") >= 2 * n_prompts &&
+              metric(main_srv.port, "vllm:e2e_request_latency_seconds_count") >= 2 * n_prompts &&
+              metric(main_srv.port, "vllm:e2e_request_latency_seconds_sum") > 0,
+          "latency histograms not counting");
 }
 
 /* Sampling: a seed's answer is generate's with the same seed and settings

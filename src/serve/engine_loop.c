@@ -23,8 +23,29 @@
 #include "serve/plain_chat.h"
 #include "serve/stream.h"
 
+const double ds_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, 0};
+const double ds_e2e_buckets[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0, 0};
+
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void observe(ds_histogram *h, const double *bounds, double v) {
+    int b = 0;
+    while (bounds[b] > 0 && v > bounds[b]) b++;
+    if (bounds[b] > 0) h->counts[b]++; /* past the last bound: only +Inf (count) */
+    h->count++;
+    h->sum += v;
+}
+
 struct ds_job {
     ds_loop *loop;
+    double t_post;          /* when it was posted (monotonic seconds) */
+    bool first_seen;        /* its first token has been published (TTFT observed) */
     ds_serve_request req;   /* immutable once posted */
     pthread_cond_t cv;
     /* under loop->mu: */
@@ -172,6 +193,7 @@ ds_job *ds_loop_post(ds_loop *l, ds_serve_request *req, ds_api_error *err) {
         return NULL;
     }
     j->loop = l;
+    j->t_post = mono_s();
     cond_init_monotonic(&j->cv);
     j->refs = 2; /* the caller's and the engine thread's */
     j->phase = DS_JOB_ADMITTING;
@@ -340,6 +362,10 @@ static ds_job *publish_locked(ds_loop *l, ds_job *j, bool *retired) {
         news = true;
     }
     j->n_seen = st.n_tokens;
+    if (news && !j->first_seen) {
+        j->first_seen = true;
+        observe(&l->snap.ttft, ds_ttft_buckets, mono_s() - j->t_post);
+    }
     const bool cancelled = j->cancel || l->cancel_all;
     if (!st.finished && !j->stopped && !cancelled) {
         if (news) {
@@ -354,6 +380,7 @@ static ds_job *publish_locked(ds_loop *l, ds_job *j, bool *retired) {
     else if (st.finished && st.finish_reason == DS_FINISH_STOP) j->finish_reason = "stop", l->snap.finished_stop++;
     else if (st.finished && st.finish_reason != DS_FINISH_CALLER) j->finish_reason = "length", l->snap.finished_length++;
     else j->finish_reason = "abort", l->snap.finished_abort++;
+    observe(&l->snap.e2e, ds_e2e_buckets, mono_s() - j->t_post);
     /* Release cancels first when it still runs: its KV pages go back now. */
     ds_error_free(ds_engine_release(l->engine, j->id));
     *retired = true;

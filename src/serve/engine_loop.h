@@ -72,6 +72,18 @@ void ds_job_unref(ds_job *j);
 ds_job_phase ds_job_wait_admitted(ds_job *j, int timeout_ms);
 const ds_serve_request *ds_job_request(const ds_job *j);
 
+/* A Prometheus histogram with fixed upper bounds (seconds). */
+#define DS_HIST_MAX_BUCKETS 24
+typedef struct {
+    int64_t counts[DS_HIST_MAX_BUCKETS]; /* per bucket, not cumulative (metrics.c sums) */
+    int64_t count;                       /* observations, the +Inf bucket */
+    double sum;
+} ds_histogram;
+/* vLLM's bucket bounds for vllm:time_to_first_token_seconds and
+ * vllm:e2e_request_latency_seconds; each list ends with a 0. */
+extern const double ds_ttft_buckets[];
+extern const double ds_e2e_buckets[];
+
 /* What /metrics and /health report, copied by the engine thread after
  * every step (HTTP threads never call the engine). */
 typedef struct {
@@ -81,6 +93,8 @@ typedef struct {
     bool draining;
     int64_t finished_stop, finished_length, finished_abort, rejected;
     int64_t step_errors;
+    ds_histogram ttft;           /* posted -> first token committed */
+    ds_histogram e2e;            /* posted -> finished (stop, length or abort) */
 } ds_loop_snapshot;
 void ds_loop_snapshot_get(ds_loop *l, ds_loop_snapshot *s);
 

@@ -24,6 +24,20 @@ static void sample(ds_sbuf *o, const char *name, const char *label, const char *
     ds_sbuf_printf(o, "%s{model_name=%s%s%s} %.17g\n", name, label, extra ? "," : "", extra ? extra : "", v);
 }
 
+/* _bucket{le=...} cumulative counts, +Inf, _sum, _count. */
+static void histogram(ds_sbuf *o, const char *name, const char *help, const char *label, const ds_histogram *h,
+                      const double *bounds) {
+    meta(o, name, "histogram", help);
+    int64_t cum = 0;
+    for (int b = 0; bounds[b] > 0 && b < DS_HIST_MAX_BUCKETS; b++) {
+        cum += h->counts[b];
+        ds_sbuf_printf(o, "%s_bucket{model_name=%s,le=\"%g\"} %lld\n", name, label, bounds[b], (long long)cum);
+    }
+    ds_sbuf_printf(o, "%s_bucket{model_name=%s,le=\"+Inf\"} %lld\n", name, label, (long long)h->count);
+    ds_sbuf_printf(o, "%s_sum{model_name=%s} %.9g\n", name, label, h->sum);
+    ds_sbuf_printf(o, "%s_count{model_name=%s} %lld\n", name, label, (long long)h->count);
+}
+
 void ds_metrics_text(ds_sbuf *o, const char *model, const ds_loop_snapshot *s, const ds_http_counts *h,
                      int positions) {
     /* The model name as a label value: JSON string escaping is also
@@ -74,6 +88,11 @@ void ds_metrics_text(ds_sbuf *o, const char *model, const ds_loop_snapshot *s, c
         snprintf(pos, sizeof pos, "position=\"%d\"", k);
         sample(o, "vllm:spec_decode_num_accepted_tokens_per_pos_total", L, pos, (double)m->accepted_per_pos[k]);
     }
+
+    histogram(o, "vllm:time_to_first_token_seconds", "Seconds from a request's arrival to its first token.", L,
+              &s->ttft, ds_ttft_buckets);
+    histogram(o, "vllm:e2e_request_latency_seconds", "Seconds from a request's arrival to its end.", L, &s->e2e,
+              ds_e2e_buckets);
 
     static const char *const classes[] = DS_HTTP_CLASSES;
     meta(o, "dspark:http_responses_total", "counter", "HTTP responses by status class.");

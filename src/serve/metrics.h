@@ -4,7 +4,9 @@
  * vllm:kv_cache_usage_perc (a fraction, as vLLM's), token counters, and
  * the speculative-decoding counters vllm:spec_decode_num_drafts_total,
  * ..._num_draft_tokens_total, ..._num_accepted_tokens_total and
- * ..._num_accepted_tokens_per_pos_total{position="k"}. Every series
+ * ..._num_accepted_tokens_per_pos_total{position="k"}, and the latency
+ * histograms vllm:time_to_first_token_seconds and
+ * vllm:e2e_request_latency_seconds (vLLM's buckets). Every series
  * carries model_name, as vLLM's do. */
 #ifndef DS_SERVE_METRICS_H
 #define DS_SERVE_METRICS_H
