@@ -74,7 +74,10 @@ static void count(ds_server *s, int status) {
 static enum MHD_Result reply(ds_server *s, struct MHD_Connection *c, int status, const char *type,
                              const void *data, size_t len, enum MHD_ResponseMemoryMode mode) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)data, mode);
-    if (!r) return MHD_NO;
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free((void *)data);
+        return MHD_NO;
+    }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -289,6 +292,10 @@ static enum MHD_Result serve_post(ds_server *s, struct MHD_Connection *c, conn_c
     ds_serve_request req;
     if (cc->too_large) {
         ds_api_errorf(&err, 413, NULL, "the body is over %zu bytes (--max-body)", s->o.max_body);
+        return reply_error(s, c, &err);
+    }
+    if (cc->body.oom) {
+        ds_api_errorf(&err, 500, NULL, "out of memory while reading the body");
         return reply_error(s, c, &err);
     }
     ds_req_kind kind = cc->r == R_CHAT ? DS_REQ_CHAT : DS_REQ_COMPLETION;
