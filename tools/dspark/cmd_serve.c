@@ -16,12 +16,14 @@
 #include "commands.h"
 #include "dspark.h"
 #include "serve/serve.h"
+#include "size_arg.h"
 
 typedef struct {
     const char *model, *drafter, *tokenizer, *sts, *sps_cache, *model_name;
     bool no_draft, no_sts, cuda, schedule_confidence;
     int threads, batch, ctx, max_queue, default_max_tokens, gamma;
     float threshold;
+    int64_t kv_mem; /* --kv-mem SIZE: the KV pool from a byte budget (0: batch x ctx) */
     double grace_s;
     ds_server_opts srv;
 } options;
@@ -29,7 +31,7 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark serve [-m MODEL_DIR] [-d DRAFTER_DIR | --no-draft] [--host ADDR] [--port N]\n"
-            "                    [--batch N] [--ctx N] [--schedule fixed|confidence] [--api-key KEY]\n"
+            "                    [--batch N] [--ctx N] [--kv-mem SIZE] [--schedule fixed|confidence] [--api-key KEY]\n"
             "                    [--backend cpu|cuda] [--threads N] [--max-queue N] [--model-name NAME]\n"
             "                    [--tokenizer PATH] [--threshold C] [--gamma G] [--sts FILE | --no-sts]\n"
             "                    [--sps-cache FILE] [--max-tokens N] [--max-connections N] [--max-body BYTES]\n"
@@ -48,6 +50,8 @@ static void usage(FILE *f) {
             "  --batch N          requests in flight at once (default 8)\n"
             "  --ctx N            tokens a request may hold, prompt and output (default 2048, capped at\n"
             "                     the model's context); the KV pool holds batch x ctx tokens\n"
+            "  --kv-mem SIZE      the KV pool (target and drafter) from a byte budget instead, e.g. 512M, 8G\n"
+            "                     (requests beyond what it holds wait or are preempted and recomputed)\n"
             "  --schedule S       fixed (each proposal whole, default) or confidence (SPEC 6 Algorithm 1;\n"
             "                     needs a drafter with a confidence head; --sps-cache FILE keeps the profile)\n"
             "  --api-key KEY      /v1/ requires \"Authorization: Bearer KEY\" (401 otherwise)\n"
@@ -71,7 +75,7 @@ static int int_arg(const char *s, char **end) {
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_HOST, O_PORT, O_BATCH, O_CTX, O_SCHEDULE, O_API_KEY, O_BACKEND, O_THREADS,
            O_MAX_QUEUE, O_MODEL_NAME, O_TOKENIZER, O_THRESHOLD, O_GAMMA, O_STS, O_NO_STS, O_SPS_CACHE,
-           O_MAX_TOKENS, O_MAX_CONN, O_MAX_BODY, O_GRACE };
+           O_MAX_TOKENS, O_MAX_CONN, O_MAX_BODY, O_GRACE, O_KV_MEM };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"no-draft", no_argument, 0, O_NO_DRAFT}, {"host", required_argument, 0, O_HOST},
@@ -84,7 +88,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sts", required_argument, 0, O_STS}, {"no-sts", no_argument, 0, O_NO_STS},
         {"sps-cache", required_argument, 0, O_SPS_CACHE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
         {"max-connections", required_argument, 0, O_MAX_CONN}, {"max-body", required_argument, 0, O_MAX_BODY},
-        {"grace", required_argument, 0, O_GRACE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"grace", required_argument, 0, O_GRACE}, {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = cpus > 0 ? (int)cpus : 1;
     o->batch = 8;
@@ -129,6 +134,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_MAX_CONN: NUM(o->srv.max_connections, int_arg(optarg, &end), "--max-connections"); break;
         case O_MAX_BODY: NUM(body, strtoll(optarg, &end, 10), "--max-body"); break;
         case O_GRACE: NUM(o->grace_s, strtod(optarg, &end), "--grace"); break;
+        case O_KV_MEM: {
+            ds_error *e = ds_size_arg("--kv-mem", optarg, &o->kv_mem);
+            if (e) {
+                fprintf(stderr, "dspark serve: %s\n", ds_error_message(e));
+                ds_error_free(e);
+                return 2;
+            }
+            break;
+        }
         case O_SCHEDULE:
             if (strcmp(optarg, "fixed") && strcmp(optarg, "confidence")) {
                 fprintf(stderr, "dspark serve: --schedule expects fixed or confidence, got '%s'\n", optarg);
@@ -204,7 +218,7 @@ int cmd_serve(int argc, char **argv) {
     if (o.no_draft) drafter = NULL;
     ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o.cuda ? "cuda" : "cpu",
                          .threads = o.threads, .tokenizer = o.tokenizer, .sts = o.sts,
-                         .no_sts = o.no_sts || !drafter, .batch = o.batch, .ctx = o.ctx,
+                         .no_sts = o.no_sts || !drafter, .batch = o.batch, .ctx = o.ctx, .kv_mem = o.kv_mem,
                          .confidence_schedule = o.schedule_confidence, .sps_cache = o.sps_cache};
     ds_engine *engine = NULL;
     ds_server *server = NULL;
@@ -235,6 +249,9 @@ int cmd_serve(int argc, char **argv) {
     if (ds_server_plain_chat(server))
         fprintf(stderr, "dspark serve: %s has no chat template: chat requests are rendered as a plain "
                         "\"User: ...\\n\\nAssistant:\" transcript, the answer stopped at \"\\nUser:\"\n", model);
+    char pool[192];
+    ds_kv_pool_line(&info, pool, sizeof pool);
+    fprintf(stderr, "dspark serve: %s\n", pool);
     const char *host = o.srv.host;
     fprintf(stderr, "dspark serve: %s%s%s, batch %d, ctx %d, schedule %s\n", o.srv.model_name,
             drafter ? " + drafter " : "", drafter ? drafter : "", o.batch, o.srv.loop.ctx,
