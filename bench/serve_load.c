@@ -5,10 +5,11 @@
  * the server, and a client library's buffering would blur the event times.
  *
  *   serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]
- *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]
- *              [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]
- *              [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]
- *   serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT
+ *              [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--max-prompts N]
+ *              [--chat | --ids] [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S]
+ *              [--server-pid PID] [--warmup S] [--check-t0] [--offline FILE] [--cancel-frac F]
+ *              [--json OUT] [--row FILE] [--quiet]
+ *   serve_load [--prompts FILE] [--max-prompts N] [--chat | --ids] --write-prompts OUT
  *
  * Per request: TTFT is request sent -> the first event carrying content;
  * the speculative engine emits several tokens per event (a verify round's
@@ -159,6 +160,7 @@ static struct {
     bool ids;
     bool token_ids;
     bool ignore_eos;
+    long max_prompts;
     double cancel_frac;
     const char *api_key;
     double timeout;
@@ -775,7 +777,7 @@ static void load_prompts(const char *path) {
     char *all = read_file(path, &len);
     if (!all) die("cannot read %s: %s", path, strerror(errno));
     int line_no = 0;
-    for (char *line = all; line && *line;) {
+    for (char *line = all; line && *line && !(opt.max_prompts && (long)n_prompts >= opt.max_prompts);) {
         char *nl = strchr(line, '\n');
         if (nl) *nl = 0;
         line_no++;
@@ -923,10 +925,11 @@ static server_state server_after_run(void) {
 static void usage(void) {
     fprintf(stderr,
             "usage: serve_load [--url http://HOST:PORT | --host H --port P] [--clients N] [--duration S]\n"
-            "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--chat | --ids]\n"
-            "                  [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S] [--server-pid PID] [--warmup S]\n"
-            "                  [--check-t0] [--offline FILE] [--cancel-frac F] [--json OUT] [--row FILE] [--quiet]\n"
-            "       serve_load [--prompts FILE] [--chat | --ids] --write-prompts OUT\n");
+            "                  [--max-tokens N] [--temperature T] [--seed S] [--prompts FILE] [--max-prompts N]\n"
+            "                  [--chat | --ids] [--ignore-eos] [--token-ids] [--api-key KEY] [--timeout S]\n"
+            "                  [--server-pid PID] [--warmup S] [--check-t0] [--offline FILE] [--cancel-frac F]\n"
+            "                  [--json OUT] [--row FILE] [--quiet]\n"
+            "       serve_load [--prompts FILE] [--max-prompts N] [--chat | --ids] --write-prompts OUT\n");
     exit(2);
 }
 
@@ -983,6 +986,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) opt.chat = true;
         else if (!strcmp(a, "--ids")) opt.ids = true;
         else if (!strcmp(a, "--token-ids")) opt.token_ids = true;
+        else if (!strcmp(a, "--max-prompts")) { NEEDV(); opt.max_prompts = (long)num_arg(a, v, 1, 1e9); }
         else if (!strcmp(a, "--ignore-eos")) opt.ignore_eos = true;
         else if (!strcmp(a, "--cancel-frac")) { NEEDV(); opt.cancel_frac = num_arg(a, v, 0, 1); }
         else if (!strcmp(a, "--api-key")) { NEEDV(); opt.api_key = v; }
