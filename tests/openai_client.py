@@ -5,7 +5,8 @@ A client nobody here wrote: whatever it sends (its headers, its JSON, its
 SSE parser) is what real users send. The script starts the server itself on
 an ephemeral loopback port with an API key, then checks completions and chat
 completions, streamed and not, usage, stop strings, and the errors a client
-sees as exceptions (400 bad field, 401 wrong key, 404), then SIGTERM -> exit 0.
+sees as exceptions (400 bad field, 401 wrong key, 404), a stream closed
+mid-answer (counted as aborted by /metrics), then SIGTERM -> exit 0.
 
     python3 tests/openai_client.py [PATH/TO/dspark] [-- extra `dspark serve` args]
 
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 try:
     import openai
@@ -212,6 +214,28 @@ def main():
             assert text.startswith(c.text), f"{c.text!r} is not a prefix of {text!r}"
             assert c.finish_reason == "stop", c.finish_reason
         check("stop strings", stop_string)
+
+        def aborted_count():
+            text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+            m = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\}\s+(\S+)', text, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        def stream_close():
+            # A client that closes its stream mid-answer: the server cancels the request.
+            before = aborted_count()
+            stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=400, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True})
+            got = 0
+            for _ in stream:
+                got += 1
+                if got == 2:
+                    break
+            stream.close()
+            deadline = time.monotonic() + 30
+            while aborted_count() <= before:
+                assert time.monotonic() < deadline, "the server did not count the closed stream as aborted"
+                time.sleep(0.2)
+        check("a stream closed mid-answer is aborted (/metrics)", stream_close)
 
         check("400 a bad field (temperature -1)", lambda: expect_error(
             lambda: client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=-1),
