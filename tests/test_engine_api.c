@@ -501,6 +501,20 @@ static void test_submit_step(void) {
     CHECK(id == -1, "a refused request got id %lld", (long long)id);
     CHECK_ERR(ds_engine_submit(eng, ids[0], lens[0], &g[0], &id), "batch > 0");
     for (int i = 0; i < N; i++) free(ids[i]);
+    ds_engine_info info, big;
+    ds_engine_get_info(be_, &info);
+    ds_engine_free(be_);
+    /* A ctx beyond the model's context (pico: 512) sizes the pool for the model's context. */
+    ds_engine_opts o2 = o;
+    o2.ctx = 1 << 20;
+    CHECK_OK(ds_engine_open(&o2, &be_));
+    ds_engine_get_info(be_, &big);
+    o2.ctx = big.context;
+    ds_engine_free(be_);
+    CHECK_OK(ds_engine_open(&o2, &be_));
+    ds_engine_get_info(be_, &info);
+    CHECK(big.context == 512 && big.kv_pages == info.kv_pages, "ctx 2^20: %d pages, ctx %d: %d pages", big.kv_pages,
+          big.context, info.kv_pages);
     ds_engine_free(be_);
 }
 

@@ -94,16 +94,19 @@ static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_op
     ds_batch_opts *b = &e->bo;
     b->max_seqs = o->batch;
     b->page_rows = page;
-    DS_TRY(ds_target_kv_row_bytes(o->model_dir, &e->kv_row[0]));
+    int model_ctx;
+    DS_TRY(ds_target_kv_shape(o->model_dir, &e->kv_row[0], &model_ctx));
     if (o->drafter_dir) DS_TRY(ds_drafter_kv_row_bytes(o->drafter_dir, &e->kv_row[1]));
-    const int64_t per_req = ((int64_t)o->ctx + block + page - 1) / page; /* one request of ctx tokens and a block */
+    /* A request holds at most the model's context, whatever ctx asks. */
+    const int ctx = o->ctx < model_ctx ? o->ctx : model_ctx;
+    const int64_t per_req = ((int64_t)ctx + block + page - 1) / page; /* one request of ctx tokens and a block */
     /* From kv_mem: what the budget buys at the bytes a position takes in both models, after the drafter's
      * block rows; at least one request (else nothing could run), at most what `batch` of them can use. */
     int64_t pages = per_req * o->batch;
     b->n_pages = 0;
     if (o->kv_mem > 0) {
         DS_TRY(ds_error_wrap(ds_kv_pool_fit(b, DS_MAX_GAMMA, o->kv_mem, e->kv_row[0], e->kv_row[1], per_req, pages),
-                             "ds_engine_opts.kv_mem (a request: ctx %d tokens and a block)", o->ctx));
+                             "ds_engine_opts.kv_mem (a request: ctx %d tokens and a block)", ctx));
         pages = b->n_pages;
         b->n_pages = 0;
     }
@@ -112,7 +115,7 @@ static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_op
     if (drafter_rows > INT_MAX)
         return ds_errorf("ds_engine_opts: a pool of %lld pages of %d rows (batch %d, ctx %d) is more rows than a "
                          "cache holds (%d)",
-                         (long long)pages, page, o->batch, o->ctx, INT_MAX);
+                         (long long)pages, page, o->batch, ctx, INT_MAX);
     b->n_pages = (int)pages;
     b->step_rows = o->batch * 8 > pre ? o->batch * 8 : pre; /* 8: a block of 7 drafts and its anchor */
     if (b->step_rows < block) b->step_rows = block;

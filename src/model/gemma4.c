@@ -294,12 +294,12 @@ ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts
     return NULL;
 }
 
-ds_error *ds_gemma4_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out) {
+ds_error *ds_gemma4_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out, int *max_ctx) {
     ds_gemma4_layout lay;
     DS_TRY(ds_gemma4_layout_read(cfg, where, &lay));
     ds_gemma4_config c = {0};
     ds_error *e = ds_gemma4_config_read_as(lay.text, where, true, lay.unified, &c); /* as gemma4_init reads it */
-    if (!e) *out = ds_gemma4_kv_row_bytes(&c);
+    if (!e) *out = ds_gemma4_kv_row_bytes(&c), *max_ctx = c.max_pos;
     ds_gemma4_config_free(&c);
     return e;
 }

@@ -117,10 +117,11 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
     return NULL;
 }
 
-ds_error *ds_qwen3_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out) {
+ds_error *ds_qwen3_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t *out, int *max_ctx) {
     ds_qwen3_config c;
     DS_TRY(ds_qwen3_config_read(cfg, where, &c));
     *out = ds_qwen3_kv_row_bytes(&c);
+    *max_ctx = c.max_pos;
     ds_qwen3_config_free(&c);
     return NULL;
 }

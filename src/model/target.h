@@ -99,6 +99,9 @@ ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *
  * together, in the caches' dtype (kv_cache.h): read from dir's config.json
  * alone, before anything is loaded, so a memory budget can size the pool. */
 ds_error *ds_target_kv_row_bytes(const char *dir, int64_t *out);
+/* The same read, with the context the config allows (max_position_embeddings):
+ * a pool sized for longer requests than the model takes would be wasted. */
+ds_error *ds_target_kv_shape(const char *dir, int64_t *row_bytes, int *max_ctx);
 void ds_target_free(ds_target *t);
 /* Which layers' outputs the next forwards tap (SPEC §3 convention). */
 ds_error *ds_target_set_taps(ds_target *t, const int *layers, int n);

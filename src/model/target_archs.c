@@ -12,7 +12,7 @@
 
 typedef ds_error *(*arch_open_fn)(ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts, ds_target **out);
 /* Bytes a cached position takes in the caches the constructor would allocate (as a pool of pages). */
-typedef ds_error *(*arch_kv_fn)(const cJSON *cfg, const char *where, int64_t *out);
+typedef ds_error *(*arch_kv_fn)(const cJSON *cfg, const char *where, int64_t *out, int *max_ctx);
 
 /* A config matches a row when model_type is the row's and architectures[0]
  * is the row's or absent. */
@@ -48,7 +48,13 @@ static size_t find_arch(const cJSON *config, const char *dir, ds_error **err) {
 }
 
 ds_error *ds_target_kv_row_bytes(const char *dir, int64_t *out) {
+    int max_ctx;
+    return ds_target_kv_shape(dir, out, &max_ctx);
+}
+
+ds_error *ds_target_kv_shape(const char *dir, int64_t *out, int *max_ctx) {
     *out = 0;
+    *max_ctx = 0;
     char *path = ds_path_join(dir, "config.json");
     if (!path) return ds_errorf("out of memory");
     cJSON *cfg;
@@ -56,7 +62,7 @@ ds_error *ds_target_kv_row_bytes(const char *dir, int64_t *out) {
     free(path);
     DS_TRY(e);
     const size_t i = find_arch(cfg, dir, &e);
-    if (i < N_ARCHS) e = archs[i].kv_row_bytes(cfg, dir, out);
+    if (i < N_ARCHS) e = archs[i].kv_row_bytes(cfg, dir, out, max_ctx);
     cJSON_Delete(cfg);
     if (!e && *out > DS_KV_ROW_BYTES_MAX)
         e = ds_errorf("%s/config.json: its layers' K/V would take over %lld bytes a position (no real model does)", dir,
