@@ -19,17 +19,32 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "io/quant_checkpoint.h"
 #include "io/safetensors.h"
 #include "sample/sampling.h" /* ds_sampling, the sampling ops' parameters */
 
 typedef struct ds_backend ds_backend;
 typedef struct ds_spec_ops ds_spec_ops; /* the speculative ops (spec_ops.h) */
 
+/* An affine-quantized weight (MLX's layout, base/affine_quant.h), bits 0
+ * for a plain tensor. The tensor's data then holds the packed words (stride:
+ * words a row, cols * bits / 32), rows x cols is the logical shape, and
+ * dtype is that of the scales and biases ([rows, cols / group] each, backend
+ * memory): the dtype the dequantized weight stands for, so code asking a
+ * weight's dtype (are logits rounded to bf16? is x?) sees the model's.
+ * Only weight_quant makes one; only linear (and the fused linear ops) and
+ * embed take one; a backend without weight_quant never sees one. */
+typedef struct {
+    int bits, group;
+    const void *scales, *biases;
+} ds_quant;
+
 typedef struct {
     ds_dtype dtype;
     void *data; /* backend memory */
     int64_t rows, cols, stride;
     bool owned; /* memory belongs to this tensor (not a view, not a mapped weight) */
+    ds_quant q; /* q.bits > 0: a quantized weight */
 } ds_tensor;
 
 /* Rows [r0, r0+n) of t, as a view sharing t's memory. */
@@ -170,6 +185,11 @@ typedef struct {
      * tensor (the CPU maps it in place; a GPU copies it to device memory). */
     ds_error *(*alloc)(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out);
     ds_error *(*weight)(ds_backend *be, const ds_st_tensor *src, int64_t rows, int64_t cols, ds_tensor *out);
+    /* A quantized weight (ds_quant) of logical shape [rows, cols] from its
+     * checkpoint tensors (validated: io/quant_checkpoint.h). Optional: NULL
+     * for a backend without quantized weights (loading one is then an error
+     * naming the tensor and the backend). */
+    ds_error *(*weight_quant)(ds_backend *be, const ds_quant_src *src, int64_t rows, int64_t cols, ds_tensor *out);
     void (*release)(ds_backend *be, ds_tensor *t);
     void (*upload)(ds_backend *be, ds_tensor dst, const float *src);  /* host fp32 -> dst (fp32) */
     void (*download)(ds_backend *be, ds_tensor src, float *dst);      /* src (fp32) -> host */
@@ -323,7 +343,7 @@ static inline ds_error *ds_backend_bandwidth(ds_backend *be, size_t bytes, int r
 static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 
 static inline ds_tensor ds_no_tensor(void) {
-    ds_tensor t = {DS_F32, NULL, 0, 0, 0, false}; /* (no compound literal: CUDA C++ includes this too) */
+    ds_tensor t = {DS_F32, NULL, 0, 0, 0, false, {0, 0, NULL, NULL}}; /* (no compound literal: CUDA C++ includes this too) */
     return t;
 }
 

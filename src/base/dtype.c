@@ -7,7 +7,7 @@ static const struct {
     size_t size;
 } dtypes[DS_DTYPE_COUNT] = {
     [DS_F32] = {"F32", 4}, [DS_BF16] = {"BF16", 2}, [DS_F16] = {"F16", 2},
-    [DS_I64] = {"I64", 8}, [DS_I32] = {"I32", 4},
+    [DS_I64] = {"I64", 8}, [DS_I32] = {"I32", 4}, [DS_U32] = {"U32", 4},
 };
 
 size_t ds_dtype_size(ds_dtype t) { return (unsigned)t < DS_DTYPE_COUNT ? dtypes[t].size : 0; }
@@ -29,6 +29,21 @@ float ds_f16_to_f32(uint16_t h) {
     uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
     memcpy(&f, &u, 4);
     return f;
+}
+
+uint16_t ds_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN stays NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                        /* >= 65520: inf */
+    if (a < 0x38800000u) { /* below 2^-14: a subnormal step of 2^-24 (the scaling is exact), ties to even */
+        float v;
+        memcpy(&v, &a, 4);
+        return (uint16_t)(sign | (uint32_t)rintf(v * 16777216.0f));
+    }
+    const uint32_t r = a - 0x38000000u; /* exponent rebased from 127 to 15 */
+    return (uint16_t)(sign | ((r + 0x0fffu + ((r >> 13) & 1u)) >> 13));
 }
 
 void ds_round_bf16_n(float *x, size_t n) {

@@ -6,7 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { DS_F32 = 0, DS_BF16, DS_F16, DS_I64, DS_I32, DS_DTYPE_COUNT } ds_dtype;
+/* DS_U32: the packed words of quantized weights (base/affine_quant.h). */
+typedef enum { DS_F32 = 0, DS_BF16, DS_F16, DS_I64, DS_I32, DS_U32, DS_DTYPE_COUNT } ds_dtype;
 
 size_t ds_dtype_size(ds_dtype t);
 const char *ds_dtype_name(ds_dtype t);
@@ -30,6 +31,8 @@ static inline uint16_t ds_f32_to_bf16(float f) {
 }
 
 float ds_f16_to_f32(uint16_t h);
+/* Round to nearest even (numpy's astype(float16), MLX's float16_t): overflow to inf, subnormals kept. */
+uint16_t ds_f32_to_f16(float f);
 
 /* x[i] = the bf16 nearest x[i] (ds_f32_to_bf16, NaN handling included),
  * widened back to fp32, for n values: branch-free, so it vectorises. */

@@ -100,23 +100,25 @@ ds_error *ds_drafter_load_common(ds_drafter *d, const ds_target *t) {
     DS_TRY(ds_load_weight(be, ck, "fc.weight", H, (int64_t)d->n_taps * H, &d->fc));
     DS_TRY(ds_load_vector(be, ck, "hidden_norm.weight", H, &d->hidden_norm));
     DS_TRY(ds_load_weight(be, ck, "lm_head.weight", V, H, &d->lm_head));
+    /* The heads read their weights other than through linear (rows of w1, the walks' bias, the bound): a quantized
+     * checkpoint's come dequantized, so they are exact on those values. */
     if (r > 0) {
-        DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
-        DS_TRY(ds_load_weight(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
+        DS_TRY(ds_load_weight_dense(be, ck, "markov_head.markov_w1.weight", V, r, &d->markov_w1));
+        DS_TRY(ds_load_weight_dense(be, ck, "markov_head.markov_w2.weight", V, r, &d->markov_w2));
         /* The bound holds for any vector: the gated / RNN walks prune by it too. */
         if (d->markov == DS_MARKOV_VANILLA ? ds_spec(be)->markov_greedy != NULL : ds_spec(be)->markov_greedy_latent != NULL)
             DS_TRY(ds_markov_load_bound(d));
     }
     if (d->markov == DS_MARKOV_GATED) {
-        DS_TRY(ds_load_weight(be, ck, "markov_head.gate_proj.weight", r, H + r, &d->gate_w));
+        DS_TRY(ds_load_weight_dense(be, ck, "markov_head.gate_proj.weight", r, H + r, &d->gate_w));
         DS_TRY(ds_load_vector(be, ck, "markov_head.gate_proj.bias", r, &d->gate_b));
     }
     if (d->markov == DS_MARKOV_RNN) {
-        DS_TRY(ds_load_weight(be, ck, "markov_head.joint_proj.weight", 3 * r, 2 * r + H, &d->joint_w));
+        DS_TRY(ds_load_weight_dense(be, ck, "markov_head.joint_proj.weight", 3 * r, 2 * r + H, &d->joint_w));
         DS_TRY(ds_load_vector(be, ck, "markov_head.joint_proj.bias", 3 * r, &d->joint_b));
     }
     if (d->confidence) {
-        DS_TRY(ds_load_weight(be, ck, "confidence_head.proj.weight", 1, H + (d->confidence_with_markov ? r : 0),
+        DS_TRY(ds_load_weight_dense(be, ck, "confidence_head.proj.weight", 1, H + (d->confidence_with_markov ? r : 0),
                               &d->conf_w));
         DS_TRY(ds_load_vector(be, ck, "confidence_head.proj.bias", 1, &d->conf_b));
     }

@@ -7,11 +7,13 @@
  * markov_greedy, markov_sample and their _latent forms for the gated and RNN
  * heads) runs the whole walk itself. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "draft/drafter.h"
 #include "draft/markov_bound.h"
 #include "io/checkpoint.h"
+#include "io/quant_checkpoint.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
 
@@ -21,8 +23,15 @@ ds_error *ds_markov_load_bound(ds_drafter *d) {
     const char *name = "markov_head.markov_w2.weight";
     const ds_st_tensor *t = ds_checkpoint_find(d->ck, name);
     if (!t) return ds_errorf("%s: %s is missing", d->ck->dir, name);
+    /* A quantized w2 is bounded on its dequantized values (those the walk adds). */
+    ds_quant_src q;
+    DS_TRY(ds_checkpoint_quant(d->ck, name, d->vocab, d->markov_rank, &q));
+    float *dq = NULL;
+    if (q.w) DS_TRY(ds_quant_dequantize(&q, d->vocab, d->markov_rank, &dq));
     ds_markov_bound_host h;
-    ds_error *e = ds_markov_bound_build(t->data, t->dtype, d->vocab, d->markov_rank, DS_MARKOV_BOUND_K, &h);
+    ds_error *e = ds_markov_bound_build(dq ? (const void *)dq : t->data, dq ? DS_F32 : t->dtype, d->vocab,
+                                        d->markov_rank, DS_MARKOV_BOUND_K, &h);
+    free(dq);
     if (e) return ds_error_wrap(e, "%s: %s", d->ck->dir, name);
     ds_backend *be = d->be;
     ds_markov_bound *b = &d->markov_bound;

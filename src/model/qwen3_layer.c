@@ -75,6 +75,9 @@ void ds_qwen3_config_free(ds_qwen3_config *c) {
 
 ds_error *ds_load_weight(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                          ds_tensor *out) {
+    ds_quant_src q;
+    DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
+    if (q.w) return ds_load_quant_weight(be, ck, &q, rows, cols, out);
     const ds_st_tensor *t;
     int64_t shape[2] = {rows, cols};
     DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));

@@ -79,10 +79,20 @@ void ds_qwen3_attention(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3
 /* x += o_proj(attn); x += down(silu(gate(n)) * up(n)), n = post_norm(x). */
 void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_qwen3_layer *L, ds_tensor x,
                              ds_qwen3_scratch *s, int rows);
-/* Loads a weight of the given shape into a backend tensor. */
+/* Loads a weight of the given shape into a backend tensor; an affine-quantized
+ * one (io/quant_checkpoint.h) stays quantized (ds_quant, model/quant_weight.c). */
 ds_error *ds_load_weight(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                          ds_tensor *out);
+/* As ds_load_weight, but a quantized weight is dequantized to fp32 at load
+ * (heads whose ops read weights other than through linear / embed: the
+ * Markov and confidence heads, which must stay exact on those values). */
+ds_error *ds_load_weight_dense(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                               ds_tensor *out);
 /* 1-D weight [n] (norms, biases): rows = 1. */
 ds_error *ds_load_vector(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tensor *out);
+
+/* q (from ds_checkpoint_quant) through the backend's weight_quant (model/quant_weight.c). */
+ds_error *ds_load_quant_weight(ds_backend *be, const ds_checkpoint *ck, const ds_quant_src *q, int64_t rows,
+                               int64_t cols, ds_tensor *out);
 
 #endif

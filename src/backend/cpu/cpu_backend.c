@@ -70,8 +70,10 @@ static void cpu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int3
     for (int64_t i = 0; i < out.rows; i++) {
         float *o = (float *)out.data + i * out.stride;
         size_t es = ds_dtype_size(table.dtype);
-        ds_to_f32(table.dtype, (const char *)table.data + (size_t)ids[i] * (size_t)table.stride * es, o,
-                  (size_t)out.cols);
+        if (table.q.bits) ds_cpu_dequant_row(table, ids[i], o); /* a quantized table: the row's dequantized values */
+        else
+            ds_to_f32(table.dtype, (const char *)table.data + (size_t)ids[i] * (size_t)table.stride * es, o,
+                      (size_t)out.cols);
         if (scale != 1.0f)
             for (int64_t c = 0; c < out.cols; c++) o[c] *= scale;
     }
@@ -255,6 +257,7 @@ static const ds_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .weight = cpu_weight,
+    .weight_quant = ds_cpu_weight_quant,
     .release = cpu_release,
     .upload = cpu_upload,
     .download = cpu_download,

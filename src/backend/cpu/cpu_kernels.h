@@ -62,6 +62,11 @@ void ds_cpu_fail(ds_backend *be, const char *op, const char *fmt, ...) __attribu
  * op) when out of memory. */
 float *ds_cpu_scratch(ds_backend *be, const char *op, int tid, int slot, size_t n);
 
+/* Quantized weights (cpu_quant.c): the weight_quant op, and row n of one
+ * dequantized to fp32 (w.cols values: embedding rows, panel packing). */
+ds_error *ds_cpu_weight_quant(ds_backend *be, const ds_quant_src *src, int64_t rows, int64_t cols, ds_tensor *out);
+void ds_cpu_dequant_row(ds_tensor w, int64_t n, float *out);
+
 /* The memory bandwidth probe (cpu_bandwidth.c, ds_backend_ops.bandwidth). */
 ds_error *ds_cpu_bandwidth(ds_backend *be, size_t bytes, int reps, ds_bandwidth *out);
 void ds_cpu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);

@@ -24,7 +24,7 @@ static bool temp_like(ds_backend *be, const char *op, ds_tensor like, ds_tensor 
             return false;
         }
     }
-    *t = (ds_tensor){DS_F32, cb->temp, like.rows, like.cols, like.cols, false};
+    *t = (ds_tensor){DS_F32, cb->temp, like.rows, like.cols, like.cols, false, {0, 0, NULL, NULL}};
     return true;
 }
 
@@ -64,9 +64,9 @@ static bool fused_norm_of(ds_backend *be, const char *op, ds_tensor x, ds_tensor
                           fused_norm *f) {
     const int64_t n = x.rows * x.cols;
     ds_tensor all;
-    if (!temp_like(be, op, (ds_tensor){DS_F32, NULL, 1, n + x.rows + extra, 0, false}, &all)) return false;
+    if (!temp_like(be, op, (ds_tensor){DS_F32, NULL, 1, n + x.rows + extra, 0, false, {0, 0, NULL, NULL}}, &all)) return false;
     float *p = (float *)all.data;
-    f->xn = (ds_tensor){DS_F32, p, x.rows, x.cols, x.cols, false};
+    f->xn = (ds_tensor){DS_F32, p, x.rows, x.cols, x.cols, false, {0, 0, NULL, NULL}};
     f->rs = p + n;
     f->extra = p + n + x.rows;
     f->scaled = x.cols % 32 == 0;
@@ -117,7 +117,7 @@ static void fused_glu(ds_backend *be, const char *op, ds_tensor out, ds_tensor x
                       ds_tensor wg, ds_tensor wu, bool gelu) {
     fused_norm f;
     if (x.rows <= 0 || !fused_norm_of(be, op, x, norm_w, eps, out.rows * out.cols, &f)) return;
-    ds_tensor up = {DS_F32, f.extra, out.rows, out.cols, out.cols, false};
+    ds_tensor up = {DS_F32, f.extra, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};
     const ds_tensor outs[2] = {out, up}, ws[2] = {wg, wu}, none[2] = {ds_no_tensor(), ds_no_tensor()};
     ds_cpu_linear_multi(be, 2, outs, f.xn, ws, none); /* (the fused SwiGLU's epilogue rounds as these do) */
     if (f.scaled) {

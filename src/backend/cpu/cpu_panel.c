@@ -10,12 +10,15 @@
  * fp32 panels. Rows past N are zero.
  *
  * Only tensors that came from weight() are cached (their contents never
- * change); they are packed on their first use (embedding tables that
+ * change); quantized weights (ds_quant) become fp32 panels of their
+ * dequantized values. They are packed on their first use (embedding tables that
  * are never multiplied cost nothing) and dropped on release(). Other
  * operands are packed per call into scratch, to the same values. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "base/affine_quant.h"
 
 /* Hash slots: open addressing, linear probing; a forgotten slot keeps
  * probing chains intact as a tombstone. */
@@ -97,6 +100,19 @@ void ds_cpu_pack_f32(ds_tensor w, int64_t p0, int64_t p1, float *dst) {
                 for (int64_t k = 0; k < K; k++) dst[k * DS_PANEL + j] = 0;
                 continue;
             }
+            if (w.q.bits) { /* quantized: the dequantized values (the weight's stride counts words) */
+                const uint32_t *q = (const uint32_t *)w.data + n * w.stride;
+                const char *sc = (const char *)w.q.scales + (size_t)(n * (K / w.q.group)) * es;
+                const char *bi = (const char *)w.q.biases + (size_t)(n * (K / w.q.group)) * es;
+                for (int64_t g = 0; g < K / w.q.group; g++) {
+                    float s, b;
+                    ds_to_f32(w.dtype, sc + (size_t)g * es, &s, 1);
+                    ds_to_f32(w.dtype, bi + (size_t)g * es, &b, 1);
+                    for (int64_t k = g * w.q.group; k < (g + 1) * w.q.group; k++)
+                        dst[k * DS_PANEL + j] = fmaf(s, (float)ds_quant_get(q, w.q.bits, k), b);
+                }
+                continue;
+            }
             const char *row = (const char *)w.data + (size_t)(n * w.stride) * es;
             for (int64_t k = 0; k < K; k++) {
                 float v;
@@ -124,7 +140,7 @@ const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, bool *bf16) {
     ds_cpu_packed *e = find(c, w);
     if (!e) return NULL;
     if (!e->panels) {
-        const bool b = w.dtype == DS_BF16;
+        const bool b = w.dtype == DS_BF16 && !w.q.bits; /* quantized: fp32 panels of the dequantized values */
         const size_t bytes = (size_t)(ds_cpu_panels(w.rows) * DS_PANEL * w.cols) * (b ? 2 : 4);
         void *p = NULL;
         if (posix_memalign(&p, 64, bytes) != 0) return NULL; /* packed per call instead */
@@ -132,6 +148,6 @@ const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, bool *bf16) {
         else ds_cpu_pack_f32(w, 0, ds_cpu_panels(w.rows), p);
         e->panels = p;
     }
-    *bf16 = e->dtype == DS_BF16;
+    *bf16 = e->dtype == DS_BF16 && !w.q.bits;
     return e->panels;
 }

@@ -83,7 +83,7 @@ void ds_cpu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tens
         free(row);
         return;
     }
-    const ds_tensor bt = {DS_F32, bias, 1, V, V, false};
+    const ds_tensor bt = {DS_F32, bias, 1, V, V, false, {0, 0, NULL, NULL}};
     int32_t prev = anchor;
     for (int64_t k = 0; k < G; k++) {
         const float *b = row_of(base, k);

@@ -84,7 +84,7 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
     }
     float *t = (float *)ds_cu_tmp(cb, "linear_residual", (size_t)(out.rows * out.cols) * sizeof(float));
     if (!t) return;
-    ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};
     ds_cu_linear(be, tmp, x, w, bias);
     ds_cu_add(be, out, res, tmp);
 }
@@ -93,7 +93,7 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
 static ds_tensor glu_products(ds_backend *be, const char *op, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
     float *t = (float *)ds_cu_tmp(ds_cu(be), op, (size_t)(out.rows * out.cols) * sizeof(float));
     if (!t) return ds_no_tensor();
-    ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
+    ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};
     ds_cu_linear(be, out, x, wg, ds_no_tensor());
     ds_cu_linear(be, up, x, wu, ds_no_tensor());
     return up;
@@ -240,7 +240,7 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
     *scaled = DS_X_BF16_ON && x.cols % 32 == 0 && x.rows <= INT32_MAX;
     float *p = (float *)ds_cu_tmp2(cb, op, (size_t)(x.rows * x.cols + x.rows) * sizeof(float));
     if (!p) return xn;
-    xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false};
+    xn = ds_tensor{DS_F32, p, x.rows, x.cols, x.cols, false, {0, 0, NULL, NULL}};
     if (*scaled) {
         float *r = p + x.rows * x.cols;
         ds_cu_launch(norm_unscaled_kernel<float>, (unsigned)x.rows, NORM_ORDER_THREADS, cb->stream, (float *)xn.data,
@@ -347,7 +347,7 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         const uint16_t *xh = normed_bf16(cb, op, x, nw, eps, &rs);
         float *t = xh ? (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float)) : NULL;
         if (!t) return;
-        const ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false};
+        const ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};
         if (ds_cu_linear_wide_bf16x(cb, op, out, xh, x.rows, wg, ds_no_tensor()) &&
             ds_cu_linear_wide_bf16x(cb, op, up, xh, x.rows, wu, ds_no_tensor()))
             glu_scaled(cb, op, act, out, up, rs);

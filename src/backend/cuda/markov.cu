@@ -974,20 +974,20 @@ static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor b
         if ((markov && !bias) || (!keep && !row)) return;
         float *lbuf = bias ? bias + V : NULL; /* lat: z, state, the spare row */
         for (int k = 0; k < G; k++) {
-            const ds_tensor rt = {DS_F32, row, 1, V, V, false};
+            const ds_tensor rt = {DS_F32, row, 1, V, V, false, {0, 0, NULL, NULL}};
             const ds_tensor ok = keep ? ds_rows(out, k, 1) : rt;
             if (markov) {
                 ds_tensor ek = ds_rows(emb, k, 1);
                 if (lat) {
                     if (!latent_step(cb, "markov_greedy", lat, k, idx + k, w1, emb, lbuf)) return;
-                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false};
+                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false, {0, 0, NULL, NULL}};
                     ek = zt; /* the bias is w2 z */
                 } else {
                     ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, (float *)ek.data, w1.data, w1.dtype,
                                  w1.stride, r, idx + k);
                     if (!ds_cu_launched(cb, "markov_greedy")) return;
                 }
-                ds_tensor bt = {DS_F32, bias, 1, V, V, false};
+                ds_tensor bt = {DS_F32, bias, 1, V, V, false, {0, 0, NULL, NULL}};
                 ds_cu_linear(be, bt, ek, w2, ds_no_tensor());
                 ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, (float *)ok.data,
                              (const float *)ds_rows(base, k, 1).data, bias, V, bf16);
@@ -1180,14 +1180,14 @@ static void sample_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor b
             } else {
                 ds_tensor et = ds_rows(emb, k, 1);
                 if (lat) {
-                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false};
+                    const ds_tensor zt = {DS_F32, lbuf, 1, r, r, false, {0, 0, NULL, NULL}};
                     et = zt; /* the bias is w2 z */
                 } else {
                     ds_cu_launch(gather_row_kernel, 1, 256, cb->stream, ek, w1.data, (int)w1.dtype, w1.stride, r,
                                  idx + k);
                     if (!ds_cu_launched(cb, "markov_sample")) return;
                 }
-                ds_tensor bt = {DS_F32, bias, 1, V, V, false};
+                ds_tensor bt = {DS_F32, bias, 1, V, V, false, {0, 0, NULL, NULL}};
                 ds_cu_linear(be, bt, et, w2, ds_no_tensor());
                 ds_cu_launch(markov_add_kernel, (unsigned)((V + 255) / 256), 256, cb->stream, lk, bk,
                              (const float *)bias, V, (int)bf16);
