@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  bench      time prefill, decoding, verification and drafting on random ids\n"
             "  calibrate  fit STS temperatures for a drafter's confidence head, with a reliability diagram\n"
             "  serve      an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)\n"
+            "  quantize   affine int8 / int4 weights as MLX stores them (group scales and biases)\n"
             "\n"
             "`dspark <command> --help` describes a command's options.\n");
 }
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
