@@ -44,6 +44,9 @@ if [ ! -f "$_r/.unpacked" ]; then
     # GnuTLS (libmicrohttpd's) from the tarball only where the system has none.
     if ! ldconfig -p | grep -q 'libgnutls.so.30 ' && [ -f "$_dd/tls.tar.xz" ]; then tar -xJf "$_dd/tls.tar.xz" -C "$_r"; fi
 fi
+# Without GnuTLS (none on the system, tls.tar.xz not carried) the build leaves the server out.
+export DS_SERVE=ON
+if ! ldconfig -p | grep -q 'libgnutls.so.30 ' && [ ! -e "$_lib/libgnutls.so.30" ]; then DS_SERVE=OFF; fi
 export LD_LIBRARY_PATH=$_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_SYSROOT_DIR=$_r
 export PKG_CONFIG_LIBDIR=$_lib/pkgconfig:$_r/usr/share/pkgconfig

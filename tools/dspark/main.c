@@ -31,7 +31,14 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) {
+#ifdef DS_HAVE_SERVE
+        return cmd_serve(argc - 1, argv + 1);
+#else
+        fprintf(stderr, "dspark serve: this build has no server (configured with -DDS_SERVE=OFF)\n");
+        return 2;
+#endif
+    }
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
