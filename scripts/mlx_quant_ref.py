@@ -6,7 +6,7 @@ byte for byte, and golden logits of the dequantized weights.
 
   mlx_quant_ref.py quantize  -m DIR --bits 4|8 [--group 64] [--skip PAT]... --out DIR
   mlx_quant_ref.py dequantize -m QDIR --out DIR          # fp32 checkpoint of the dequantized values
-  mlx_quant_ref.py fixture                               # testdata/fixtures/qwen3-tiny-quant/
+  mlx_quant_ref.py fixture                               # testdata/fixtures/{qwen3,gemma4}-tiny-quant/
 
 What it follows (read from ml-explore/mlx, written anew here):
 - the quantizer is the CPU kernel `quantize` of mlx/backend/cpu/quantized.cpp,
@@ -290,6 +290,13 @@ def cmd_fixture(root):
             print("%s: logits vs plain max |d| %.4g (max |logit| %.4g)" % (
                 name, np.max(np.abs(golden["logits_" + name][1] - ref)), np.max(np.abs(ref))))
     write_st(os.path.join(out, "golden.safetensors"), golden)
+    # Gemma 4 (tied embeddings: the quantized table is the LM head too; k_eq_v): checked against the
+    # engine on its dequantized fp32 copy (no numpy Gemma 4 forward here).
+    src = os.path.join(root, "testdata/fixtures/gemma4-tiny")
+    out = os.path.join(root, "testdata/fixtures/gemma4-tiny-quant")
+    cmd_quantize(os.path.join(src, "target"), os.path.join(out, "target-q4g32"), 4, 32, [])
+    cmd_dequantize(os.path.join(out, "target-q4g32"), os.path.join(out, "target-q4g32-dequant"))
+    cmd_quantize(os.path.join(src, "drafter-trained"), os.path.join(out, "drafter-q8g32"), 8, 32, [])
 
 
 def main():

@@ -6,6 +6,7 @@
  *   bit the engine's own logits on the dequantized fp32 checkpoint;
  * - a row's logits do not depend on how many rows share the forward;
  * - greedy drafted == greedy AR on each quantized target (plain and int8 drafters);
+ * - Gemma 4 (gemma4-tiny-quant): bit-equal to its dequantized copy, drafted == AR;
  * - `dspark quantize` writes the script's model.safetensors byte for byte;
  * - broken checkpoints are refused with errors naming the field or tensor. */
 #include <stdlib.h>
@@ -134,6 +135,47 @@ static void test_drafted_equals_ar(void) {
         }
     free(ids);
     golden_close(g);
+}
+
+/* Gemma 4 (tied: the quantized embedding table is the LM head; k_eq_v): bit-equal to its dequantized fp32
+ * copy, and drafted == AR with a plain and an int8 drafter. */
+static void test_gemma4(void) {
+    ds_safetensors *g = golden_open(FIX "/golden.safetensors");
+    if (!g) return;
+    size_t T;
+    int32_t *ids = golden_i32(g, "prompt_ids", &T);
+    golden_close(g);
+    const char *G4 = DS_TESTDATA "/fixtures/gemma4-tiny-quant";
+    char dir[512], deq[512];
+    snprintf(dir, sizeof dir, "%s/target-q4g32", G4);
+    snprintf(deq, sizeof deq, "%s/target-q4g32-dequant", G4);
+    float *q = prompt_logits(dir, ids, (int)T), *d = prompt_logits(deq, ids, (int)T);
+    CHECK(q && d && !memcmp(q, d, (size_t)T * 512 * sizeof *q), "gemma4 q4g32: logits differ from the dequantized fp32 checkpoint's");
+    free(q);
+    free(d);
+    const char *drafters[] = {DS_TESTDATA "/fixtures/gemma4-tiny/drafter-trained", DS_TESTDATA "/fixtures/gemma4-tiny-quant/drafter-q8g32"};
+    for (int k = 0; k < 2; k++) {
+        ds_target *t;
+        ds_drafter *dr;
+        CHECK_OK(ds_target_open(be, dir, NULL, &t));
+        CHECK_OK(ds_drafter_open(be, drafters[k], t, NULL, &dr));
+        ds_gen_params p = {.max_new = 48, .ignore_stop = true};
+        ds_gen_result ar = {0}, sp = {0};
+        CHECK_OK(ds_generate(t, NULL, ids, (int)T, &p, NULL, NULL, &ar));
+        ds_target_crop(t, 0);
+        CHECK_OK(ds_generate(t, dr, ids, (int)T, &p, NULL, NULL, &sp));
+        CHECK(ar.n_tokens == sp.n_tokens && !memcmp(ar.tokens, sp.tokens, (size_t)ar.n_tokens * sizeof *ar.tokens),
+              "gemma4 q4g32 + %s: drafted greedy != AR greedy", drafters[k]);
+        int acc = 0;
+        for (int r = 0; r < sp.rounds; r++) acc += sp.accept_len[r];
+        printf("  gemma4 target-q4g32 + %s: drafted == AR (%d tokens), tau %.3f\n", strrchr(drafters[k], '/') + 1,
+               sp.n_tokens, sp.rounds ? (double)acc / sp.rounds : 0.0);
+        ds_gen_result_free(&ar);
+        ds_gen_result_free(&sp);
+        ds_drafter_free(dr);
+        ds_target_free(t);
+    }
+    free(ids);
 }
 
 static bool same_file(const char *a, const char *b) {
@@ -274,5 +316,5 @@ static void test_bad_checkpoints(void) {
 static void setup(void) { CHECK_OK(test_backend_new(&be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
-RUN_TESTS("quant", setup, test_logits, test_row_invariance, test_drafted_equals_ar, test_quantize_cli,
+RUN_TESTS("quant", setup, test_logits, test_row_invariance, test_drafted_equals_ar, test_gemma4, test_quantize_cli,
           test_bad_checkpoints, teardown)
