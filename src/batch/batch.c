@@ -510,12 +510,14 @@ static int cost_bucket(int R) {
  * drafted yet), with the drafter pass's measured cost at this request
  * count, must beat a plain autoregressive step (ds_schedule_draft_pays). Under
  * load the draft pass alone can cost more than verification wins back; then
- * the step decodes autoregressively, and every 16th step drafts anyway so
- * that the confidences (and the cost) stay current. Lossless either way:
- * only how many drafts are verified changes. */
+ * the step decodes autoregressively, and now and then a step drafts anyway
+ * so that the confidences (and the cost) stay current: every 16th step, or
+ * rarer where a draft pass costs more than 1.6 plain steps, so that these
+ * probes cost at most a tenth of the plain steps between them. Lossless
+ * either way: only how many drafts are verified changes. */
 static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     *pays = true;
-    if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps || b->steps_undrafted >= 15) return NULL;
+    if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps) return NULL;
     const int G = b->d->gamma;
     int R = 0;
     for (int i = 0; i < b->n_seqs; i++) {
@@ -527,6 +529,9 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     }
     const double cost = b->draft_cost[cost_bucket(R)];
     if (R == 0 || cost <= 0) return NULL; /* nothing to decide, or the cost is still to be measured */
+    const double plain = ds_step_cost_seconds(b->o.sps, R);
+    const double every = plain > 0 && 10 * cost / plain > 16 ? 10 * cost / plain : 16;
+    if (b->steps_undrafted + 1 >= (every < 1000 ? every : 1000)) return NULL; /* the probe */
     const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
     const ds_schedule_opts o = {.draft_seconds = cost};
     return ds_schedule_draft_pays(&in, b->o.sps, &o, pays, NULL);

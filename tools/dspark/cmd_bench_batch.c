@@ -328,6 +328,7 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "drafted", (double)r[arm].st.drafted);
                 cJSON_AddNumberToObject(a, "verified_drafts", (double)r[arm].st.verified_drafts);
                 cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
+                cJSON_AddNumberToObject(a, "draft_skips", (double)r[arm].st.draft_skips);
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
             }
             cJSON_AddItemToArray(levels, lv);
