@@ -463,22 +463,25 @@ static ds_error *drafted(void *ctx, int r, ds_proposal *out) {
 /* One drafter round for every decoding sequence that got its rows (the
  * drafter reads the taps of the last forward, which the next one
  * overwrites): each one's pending context rows, then a block after its
- * anchor, on its own pages, in one pass (draft/drafter_batch.h). */
-static ds_error *draft_all(ds_batch *b) {
+ * anchor, on its own pages, in one pass (draft/drafter_batch.h). With
+ * context_only, the pending rows alone (a step that does not draft). */
+static ds_error *draft_all(ds_batch *b, bool context_only) {
     int R = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
         if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        if (context_only && s->ctx_n == 0) continue;
         b->dseqs[R] = (ds_draft_seq){.id = s->id, .taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n)
                                                                    : ds_no_tensor(),
                                      .pos0 = s->ctx_pos0, .n = s->ctx_n, .anchor = s->anchor, .start = s->start,
                                      .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
                                      .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
         b->drafting[R++] = s;
-        s->drafted_now = true;
+        s->drafted_now = !context_only;
     }
     const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
-    ds_error *e = ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
+    ds_error *e = context_only ? ds_drafter_context_batch(b->d, R, b->dseqs, &o)
+                               : ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
     for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;
     return e;
 }
@@ -777,12 +780,11 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             s->drafted_now = false;
             if (!decoding) continue;
             R += s->n_rows > 0;
-            if (draft_now && s->n_rows > 0) continue; /* draft_all's */
-            DS_TRY(append_pending(b, s));
-            s->prop.n = 0;
+            if (!draft_now) s->prop.n = 0;
+            if (s->n_rows == 0) DS_TRY(append_pending(b, s)); /* draft_all takes the others' */
         }
+        if (R > 0) DS_TRY(draft_all(b, !draft_now));
         if (R > 0 && draft_now) {
-            DS_TRY(draft_all(b));
             b->steps_undrafted = 0;
         } else if (R > 0) {
             b->steps_undrafted++;

@@ -129,11 +129,14 @@ static void walk(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, const
     d->logits = keep_logits;
 }
 
-ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o,
-                                 ds_proposal *out) {
-    if (R <= 0) return NULL;
-    if (!seqs || !o || !out)
-        return ds_errorf("drafter batch round: no %s", !seqs ? "sequences" : !o ? "options" : "output array");
+/* What both batched calls do first: check every sequence, lay out the
+ * host rows (h, in *mem, the caller's to free) with every page list
+ * concatenated, and append each sequence's pending context rows. *cap: the
+ * context rows a chunk takes. */
+static ds_error *begin(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o, host_rows *h,
+                       int32_t **mem) {
+    *mem = NULL;
+    if (!seqs || !o) return ds_errorf("drafter batch round: no %s", !seqs ? "sequences" : "options");
     if (o->page_rows < 1) return ds_errorf("drafter batch round: page_rows %d must be at least 1", o->page_rows);
     int64_t n_table = 0;
     int most = 0;
@@ -142,26 +145,53 @@ ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs,
         n_table += seqs[r].n_pages;
         if (seqs[r].n > most) most = seqs[r].n;
     }
-    ds_backend *be = d->be;
     const int G = d->gamma, S = seqs_per_pass(d);
     /* Context rows a chunk takes: all of S sequences' pending rows (what
      * reserve sized batch_taps and the architecture's scratch for). */
     const int cap = S > 1 ? (int)d->batch_taps.rows : 0;
     const int crows = cap > most ? cap : most, brows = S * G;
-    int32_t *mem = malloc(((size_t)n_table + (size_t)R + 2 * (size_t)crows + 4 * (size_t)brows) * sizeof *mem);
-    if (!mem) return ds_errorf("out of memory");
-    host_rows h = {.table = mem};
-    h.base = h.table + n_table;
-    h.cpos = h.base + R, h.crt = h.cpos + crows;
-    h.ids = h.crt + crows, h.bpos = h.ids + brows, h.brt = h.bpos + brows, h.bkeys = h.brt + brows;
+    int32_t *m = malloc(((size_t)n_table + (size_t)R + 2 * (size_t)crows + 4 * (size_t)brows) * sizeof *m);
+    if (!m) return ds_errorf("out of memory");
+    *h = (host_rows){.table = m};
+    h->base = h->table + n_table;
+    h->cpos = h->base + R, h->crt = h->cpos + crows;
+    h->ids = h->crt + crows, h->bpos = h->ids + brows, h->brt = h->bpos + brows, h->bkeys = h->brt + brows;
     for (int r = 0, at = 0; r < R; at += seqs[r].n_pages, r++) {
-        h.base[r] = at;
-        memcpy(h.table + at, seqs[r].pages, (size_t)seqs[r].n_pages * sizeof *h.table);
+        h->base[r] = at;
+        memcpy(h->table + at, seqs[r].pages, (size_t)seqs[r].n_pages * sizeof *h->table);
     }
+    *mem = m;
     const ds_kv_pages *pages = d->pages;
-    context_pass(d, R, seqs, o, &h, cap);
+    context_pass(d, R, seqs, o, h, cap);
+    d->pages = pages;
     for (int r = 0; r < R; r++)
         if (seqs[r].n > 0) *seqs[r].n_ctx = seqs[r].pos0 + seqs[r].n;
+    return NULL;
+}
+
+ds_error *ds_drafter_context_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o) {
+    if (R <= 0) return NULL;
+    host_rows h;
+    int32_t *mem;
+    ds_error *e = begin(d, R, seqs, o, &h, &mem);
+    free(mem);
+    return e ? e : ds_backend_check(d->be);
+}
+
+ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o,
+                                 ds_proposal *out) {
+    if (R <= 0) return NULL;
+    if (!out) return ds_errorf("drafter batch round: no output array");
+    host_rows h;
+    int32_t *mem;
+    ds_error *err = begin(d, R, seqs, o, &h, &mem);
+    if (err) {
+        free(mem);
+        return err;
+    }
+    ds_backend *be = d->be;
+    const int G = d->gamma, S = seqs_per_pass(d);
+    const ds_kv_pages *pages = d->pages;
 
     /* Blocks, S sequences a pass: ids [anchor, mask...] at start.., each
      * row's keys its own sequence's 0..start+G-1 (the block's own K/V

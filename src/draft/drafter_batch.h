@@ -53,5 +53,9 @@ ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs);
  * as they were. */
 ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o,
                                  ds_proposal *out);
+/* The context half alone: each sequence's pending rows appended (what
+ * ds_drafter_append would do for each), in the passes ds_drafter_round_batch
+ * makes, and no block: for a step that verifies without drafting. */
+ds_error *ds_drafter_context_batch(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o);
 
 #endif
