@@ -35,9 +35,22 @@ void ds_cpu_pack_register(ds_cpu_pack_cache *c, ds_tensor w);
 /* Drops every cached packing of this data. */
 void ds_cpu_pack_forget(ds_cpu_pack_cache *c, const void *data);
 void ds_cpu_pack_free(ds_cpu_pack_cache *c);
+/* What a panel holds (cpu_panel.c). Quantized panels keep a group's 16
+ * scales and 16 biases in fp32, then its k steps of 16 codes: a byte each
+ * (Q8), or a byte for two (Q4: lane i in the low nibble, lane 8 + i in the
+ * high one); the kernel dequantizes with one fused multiply-add, the value
+ * fp32 panels of the dequantized weight hold, so both give the same bits. */
+typedef enum { DS_PAN_F32, DS_PAN_BF16, DS_PAN_Q8, DS_PAN_Q4 } ds_cpu_pan_kind;
+/* Bytes of one panel of w in that kind. */
+static inline size_t ds_cpu_panel_bytes(ds_tensor w, ds_cpu_pan_kind k) {
+    if (k == DS_PAN_F32) return (size_t)(DS_PANEL * w.cols) * 4;
+    if (k == DS_PAN_BF16) return (size_t)(DS_PANEL * w.cols) * 2;
+    const int bits = k == DS_PAN_Q8 ? 8 : 4;
+    return (size_t)(w.cols / w.q.group) * (2 * DS_PANEL * 4 + (size_t)w.q.group * DS_PANEL * bits / 8);
+}
 /* The panels of a registered weight, packed on first use (NULL: not
- * registered or out of memory). *bf16: bf16 pair panels, else fp32. */
-const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, bool *bf16);
+ * registered or out of memory), and their kind. */
+const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, ds_cpu_pan_kind *kind);
 /* Panels [p0, p1) of any weight as fp32 panels into dst. */
 void ds_cpu_pack_f32(ds_tensor w, int64_t p0, int64_t p1, float *dst);
 

@@ -15,7 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -56,10 +56,10 @@ static inline __attribute__((always_inline)) void panel_k(const void *pan, bool 
     }
 }
 
-/* MR input rows x NP panels; res[r][p*16 + c]. pstep: elements (of the
- * panel's type) from one panel to the next. MR * NP * 2 accumulators stay in
- * registers (at most 12 of the 16). */
-static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, const void *pan, int64_t pstep,
+/* MR input rows x NP panels; res[r][p*16 + c]. pbytes: bytes from one
+ * panel to the next. MR * NP * 2 accumulators stay in registers (at most 12
+ * of the 16). */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx, const void *pan, size_t pbytes,
                                                       bool bf16, int64_t K, int MR, int NP,
                                                       float res[MAX_MR][GROUP * DS_PANEL]) {
     v8f acc[MAX_MR][GROUP][2];
@@ -69,7 +69,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
     for (int64_t k = 0; k < K; k++) {
         v8f lo[GROUP], hi[GROUP];
         for (int p = 0; p < NP; p++) {
-            const char *pp = (const char *)pan + (size_t)(p * pstep) * es;
+            const char *pp = (const char *)pan + (size_t)p * pbytes;
             /* Weights come from L3 (a model's layers do not fit in L2):
              * ask for them PREFETCH_K steps ahead. */
             __builtin_prefetch(pp + (size_t)(k + PREFETCH_K) * DS_PANEL * es);
@@ -91,21 +91,158 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t l
         }
 }
 
-typedef void tile_fn(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,
+typedef uint8_t v8b __attribute__((vector_size(8), aligned(1)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* 8 bytes at p widened to 32-bit lanes (GCC scalarizes the generic form: one instruction with AVX2). */
+static inline __attribute__((always_inline)) v8i bytes8(const uint8_t *p) {
+#if defined(__AVX2__)
+    __m128i b;
+    memcpy(&b, p, 8);
+    return (v8i)_mm256_cvtepu8_epi32(b);
+#else
+    v8b b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, v8i);
+#endif
+}
+static inline __attribute__((always_inline)) v8f lanes_f32(v8i v) {
+#if defined(__AVX2__)
+    return (v8f)_mm256_cvtepi32_ps((__m256i)v);
+#else
+    return __builtin_convertvector(v, v8f);
+#endif
+}
+
+/* tile() over quantized panels (ds_cpu_pan_kind Q8 / Q4, cpu_panel.c): each
+ * weight is fma(code, scale, bias), the fp32 value the dequantized weight
+ * has, then the same chain of fused multiply-adds over k as tile()'s: the
+ * bits of an fp32 weight holding the dequantized values, from a quarter
+ * (Q8) or an eighth (Q4) of its bytes plus the groups' scales and biases. */
+#if defined(__AVX512F__)
+/* With AVX-512 a panel column is one register: half the instructions of the
+ * two-halves form below, lane for lane the same fused multiply-adds (the
+ * same bits on either host). */
+static inline __attribute__((always_inline)) void tile_q(const float *x, int64_t ldx, const void *pan, size_t pbytes,
+                                                        int bits, int gs, int64_t K, int MR, int NP,
+                                                        float res[MAX_MR][GROUP * DS_PANEL]) {
+    __m512 acc[MAX_MR][GROUP];
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
+    const size_t qk = bits == 8 ? DS_PANEL : DS_PANEL / 2, gbytes = 2 * DS_PANEL * 4 + (size_t)gs * qk;
+    const __m512i shift = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0), low4 = _mm512_set1_epi32(15);
+    for (int64_t g0 = 0; g0 < K; g0 += gs) {
+        __m512 sc[GROUP], bi[GROUP];
+        const uint8_t *qp[GROUP];
+        for (int p = 0; p < NP; p++) {
+            const uint8_t *gp = (const uint8_t *)pan + (size_t)p * pbytes + (size_t)(g0 / gs) * gbytes;
+            sc[p] = _mm512_loadu_ps(gp);
+            bi[p] = _mm512_loadu_ps(gp + 64);
+            qp[p] = gp + 128;
+        }
+        for (int64_t k = 0; k < gs; k++) {
+            __m512 w[GROUP];
+            for (int p = 0; p < NP; p++) {
+                const uint8_t *q = qp[p] + (size_t)k * qk;
+                __builtin_prefetch(q + (size_t)PREFETCH_K * qk);
+                __m512i c;
+                if (bits == 8) {
+                    __m128i b;
+                    memcpy(&b, q, 16);
+                    c = _mm512_cvtepu8_epi32(b);
+                } else {
+                    int64_t b8;
+                    memcpy(&b8, q, 8);
+                    c = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_set1_epi64x(b8)), shift), low4);
+                }
+                w[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), sc[p], bi[p]);
+            }
+            for (int r = 0; r < MR; r++) {
+                const __m512 xb = _mm512_set1_ps(x[r * ldx + g0 + k]);
+                for (int p = 0; p < NP; p++) acc[r][p] = _mm512_fmadd_ps(xb, w[p], acc[r][p]);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) _mm512_storeu_ps(&res[r][p * DS_PANEL], acc[r][p]);
+}
+#else
+static inline __attribute__((always_inline)) void tile_q(const float *x, int64_t ldx, const void *pan, size_t pbytes,
+                                                        int bits, int gs, int64_t K, int MR, int NP,
+                                                        float res[MAX_MR][GROUP * DS_PANEL]) {
+    v8f acc[MAX_MR][GROUP][2];
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) acc[r][p][0] = acc[r][p][1] = (v8f){0};
+    const size_t qk = bits == 8 ? DS_PANEL : DS_PANEL / 2, gbytes = 2 * DS_PANEL * 4 + (size_t)gs * qk;
+    for (int64_t g0 = 0; g0 < K; g0 += gs) {
+        v8f sc[GROUP][2], bi[GROUP][2];
+        const uint8_t *qp[GROUP];
+        for (int p = 0; p < NP; p++) {
+            const uint8_t *gp = (const uint8_t *)pan + (size_t)p * pbytes + (size_t)(g0 / gs) * gbytes;
+            memcpy(sc[p], gp, sizeof sc[p]);
+            memcpy(bi[p], gp + sizeof sc[p], sizeof bi[p]);
+            qp[p] = gp + sizeof sc[p] + sizeof bi[p];
+        }
+        for (int64_t k = 0; k < gs; k++) {
+            v8f lo[GROUP], hi[GROUP];
+            for (int p = 0; p < NP; p++) {
+                const uint8_t *q = qp[p] + (size_t)k * qk;
+                __builtin_prefetch(q + (size_t)PREFETCH_K * qk);
+                v8f cl, ch;
+                if (bits == 8) {
+                    cl = lanes_f32(bytes8(q));
+                    ch = lanes_f32(bytes8(q + 8));
+                } else {
+                    const v8i v = bytes8(q);
+                    cl = lanes_f32(v & 15);
+                    ch = lanes_f32(v >> 4);
+                }
+                lo[p] = fma8(cl, sc[p][0], bi[p][0]);
+                hi[p] = fma8(ch, sc[p][1], bi[p][1]);
+            }
+            for (int r = 0; r < MR; r++) {
+                const float xv = x[r * ldx + g0 + k];
+                const v8f xb = {xv, xv, xv, xv, xv, xv, xv, xv};
+                for (int p = 0; p < NP; p++) {
+                    acc[r][p][0] = fma8(xb, lo[p], acc[r][p][0]);
+                    acc[r][p][1] = fma8(xb, hi[p], acc[r][p][1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int p = 0; p < NP; p++) {
+            memcpy(&res[r][p * DS_PANEL], &acc[r][p][0], sizeof(v8f));
+            memcpy(&res[r][p * DS_PANEL + 8], &acc[r][p][1], sizeof(v8f));
+        }
+}
+#endif
+
+/* gs: the group size of quantized panels (unused by the others). */
+typedef void tile_fn(const float *x, int64_t ldx, const void *pan, size_t pbytes, int gs, int64_t K,
                      float res[MAX_MR][GROUP * DS_PANEL]);
 
 #define TILE(MR, NP)                                                                                               \
-    static void tile_bf16_##MR##x##NP(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,      \
-                                      float res[MAX_MR][GROUP * DS_PANEL]) {                                       \
-        tile(x, ldx, pan, pstep, true, K, MR, NP, res);                                                            \
+    static void tile_bf16_##MR##x##NP(const float *x, int64_t ldx, const void *pan, size_t pbytes, int gs,         \
+                                      int64_t K, float res[MAX_MR][GROUP * DS_PANEL]) {                            \
+        tile(x, ldx, pan, pbytes, true, K, MR, NP, res);                                                           \
     }                                                                                                              \
-    static void tile_f32_##MR##x##NP(const float *x, int64_t ldx, const void *pan, int64_t pstep, int64_t K,       \
-                                     float res[MAX_MR][GROUP * DS_PANEL]) {                                        \
-        tile(x, ldx, pan, pstep, false, K, MR, NP, res);                                                           \
+    static void tile_f32_##MR##x##NP(const float *x, int64_t ldx, const void *pan, size_t pbytes, int gs,          \
+                                     int64_t K, float res[MAX_MR][GROUP * DS_PANEL]) {                             \
+        tile(x, ldx, pan, pbytes, false, K, MR, NP, res);                                                          \
+    }                                                                                                              \
+    static void tile_q8_##MR##x##NP(const float *x, int64_t ldx, const void *pan, size_t pbytes, int gs,           \
+                                    int64_t K, float res[MAX_MR][GROUP * DS_PANEL]) {                              \
+        tile_q(x, ldx, pan, pbytes, 8, gs, K, MR, NP, res);                                                        \
+    }                                                                                                              \
+    static void tile_q4_##MR##x##NP(const float *x, int64_t ldx, const void *pan, size_t pbytes, int gs,           \
+                                    int64_t K, float res[MAX_MR][GROUP * DS_PANEL]) {                              \
+        tile_q(x, ldx, pan, pbytes, 4, gs, K, MR, NP, res);                                                        \
     }
 /* Shapes with enough independent chains (>= 8 where possible) to hide the
  * FMA latency without spilling accumulators. */
 TILE(1, 4)
+TILE(1, 2)
 TILE(1, 1)
 TILE(2, 2)
 TILE(2, 1)
@@ -116,11 +253,26 @@ TILE(6, 1)
 
 /* Panels per call for MR rows, and the kernel for (MR, NP). */
 static int panels_for(int mr) { return mr == 1 ? 4 : mr == 2 ? 2 : 1; }
+/* Quantized panels hold a group's scales and biases in registers too (4 a panel in 8 lanes, 2 in 16): with
+ * 8-lane registers, fewer panels a call. */
+static int panels_for_kind(ds_cpu_pan_kind k, int mr) {
+#if defined(__AVX512F__)
+    (void)k;
+    return panels_for(mr);
+#else
+    return k == DS_PAN_Q8 || k == DS_PAN_Q4 ? (mr == 1 ? 2 : 1) : panels_for(mr);
+#endif
+}
 
-static tile_fn *kernel_for(bool bf16, int mr, int np) {
-#define PICK(MR, NP) return bf16 ? tile_bf16_##MR##x##NP : tile_f32_##MR##x##NP
+static tile_fn *kernel_for(ds_cpu_pan_kind kind, int mr, int np) {
+#define PICK(MR, NP)                                                                                               \
+    return kind == DS_PAN_BF16 ? tile_bf16_##MR##x##NP                                                             \
+           : kind == DS_PAN_Q8 ? tile_q8_##MR##x##NP                                                               \
+           : kind == DS_PAN_Q4 ? tile_q4_##MR##x##NP                                                               \
+                               : tile_f32_##MR##x##NP
     switch (mr * 8 + np) {
     case 1 * 8 + 4: PICK(1, 4);
+    case 1 * 8 + 2: PICK(1, 2);
     case 1 * 8 + 1: PICK(1, 1);
     case 2 * 8 + 2: PICK(2, 2);
     case 2 * 8 + 1: PICK(2, 1);
@@ -136,8 +288,8 @@ static tile_fn *kernel_for(bool bf16, int mr, int np) {
 typedef struct {
     ds_tensor out, w;
     float *bias;        /* fp32 copy, or NULL */
-    const void *packed; /* cached panels, or NULL: packed per call into scratch */
-    bool bf16;          /* packed holds bf16 pair panels */
+    const void *packed; /* cached panels, or NULL: packed per call into scratch (fp32) */
+    ds_cpu_pan_kind kind; /* of packed */
     int64_t groups;     /* of GROUP panels */
 } panel_part;
 
@@ -184,14 +336,13 @@ static void store(const panel_job *j, const panel_part *pt, int64_t m0, int mr, 
     }
 }
 
-/* The panels of groups [p0, p0 + np) of a part: cached, or packed now. */
+/* The panels [p0, p0 + np) of a part: cached, or packed now (fp32); their kind. */
 static const void *part_panels(const panel_job *j, const panel_part *pt, int64_t p0, int64_t np, float *buf,
-                               bool *bf16) {
-    const int64_t pstep = DS_PANEL * j->x.cols;
-    *bf16 = pt->bf16;
-    if (pt->packed) return (const char *)pt->packed + (size_t)(p0 * pstep) * (pt->bf16 ? 2 : 4);
+                               ds_cpu_pan_kind *kind) {
+    *kind = pt->kind;
+    if (pt->packed) return (const char *)pt->packed + (size_t)p0 * ds_cpu_panel_bytes(pt->w, pt->kind);
     ds_cpu_pack_f32(pt->w, p0, p0 + np, buf);
-    *bf16 = false;
+    *kind = DS_PAN_F32;
     return buf;
 }
 
@@ -203,7 +354,6 @@ static void panel_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
     const panel_job *j = ctx;
     const int64_t M = j->x.rows, K = j->x.cols, pstep = DS_PANEL * K;
     const int nblk = (int)((M + MAX_MR - 1) / MAX_MR);
-    const int np_max = panels_for((int)(M / nblk));
     float *buf = NULL;
     tile_res res, res2;
     for (int64_t g = g0; g < g1; g++) {
@@ -217,9 +367,12 @@ static void panel_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
             buf = ds_cpu_scratch(j->be, "linear", tid, DS_SCRATCH_WEIGHTS, (size_t)(2 * GROUP * pstep));
             if (!buf) return; /* recorded: check() reports it */
         }
-        bool bf16, bf16u = false;
-        const void *pan = part_panels(j, pt, p0, np_all, buf, &bf16);
-        const void *panu = up ? part_panels(j, up, p0, np_all, buf + GROUP * pstep, &bf16u) : NULL;
+        ds_cpu_pan_kind kind, kindu = DS_PAN_F32;
+        const void *pan = part_panels(j, pt, p0, np_all, buf, &kind);
+        const void *panu = up ? part_panels(j, up, p0, np_all, buf + GROUP * pstep, &kindu) : NULL;
+        const size_t pb = ds_cpu_panel_bytes(pt->w, kind), pbu = up ? ds_cpu_panel_bytes(up->w, kindu) : 0;
+        int np_max = panels_for_kind(kind, (int)(M / nblk));
+        if (up && panels_for_kind(kindu, (int)(M / nblk)) < np_max) np_max = panels_for_kind(kindu, (int)(M / nblk));
         /* Several row blocks (M > MAX_MR) take one panel at a time, so that
          * the panel is still in L1 for the next block. */
         for (int64_t p = 0; p < np_all;) {
@@ -228,12 +381,11 @@ static void panel_chunk(void *ctx, int64_t g0, int64_t g1, int tid) {
             for (int64_t b = 0, m0 = 0; b < nblk; b++) {
                 const int mr = (int)(M / nblk + (b < M % nblk));
                 const float *x = (const float *)j->x.data + m0 * j->x.stride;
-                kernel_for(bf16, mr, np)(x, j->x.stride, (const char *)pan + (size_t)(p * pstep) * (bf16 ? 2 : 4),
-                                         pstep, K, res);
+                kernel_for(kind, mr, np)(x, j->x.stride, (const char *)pan + (size_t)p * pb, pb, pt->w.q.group, K,
+                                         res);
                 if (up)
-                    kernel_for(bf16u, mr, np)(x, j->x.stride,
-                                              (const char *)panu + (size_t)(p * pstep) * (bf16u ? 2 : 4), pstep, K,
-                                              res2);
+                    kernel_for(kindu, mr, np)(x, j->x.stride, (const char *)panu + (size_t)p * pbu, pbu, up->w.q.group,
+                                              K, res2);
                 store(j, pt, m0, mr, n0, nc, res, res2);
                 m0 += mr;
             }
@@ -283,7 +435,7 @@ void ds_cpu_linear_panels(ds_backend *be, int n, const ds_tensor *outs, ds_tenso
     for (int i = 0; i < n; i++) {
         panel_part *pt = &j.part[i];
         *pt = (panel_part){.w = ws[i], .bias = biases ? bias_f32(biases[i], ws[i].rows) : NULL};
-        pt->packed = ds_cpu_pack_get(&((ds_cpu_backend *)be)->packs, ws[i], &pt->bf16);
+        pt->packed = ds_cpu_pack_get(&((ds_cpu_backend *)be)->packs, ws[i], &pt->kind);
         pt->groups = (ds_cpu_panels(ws[i].rows) + GROUP - 1) / GROUP;
         if (epi != DS_EPI_SWIGLU || i == 0) groups += pt->groups;
         macs += slab * pt->groups * GROUP * DS_PANEL * x.cols;

@@ -10,12 +10,14 @@
  * fp32 panels. Rows past N are zero.
  *
  * Only tensors that came from weight() are cached (their contents never
- * change); quantized weights (ds_quant) become fp32 panels of their
- * dequantized values. They are packed on their first use (embedding tables that
+ * change); quantized weights (ds_quant) keep their codes (ds_cpu_pan_kind),
+ * and become fp32 panels of their dequantized values where packed per call.
+ * They are packed on their first use (embedding tables that
  * are never multiplied cost nothing) and dropped on release(). Other
  * operands are packed per call into scratch, to the same values. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "base/affine_quant.h"
@@ -136,18 +138,51 @@ static void pack_bf16(ds_tensor w, uint32_t *dst) {
         }
 }
 
-const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, bool *bf16) {
+/* Quantized panels (ds_cpu_pan_kind): per group, 16 fp32 scales, 16 fp32
+ * biases (zero past N: those lanes dequantize to 0), then the codes k-major. */
+static void pack_quant(ds_tensor w, uint8_t *dst, ds_cpu_pan_kind kind) {
+    const int64_t K = w.cols, N = w.rows, P = ds_cpu_panels(N), gs = w.q.group, G = K / gs;
+    const int bits = w.q.bits;
+    const size_t es = ds_dtype_size(w.dtype), qk = kind == DS_PAN_Q8 ? DS_PANEL : DS_PANEL / 2,
+                 gbytes = 2 * DS_PANEL * 4 + (size_t)gs * qk, pbytes = ds_cpu_panel_bytes(w, kind);
+    memset(dst, 0, (size_t)P * pbytes);
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t g = 0; g < G; g++) {
+            uint8_t *gp = dst + (size_t)p * pbytes + (size_t)g * gbytes;
+            float sb[2 * DS_PANEL] = {0};
+            uint8_t *q = gp + sizeof sb;
+            for (int j = 0; j < DS_PANEL; j++) {
+                const int64_t n = p * DS_PANEL + j;
+                if (n >= N) continue;
+                ds_to_f32(w.dtype, (const char *)w.q.scales + (size_t)(n * G + g) * es, &sb[j], 1);
+                ds_to_f32(w.dtype, (const char *)w.q.biases + (size_t)(n * G + g) * es, &sb[DS_PANEL + j], 1);
+                const uint32_t *row = (const uint32_t *)w.data + n * w.stride;
+                for (int64_t k = 0; k < gs; k++) {
+                    const uint32_t v = ds_quant_get(row, bits, g * gs + k);
+                    if (kind == DS_PAN_Q8) q[k * DS_PANEL + j] = (uint8_t)v;
+                    else q[k * (DS_PANEL / 2) + j % (DS_PANEL / 2)] |= (uint8_t)(v << (j < DS_PANEL / 2 ? 0 : 4));
+                }
+            }
+            memcpy(gp, sb, sizeof sb);
+        }
+}
+
+const void *ds_cpu_pack_get(ds_cpu_pack_cache *c, ds_tensor w, ds_cpu_pan_kind *kind) {
     ds_cpu_packed *e = find(c, w);
     if (!e) return NULL;
+    const ds_cpu_pan_kind k = w.q.bits == 8   ? DS_PAN_Q8
+                              : w.q.bits == 4 ? DS_PAN_Q4
+                              : w.dtype == DS_BF16 ? DS_PAN_BF16
+                                                   : DS_PAN_F32;
     if (!e->panels) {
-        const bool b = w.dtype == DS_BF16 && !w.q.bits; /* quantized: fp32 panels of the dequantized values */
-        const size_t bytes = (size_t)(ds_cpu_panels(w.rows) * DS_PANEL * w.cols) * (b ? 2 : 4);
+        const size_t bytes = (size_t)ds_cpu_panels(w.rows) * ds_cpu_panel_bytes(w, k);
         void *p = NULL;
         if (posix_memalign(&p, 64, bytes) != 0) return NULL; /* packed per call instead */
-        if (b) pack_bf16(w, p);
-        else ds_cpu_pack_f32(w, 0, ds_cpu_panels(w.rows), p);
+        if (k == DS_PAN_BF16) pack_bf16(w, p);
+        else if (k == DS_PAN_F32) ds_cpu_pack_f32(w, 0, ds_cpu_panels(w.rows), p);
+        else pack_quant(w, p, k);
         e->panels = p;
     }
-    *bf16 = e->dtype == DS_BF16 && !w.q.bits;
+    *kind = k;
     return e->panels;
 }

@@ -1,8 +1,11 @@
 /* Quantized weights on the CPU (ds_quant, MLX's affine layout): used in
- * place from the mapping like the other weights. The panel matmul packs a
- * quantized weight's panels from its dequantized values (cpu_panel.c), so
- * every product is the same fused multiply-add chain as an fp32 weight
- * holding those values: the same row invariance and the same bits. */
+ * place from the mapping like the other weights. The panel matmul keeps a
+ * quantized weight's codes in its panels (cpu_panel.c, 1 or 1/2 byte a
+ * weight) and its kernel dequantizes each weight with one fused
+ * multiply-add, fma(code, scale, bias): the fp32 value of the dequantized
+ * weight, so every product is the chain an fp32 weight holding those values
+ * gives (fp32 panels, which a call packs where the cache has none): the
+ * same row invariance and the same bits. */
 #include <stdlib.h>
 #include <string.h>
 
