@@ -61,7 +61,7 @@ run() { # name, args...
 run ar --no-draft
 run ar2 --no-draft
 run dspark
-run dflash -d $B/models/pico-qwen3-dflash
+run dflash -d models/pico-qwen3-dflash
 run dspark_thr05 --threshold 0.5
 
 # Graphs off vs on (DS_CUDA_GRAPHS): the pico pair's steps, where launches dominate.

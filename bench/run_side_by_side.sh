@@ -53,7 +53,7 @@ t "synth rc=$?"
 # Pico pair (launch-bound at 8 M parameters; the CPU is busy building here,
 # so these tokens/s are conservative for both sides).
 P=models/prompts-dev.jsonl
-for m in "ar --no-draft" "dspark" "dflash -d $B/models/pico-qwen3-dflash"; do
+for m in "ar --no-draft" "dspark" "dflash -d models/pico-qwen3-dflash"; do
     set -- $m
     name=$1
     shift
