@@ -105,7 +105,7 @@ static ds_error *cu_alloc(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t 
         cudaFree(p);
         return ds_errorf("cuda backend: cannot clear %zu bytes: %s", bytes, cudaGetErrorString(e));
     }
-    *out = (ds_tensor){.dtype = dtype, .data = p, .rows = rows, .cols = cols, .stride = cols, .owned = true};
+    *out = (ds_tensor){.dtype = dtype, .data = p, .rows = rows, .cols = cols, .stride = cols, .owned = true, .q = {}};
     return NULL;
 }
 
@@ -223,6 +223,7 @@ static const ds_backend_ops cuda_ops = {
     .destroy = cu_destroy,
     .alloc = cu_alloc,
     .weight = cu_weight,
+    .weight_quant = NULL, /* quantized weights: not on the GPU yet (loading one names the tensor) */
     .release = cu_release,
     .upload = cu_upload,
     .download = cu_download,
