@@ -7,6 +7,7 @@
  * - a row's logits do not depend on how many rows share the forward;
  * - greedy drafted == greedy AR on each quantized target (plain and int8 drafters);
  * - Gemma 4 (gemma4-tiny-quant): bit-equal to its dequantized copy, drafted == AR;
+ * - mlx-lm's per-module overrides and exclusions load with the right layout;
  * - `dspark quantize` writes the script's model.safetensors byte for byte;
  * - broken checkpoints are refused with errors naming the field or tensor. */
 #include <stdlib.h>
@@ -313,8 +314,111 @@ static void test_bad_checkpoints(void) {
     CHECK_ERR(open_variant("{\"quantization\": {\"group_size\": 32, \"bits\": 8}}", NULL, NULL, 0, 0), "expected [");
 }
 
+/* A directory made of base_dir's tensors, with `n` of them taken from other
+ * checkpoints (from NULL: dropped; a name base_dir lacks: added) and its
+ * config.json patched (top-level keys replaced, null deletes). */
+typedef struct {
+    const char *name, *from;
+} mix_part;
+
+static ds_error *fill_mix(void *user, size_t i, size_t off, void *buf, size_t nb) {
+    const ds_st_tensor **src = user;
+    memcpy(buf, (const char *)src[i]->data + off, nb);
+    return NULL;
+}
+
+static ds_error *write_mix(const char *dir, const char *base_dir, const char *patch_json, const mix_part *parts, int n) {
+    ds_checkpoint *base, *from[8] = {0};
+    DS_TRY(ds_checkpoint_open(base_dir, &base));
+    ds_error *e = NULL;
+    for (int i = 0; i < n && !e; i++)
+        if (parts[i].from) e = ds_checkpoint_open(parts[i].from, &from[i]);
+    const ds_safetensors *st = base->shards[0];
+    const size_t cap = st->n_tensors + (size_t)n;
+    ds_st_spec *specs = calloc(cap, sizeof *specs);
+    const ds_st_tensor **src = calloc(cap, sizeof *src);
+    size_t m = 0;
+    for (size_t i = 0; i < st->n_tensors + (size_t)n && !e; i++) {
+        const ds_st_tensor *t = i < st->n_tensors ? &st->tensors[i] : NULL;
+        const char *name = t ? t->name : parts[i - st->n_tensors].name;
+        int k = -1;
+        for (int j = 0; j < n; j++)
+            if (!strcmp(parts[j].name, name)) k = j;
+        if (!t && ds_checkpoint_find(base, name)) continue; /* replaced in place already */
+        if (k >= 0) t = parts[k].from ? ds_checkpoint_find(from[k], name) : NULL;
+        if (!t) continue;
+        specs[m] = (ds_st_spec){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(specs[m].shape, t->shape, sizeof specs[m].shape);
+        src[m++] = t;
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!e) e = ds_safetensors_write(path, specs, m, 0, fill_mix, src);
+    cJSON *cfg = cJSON_Duplicate(base->config, 1), *patch = cJSON_Parse(patch_json ? patch_json : "{}");
+    for (cJSON *it = patch ? patch->child : NULL; it; it = it->next) {
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, it->string);
+        if (!cJSON_IsNull(it)) cJSON_AddItemToObject(cfg, it->string, cJSON_Duplicate(it, 1));
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_json_file(path, cfg);
+    cJSON_Delete(cfg);
+    cJSON_Delete(patch);
+    free(specs);
+    free(src);
+    for (int i = 0; i < n; i++)
+        if (from[i]) ds_checkpoint_close(from[i]);
+    ds_checkpoint_close(base);
+    return e;
+}
+
+/* mlx-lm's mixed recipes: a per-module override ({group_size, bits}) and a
+ * module left unquantized (false) beside the global layout. The mixed model's
+ * logits equal, to the bit, those of the fp32 model holding each module's
+ * dequantized (or plain) values, assembled from the numpy-made copies. */
+static void test_mixed_overrides(void) {
+    char qdir[] = "/tmp/ds_quant_mix_XXXXXX", ddir[] = "/tmp/ds_quant_mixd_XXXXXX";
+    if (!mkdtemp(qdir) || !mkdtemp(ddir)) {
+        CHECK(false, "mkdtemp");
+        return;
+    }
+    const char *q4 = FIX "/target-q4g32", *q8 = FIX "/target-q8g64", *plain = SRC "/target";
+    const char *g = "model.layers.1.mlp.gate_proj", *v = "model.layers.2.self_attn.v_proj";
+    char gw[96], gs[96], gb[96], vw[96], vs[96], vb[96];
+    snprintf(gw, sizeof gw, "%s.weight", g);
+    snprintf(gs, sizeof gs, "%s.scales", g);
+    snprintf(gb, sizeof gb, "%s.biases", g);
+    snprintf(vw, sizeof vw, "%s.weight", v);
+    snprintf(vs, sizeof vs, "%s.scales", v);
+    snprintf(vb, sizeof vb, "%s.biases", v);
+    const mix_part qparts[] = {{gw, q8}, {gs, q8}, {gb, q8}, {vw, plain}, {vs, NULL}, {vb, NULL}};
+    char patch[512];
+    snprintf(patch, sizeof patch,
+             "{\"quantization\": {\"group_size\": 32, \"bits\": 4, \"%s\": {\"group_size\": 64, \"bits\": 8}, "
+             "\"%s\": false}, \"quantization_config\": null}",
+             g, v);
+    CHECK_OK(write_mix(qdir, q4, patch, qparts, 6));
+    char q8d[512];
+    snprintf(q8d, sizeof q8d, "%s-dequant", q8);
+    const mix_part dparts[] = {{gw, q8d}, {vw, plain}};
+    CHECK_OK(write_mix(ddir, FIX "/target-q4g32-dequant", NULL, dparts, 2));
+    ds_safetensors *gold = golden_open(FIX "/golden.safetensors");
+    size_t T;
+    int32_t *ids = gold ? golden_i32(gold, "prompt_ids", &T) : NULL;
+    if (ids) {
+        float *a = prompt_logits(qdir, ids, (int)T), *b = prompt_logits(ddir, ids, (int)T);
+        CHECK(a && b && !memcmp(a, b, (size_t)T * 512 * sizeof *a),
+              "mixed q4 / q8 / plain: logits differ from the assembled dequantized model's");
+        free(a);
+        free(b);
+    }
+    free(ids);
+    if (gold) golden_close(gold);
+    remove_model_dir(strdup(qdir));
+    remove_model_dir(strdup(ddir));
+}
+
 static void setup(void) { CHECK_OK(test_backend_new(&be)); }
 static void teardown(void) { be->ops->destroy(be); }
 
-RUN_TESTS("quant", setup, test_logits, test_row_invariance, test_drafted_equals_ar, test_gemma4, test_quantize_cli,
+RUN_TESTS("quant", setup, test_logits, test_row_invariance, test_drafted_equals_ar, test_gemma4, test_mixed_overrides, test_quantize_cli,
           test_bad_checkpoints, teardown)
