@@ -36,10 +36,10 @@ void ds_cpu_pack_register(ds_cpu_pack_cache *c, ds_tensor w);
 void ds_cpu_pack_forget(ds_cpu_pack_cache *c, const void *data);
 void ds_cpu_pack_free(ds_cpu_pack_cache *c);
 /* What a panel holds (cpu_panel.c). Quantized panels keep a group's 16
- * scales and 16 biases in fp32, then its k steps of 16 codes: a byte each
- * (Q8), or a byte for two (Q4: lane i in the low nibble, lane 8 + i in the
- * high one); the kernel dequantizes with one fused multiply-add, the value
- * fp32 panels of the dequantized weight hold, so both give the same bits. */
+ * scales and 16 biases in fp32, then its codes: 16 bytes a k step (Q8), or
+ * 16 bytes a pair of k steps (Q4: the even k in the low nibbles); the kernel
+ * dequantizes with one fused multiply-add, the value fp32 panels of the
+ * dequantized weight hold, so both give the same bits. */
 typedef enum { DS_PAN_F32, DS_PAN_BF16, DS_PAN_Q8, DS_PAN_Q4 } ds_cpu_pan_kind;
 /* Bytes of one panel of w in that kind. */
 static inline size_t ds_cpu_panel_bytes(ds_tensor w, ds_cpu_pan_kind k) {

@@ -129,8 +129,8 @@ static inline __attribute__((always_inline)) void tile_q(const float *x, int64_t
     __m512 acc[MAX_MR][GROUP];
     for (int r = 0; r < MR; r++)
         for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
-    const size_t qk = bits == 8 ? DS_PANEL : DS_PANEL / 2, gbytes = 2 * DS_PANEL * 4 + (size_t)gs * qk;
-    const __m512i shift = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0), low4 = _mm512_set1_epi32(15);
+    const size_t qk = bits == 8 ? DS_PANEL : DS_PANEL / 2, gbytes = 2 * DS_PANEL * 4 + (size_t)gs * qk; /* qk: bytes a k step */
+    const __m512i low4 = _mm512_set1_epi32(15);
     for (int64_t g0 = 0; g0 < K; g0 += gs) {
         __m512 sc[GROUP], bi[GROUP];
         const uint8_t *qp[GROUP];
@@ -140,26 +140,26 @@ static inline __attribute__((always_inline)) void tile_q(const float *x, int64_t
             bi[p] = _mm512_loadu_ps(gp + 64);
             qp[p] = gp + 128;
         }
-        for (int64_t k = 0; k < gs; k++) {
-            __m512 w[GROUP];
+        /* Q8: one k step a 16-byte load; Q4: two (the even k in the low nibbles). */
+        for (int64_t k = 0; k < gs; k += 8 / bits) {
+            __m512i c[GROUP];
             for (int p = 0; p < NP; p++) {
                 const uint8_t *q = qp[p] + (size_t)k * qk;
                 __builtin_prefetch(q + (size_t)PREFETCH_K * qk);
-                __m512i c;
-                if (bits == 8) {
-                    __m128i b;
-                    memcpy(&b, q, 16);
-                    c = _mm512_cvtepu8_epi32(b);
-                } else {
-                    int64_t b8;
-                    memcpy(&b8, q, 8);
-                    c = _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_set1_epi64x(b8)), shift), low4);
-                }
-                w[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), sc[p], bi[p]);
+                __m128i b;
+                memcpy(&b, q, 16);
+                c[p] = _mm512_cvtepu8_epi32(b);
             }
-            for (int r = 0; r < MR; r++) {
-                const __m512 xb = _mm512_set1_ps(x[r * ldx + g0 + k]);
-                for (int p = 0; p < NP; p++) acc[r][p] = _mm512_fmadd_ps(xb, w[p], acc[r][p]);
+            for (int h = 0; h < 8 / bits; h++) {
+                __m512 w[GROUP];
+                for (int p = 0; p < NP; p++) {
+                    const __m512i code = bits == 8 ? c[p] : h ? _mm512_srli_epi32(c[p], 4) : _mm512_and_si512(c[p], low4);
+                    w[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(code), sc[p], bi[p]);
+                }
+                for (int r = 0; r < MR; r++) {
+                    const __m512 xb = _mm512_set1_ps(x[r * ldx + g0 + k + h]);
+                    for (int p = 0; p < NP; p++) acc[r][p] = _mm512_fmadd_ps(xb, w[p], acc[r][p]);
+                }
             }
         }
     }
@@ -183,29 +183,30 @@ static inline __attribute__((always_inline)) void tile_q(const float *x, int64_t
             memcpy(bi[p], gp + sizeof sc[p], sizeof bi[p]);
             qp[p] = gp + sizeof sc[p] + sizeof bi[p];
         }
-        for (int64_t k = 0; k < gs; k++) {
-            v8f lo[GROUP], hi[GROUP];
+        /* Q8: one k step a 16-byte load; Q4: two (the even k in the low nibbles). */
+        for (int64_t k = 0; k < gs; k += 8 / bits) {
+            v8i cl[GROUP], ch[GROUP];
             for (int p = 0; p < NP; p++) {
                 const uint8_t *q = qp[p] + (size_t)k * qk;
                 __builtin_prefetch(q + (size_t)PREFETCH_K * qk);
-                v8f cl, ch;
-                if (bits == 8) {
-                    cl = lanes_f32(bytes8(q));
-                    ch = lanes_f32(bytes8(q + 8));
-                } else {
-                    const v8i v = bytes8(q);
-                    cl = lanes_f32(v & 15);
-                    ch = lanes_f32(v >> 4);
-                }
-                lo[p] = fma8(cl, sc[p][0], bi[p][0]);
-                hi[p] = fma8(ch, sc[p][1], bi[p][1]);
+                cl[p] = bytes8(q);
+                ch[p] = bytes8(q + 8);
             }
-            for (int r = 0; r < MR; r++) {
-                const float xv = x[r * ldx + g0 + k];
-                const v8f xb = {xv, xv, xv, xv, xv, xv, xv, xv};
+            for (int h = 0; h < 8 / bits; h++) {
+                v8f lo[GROUP], hi[GROUP];
                 for (int p = 0; p < NP; p++) {
-                    acc[r][p][0] = fma8(xb, lo[p], acc[r][p][0]);
-                    acc[r][p][1] = fma8(xb, hi[p], acc[r][p][1]);
+                    const v8i a = bits == 8 ? cl[p] : h ? cl[p] >> 4 : cl[p] & 15;
+                    const v8i b = bits == 8 ? ch[p] : h ? ch[p] >> 4 : ch[p] & 15;
+                    lo[p] = fma8(lanes_f32(a), sc[p][0], bi[p][0]);
+                    hi[p] = fma8(lanes_f32(b), sc[p][1], bi[p][1]);
+                }
+                for (int r = 0; r < MR; r++) {
+                    const float xv = x[r * ldx + g0 + k + h];
+                    const v8f xb = {xv, xv, xv, xv, xv, xv, xv, xv};
+                    for (int p = 0; p < NP; p++) {
+                        acc[r][p][0] = fma8(xb, lo[p], acc[r][p][0]);
+                        acc[r][p][1] = fma8(xb, hi[p], acc[r][p][1]);
+                    }
                 }
             }
         }

@@ -139,7 +139,9 @@ static void pack_bf16(ds_tensor w, uint32_t *dst) {
 }
 
 /* Quantized panels (ds_cpu_pan_kind): per group, 16 fp32 scales, 16 fp32
- * biases (zero past N: those lanes dequantize to 0), then the codes k-major. */
+ * biases (zero past N: those lanes dequantize to 0), then the codes k-major:
+ * Q8 a byte per lane and k; Q4 a byte per lane and pair of k (k even in the
+ * low nibble), so one widening load serves two k steps. */
 static void pack_quant(ds_tensor w, uint8_t *dst, ds_cpu_pan_kind kind) {
     const int64_t K = w.cols, N = w.rows, P = ds_cpu_panels(N), gs = w.q.group, G = K / gs;
     const int bits = w.q.bits;
@@ -160,7 +162,7 @@ static void pack_quant(ds_tensor w, uint8_t *dst, ds_cpu_pan_kind kind) {
                 for (int64_t k = 0; k < gs; k++) {
                     const uint32_t v = ds_quant_get(row, bits, g * gs + k);
                     if (kind == DS_PAN_Q8) q[k * DS_PANEL + j] = (uint8_t)v;
-                    else q[k * (DS_PANEL / 2) + j % (DS_PANEL / 2)] |= (uint8_t)(v << (j < DS_PANEL / 2 ? 0 : 4));
+                    else q[(k / 2) * DS_PANEL + j] |= (uint8_t)(v << (k % 2 ? 4 : 0));
                 }
             }
             memcpy(gp, sb, sizeof sb);
