@@ -17,7 +17,8 @@ import sys
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 # The layers, bottom up; a file may include its own layer and those below.
 # io/ and tokenizer/ use each other's files (prompt files, tokenizer.json), so share one.
-RANK = {"base": 0, "io": 1, "tokenizer": 1, "sample": 1, "backend": 2, "model": 3, "draft": 4, "speculate": 5, "batch": 6, "api": 7, "serve": 8}
+RANK = {"base": 0, "io": 1, "tokenizer": 1, "sample": 1, "backend": 2, "model": 3, "draft": 4, "speculate": 5, "batch": 6,
+        "train": 7, "api": 8, "serve": 9}
 EXTS = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "  calibrate  fit STS temperatures for a drafter's confidence head, with a reliability diagram\n"
             "  serve      an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)\n"
             "  quantize   affine int8 / int4 weights as MLX stores them (group scales and biases)\n"
+            "  datagen    a drafter's training data: the target's continuations and hidden states, cached\n"
             "\n"
             "`dspark <command> --help` describes a command's options.\n");
 }
@@ -40,6 +41,7 @@ int main(int argc, char **argv) {
 #endif
     }
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "datagen")) return cmd_datagen(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
