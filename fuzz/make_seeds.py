@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora under build-fuzz/corpus/<harness>/ from the repository's
 real inputs (shrunk to stay small) plus hand-made broken ones. Run from the
-repository root: python3 fuzz/make_seeds.py. The committed corpora are these
+repository root: python3 fuzz/make_seeds.py [HARNESS...]. The committed corpora are these
 seeds merged with what fuzzing found (fuzz/README.md)."""
 import json
 import lzma
@@ -258,11 +258,63 @@ def prompt_seeds():
     put("prompt_file", "bad_empty", "")
 
 
+# ---- quantized checkpoints (fuzz_quant) -------------------------------------
+def quant_seeds():
+    fix = os.path.join(ROOT, "testdata", "fixtures")
+    q4 = json.load(open(os.path.join(fix, "qwen3-tiny-quant", "target-q4g32", "config.json")))
+    put("quant", "ok_qwen3_q4g32", json.dumps(q4, indent=2))
+    put("quant", "bad_q8g64_config_on_q4_words", open(os.path.join(fix, "qwen3-tiny-quant", "target-q8g64", "config.json")).read())
+    put("quant", "ok_gemma4_q4g32", open(os.path.join(fix, "gemma4-tiny-quant", "target-q4g32", "config.json")).read())
+    put("quant", "ok_drafter_q8g32", open(os.path.join(fix, "qwen3-tiny-quant", "drafter-q8g32", "config.json")).read())
+
+    def variant(name, **kw):
+        c = dict(q4)
+        for k, v in kw.items():
+            if v is None:
+                c.pop(k, None)
+            else:
+                c[k] = v
+        put("quant", name, json.dumps(c))
+
+    g = {"group_size": 32, "bits": 4}
+    variant("bad_bits_3", quantization={"group_size": 32, "bits": 3}, quantization_config=None)
+    variant("bad_group_48", quantization={"group_size": 48, "bits": 4}, quantization_config=None)
+    variant("bad_bits_8_on_4bit_words", quantization={"group_size": 32, "bits": 8}, quantization_config=None)
+    variant("bad_mode", quantization=dict(g, mode="mxfp4"), quantization_config=None)
+    variant("bad_no_block", quantization=None, quantization_config=None)
+    variant("bad_block_not_object", quantization=[32, 4], quantization_config=None)
+    variant("bad_bits_string", quantization={"group_size": 32, "bits": "4"}, quantization_config=None)
+    variant("bad_override_group", quantization=dict(g, **{"model.layers.1.mlp.down_proj": {"group_size": 64, "bits": 4}}),
+            quantization_config=None)
+    variant("bad_override_false", quantization=dict(g, **{"model.layers.0.self_attn.q_proj": False}), quantization_config=None)
+    variant("bad_override_number", quantization=dict(g, **{"lm_head": 4}), quantization_config=None)
+    variant("ok_config_copy_only", quantization=None, quantization_config=g)
+    # Whole model.safetensors files (the weights mode): the quantized fixture itself and copies with one
+    # tensor's dtype changed, over the 100 KB the other seeds keep to (a valid file holds every tensor; xz
+    # packs the copies to little), and the header alone.
+    st = open(os.path.join(fix, "qwen3-tiny-quant", "target-q4g32", "model.safetensors"), "rb").read()
+    path = os.path.join(CORPUS, "quant")
+    with open(os.path.join(path, "st_ok_qwen3_q4g32"), "wb") as f:
+        f.write(st)
+    n = struct.unpack("<Q", st[:8])[0]
+    hdr = json.loads(st[8:8 + n])
+    put("quant", "st_bad_header_only", st[:8 + n])
+    for name in ("lm_head.scales", "model.layers.0.self_attn.q_proj.weight"):
+        h = dict(hdr)
+        t = dict(h[name])
+        t["dtype"] = "F16" if name.endswith("scales") else "F32"
+        h[name] = t
+        with open(os.path.join(path, "st_bad_dtype_" + name.replace(".", "_")), "wb") as f:
+            f.write(st_file(h, st[8 + n:]))
+
+
 def main():
-    safetensors_seeds()
-    config_seeds()
-    tokenizer_seeds()
-    prompt_seeds()
+    import sys
+    which = sys.argv[1:] or ["safetensors", "config", "tokenizer", "prompt_file", "quant"]
+    seeds = {"safetensors": safetensors_seeds, "config": config_seeds, "tokenizer": tokenizer_seeds,
+             "prompt_file": prompt_seeds, "quant": quant_seeds}
+    for w in which:
+        seeds[w]()
 
 
 if __name__ == "__main__":
