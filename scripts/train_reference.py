@@ -343,41 +343,56 @@ def lr_at(step, total_steps):
     return LR * (1.0 + math.cos(math.pi * (step - W) / T)) / (1.0 + math.cos(math.pi / T))
 
 
-def train(Pinit, cfg, batch, dtype, steps, total_steps):
-    """Returns (step-0 outputs, step-0 grads, per-step records, final params)."""
+def train(Pinit, cfg, batch, dtype, steps, total_steps, micro=None):
+    """Returns (step-0 (parts, loss, grads, grad norm), per-step records, final params).
+    micro=None: the whole batch is one micro-batch (DeepSpec local_batch_size = B,
+    no accumulation). micro=[[0], [1], ...]: each listed row group is a micro-batch
+    with its own loss normalisation, backward of loss_i / len(micro) each,
+    gradients summed, then one clip + step (DeepSpec's local_batch_size 1 with
+    gradient accumulation, as its recipe configs run)."""
     P = {k: v.to(dtype).clone() for k, v in Pinit.items()}
     names = [k for k in P if k not in FROZEN]
     for k in names:
         P[k].requires_grad_(True)
     opt = torch.optim.AdamW([P[k] for k in names], lr=LR, betas=ADAM_BETAS, eps=ADAM_EPS,
                             weight_decay=WEIGHT_DECAY, foreach=False)
+    groups = micro if micro is not None else [list(range(batch[0].shape[0]))]
+
+    def run(backward):
+        parts = []
+        for rows in groups:
+            sub = batch if micro is None else tuple(x[rows] for x in batch)
+            o = drafter_forward(P, cfg, sub, dtype)
+            loss, t = dspark_loss(o)
+            if backward:
+                (loss / len(groups)).backward()
+            parts.append((o, loss, t))
+        tot = {k: sum(pt[2][k].item() for pt in parts) / len(groups) for k in ("ce", "l1", "confidence")}
+        tot["loss"] = sum(pt[1].item() for pt in parts) / len(groups)
+        return parts, tot
+
     recs, first = [], None
     for s in range(steps):
-        o = drafter_forward(P, cfg, batch, dtype)
-        loss, t = dspark_loss(o)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        parts, tot = run(True)
         grads = {k: P[k].grad for k in names}
         norm = torch.sqrt(sum((gr.double() ** 2).sum() for gr in grads.values())).item()
         # torch.nn.utils.clip_grad_norm_: total norm (of per-tensor norms), coef clamped to 1
         tn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gr) for gr in grads.values()]))
         coef = torch.clamp(MAX_GRAD_NORM / (tn + 1e-6), max=1.0)
         if first is None:
-            first = (o, t, loss, {k: gr.detach().clone() for k, gr in grads.items()}, tn.item())
+            first = (parts, tot, {k: gr.detach().clone() for k, gr in grads.items()}, tn.item())
         for gr in grads.values():
             gr.mul_(coef)
         lr = lr_at(s, total_steps)
         for gp in opt.param_groups:
             gp["lr"] = lr
         opt.step()
-        recs.append(dict(step=s, lr=lr, loss=loss.item(), ce=t["ce"].item(), l1=t["l1"].item(),
-                         confidence=t["confidence"].item(), grad_norm=tn.item(), grad_norm_f64=norm,
-                         clip_coef=coef.item()))
+        recs.append(dict(step=s, lr=lr, **tot, grad_norm=tn.item(), grad_norm_f64=norm, clip_coef=coef.item()))
     # loss after the last update
     with torch.no_grad():
-        loss, t = dspark_loss(drafter_forward(P, cfg, batch, dtype))
-    recs.append(dict(step=steps, lr=None, loss=loss.item(), ce=t["ce"].item(), l1=t["l1"].item(),
-                     confidence=t["confidence"].item()))
+        _, tot = run(False)
+    recs.append(dict(step=steps, lr=None, **tot))
     return first, recs, {k: P[k].detach() for k in names}
 
 
@@ -394,7 +409,10 @@ def sha256(path):
 
 
 # ---------------------------------------------------------------- DeepSpec check
-def check_deepspec(ds_dir, drafter_dir, batch, total_steps, steps, ours_first, ours_recs, outs):
+ORIG_MASK = {}
+
+
+def check_deepspec(ds_dir, drafter_dir, batch, total_steps, steps, ours_first, ours_recs, outs, micro=None):
     """Run DeepSpec's own Qwen3DSparkModel.forward + compute_dspark_loss + backward
     (+ its optimizer and scheduler) on the same batch and anchors; compare."""
     sys.path.insert(0, ds_dir)
@@ -409,8 +427,11 @@ def check_deepspec(ds_dir, drafter_dir, batch, total_steps, steps, ours_first, o
     import deepspec.utils.metrics as dsmetrics
     input_ids, loss_mask, taps, last, anchors, keep = batch
 
+    groups = micro if micro is not None else [list(range(input_ids.shape[0]))]
+    cur = {"rows": groups[0]}
     # fixed anchors instead of torch.rand
-    dsm.sample_anchor_positions = lambda **kw: (anchors.clone(), keep.clone())
+    dsm.sample_anchor_positions = lambda **kw: (anchors[cur["rows"]].clone(), keep[cur["rows"]].clone())
+    dsm.create_dspark_attention_mask = ORIG_MASK.setdefault("f", dsm.create_dspark_attention_mask)
     res = {}
 
     def dense_mask(*, anchor_positions, block_keep_mask, seq_len, block_size, device):
@@ -430,6 +451,7 @@ def check_deepspec(ds_dir, drafter_dir, batch, total_steps, steps, ours_first, o
 
     # 1) forward only with DeepSpec's flex_attention BlockMask (flex has no CPU backward)
     model.config._attn_implementation = "flex_attention"
+    cur["rows"] = list(range(input_ids.shape[0]))
     with torch.no_grad():
         of = model(input_ids=input_ids, target_hidden_states=taps, loss_mask=loss_mask,
                    target_last_hidden_states=last)
@@ -449,24 +471,29 @@ def check_deepspec(ds_dir, drafter_dir, batch, total_steps, steps, ours_first, o
     ds_losses, ds_lrs, ds_norms, ds_terms = [], [], [], []
     for s in range(steps + 1):
         ds_lrs.append(opt.get_learning_rate())
-        out = model(input_ids=input_ids, target_hidden_states=taps, loss_mask=loss_mask,
-                    target_last_hidden_states=last)
-        loss = compute_dspark_loss(outputs=out, loss_decay_gamma=LOSS_DECAY_GAMMA,
-                                   ce_loss_alpha=CE_ALPHA, l1_loss_alpha=L1_ALPHA,
-                                   confidence_head_alpha=CONF_ALPHA)
-        ds_losses.append(loss.item())
-        terms = {}
-        for ours_name, ds_name in (("ce", "ce_loss"), ("l1", "l1_loss"), ("confidence", "confidence_loss")):
-            e = dsmetrics._metrics["train/" + ds_name]
-            terms[ours_name] = (e["num"][-1] / (e["den"][-1] + 1e-6)).item()
+        step_loss, terms = 0.0, {"ce": 0.0, "l1": 0.0, "confidence": 0.0}
+        for rows in groups:
+            cur["rows"] = rows
+            out = model(input_ids=input_ids[rows], target_hidden_states=taps[rows], loss_mask=loss_mask[rows],
+                        target_last_hidden_states=last[rows])
+            loss = compute_dspark_loss(outputs=out, loss_decay_gamma=LOSS_DECAY_GAMMA,
+                                       ce_loss_alpha=CE_ALPHA, l1_loss_alpha=L1_ALPHA,
+                                       confidence_head_alpha=CONF_ALPHA)
+            step_loss += loss.item() / len(groups)
+            for ours_name, ds_name in (("ce", "ce_loss"), ("l1", "l1_loss"), ("confidence", "confidence_loss")):
+                e = dsmetrics._metrics["train/" + ds_name]
+                terms[ours_name] += (e["num"][-1] / (e["den"][-1] + 1e-6)).item() / len(groups)
+            dsmetrics._metrics.clear()
+            if s < steps:
+                (loss / len(groups)).backward()  # BaseTrainer.train: run_batch(...) / grad accumulation steps
+        ds_losses.append(step_loss)
         ds_terms.append(terms)
-        dsmetrics._metrics.clear()
         if s == steps:
             break
-        loss.backward()
         if s == 0:
             gd = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-            res["step0_loss_rel_err"] = abs(loss.item() - ours_first[2].item()) / abs(ours_first[2].item())
+            if ours_first[2] is not None:
+                res["step0_loss_rel_err"] = abs(step_loss - ours_first[2].item()) / abs(ours_first[2].item())
             res["step0_grad_rel_err"] = {n: rel_err(ours_first[3][n], gd[n]) for n in names}
             res["step0_grad_rel_err_max"] = max(res["step0_grad_rel_err"].values())
         tn = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], MAX_GRAD_NORM)
@@ -533,9 +560,12 @@ def main():
     batch = (input_ids, loss_mask, taps, last, anchors, keep)
 
     first, recs, final = train(D, dcfg, batch, torch.float32, args.steps, args.total_steps)
-    o, t, loss, grads, gnorm = first
+    (o, loss, t), grads, gnorm = first[0][0], first[2], first[3]
     first64, recs64, final64 = train(D, dcfg, batch, torch.float64, args.steps, args.total_steps)
-    grads64 = first64[3]
+    grads64 = first64[2]
+    micro = [[b] for b in range(input_ids.shape[0])]
+    firstA, recsA, finalA = train(D, dcfg, batch, torch.float32, args.steps, args.total_steps, micro)
+    firstA64, recsA64, _ = train(D, dcfg, batch, torch.float64, args.steps, args.total_steps, micro)
 
     for r in recs:
         print("step %2d lr %.6e loss %.7f ce %.7f l1 %.7f conf %.7f gnorm %s" % (
@@ -561,6 +591,9 @@ def main():
     }
     for k, gr in grads.items():
         tensors["grad." + k] = f32(gr)
+    tensors["accum_step_losses"] = np.array([[r["loss"], r["ce"], r["l1"], r["confidence"]] for r in recsA],
+                                            dtype=np.float32)
+    tensors["accum_step_grad_norm"] = np.array([r["grad_norm"] for r in recsA[:-1]], dtype=np.float32)
     save_file(tensors, os.path.join(args.out, "golden.safetensors"))
 
     grad_fp64_rel = {k: rel_err(grads[k], grads64[k]) for k in grads}
@@ -596,6 +629,24 @@ def main():
         "final_param_norm": {k: torch.linalg.vector_norm(v).item() for k, v in final.items()},
         "final_param_sum": {k: v.double().sum().item() for k, v in final.items()},
         "final_minus_init_norm": {k: torch.linalg.vector_norm(v - D[k]).item() for k, v in final.items()},
+        "accumulation_mode": {
+            "what": ("the same batch as DeepSpec's recipe configs run it (local_batch_size 1, gradient "
+                     "accumulation): each sequence (padded row) is its own micro-batch with its own "
+                     "weight-sum normalisation; backward of loss_b / B per row; gradients summed; then one "
+                     "clip + AdamW step. Logged loss/terms = mean over rows. Only scalars and per-tensor "
+                     "gradient norms are stored (size), plus accum_step_losses / accum_step_grad_norm"),
+            "step0_rows": [dict(loss=pt[1].item(), ce=pt[2]["ce"].item(), l1=pt[2]["l1"].item(),
+                                confidence=pt[2]["confidence"].item(), weight_sum=pt[2]["weights"].sum().item())
+                           for pt in firstA[0]],
+            "step0_grad_norm_before_clip": firstA[3],
+            "step0_grad_norm_per_tensor": {k: torch.linalg.vector_norm(g).item() for k, g in firstA[2].items()},
+            "step0_grad_sum_per_tensor": {k: g.double().sum().item() for k, g in firstA[2].items()},
+            "steps": recsA,
+            "final_param_norm": {k: torch.linalg.vector_norm(v).item() for k, v in finalA.items()},
+            "fp32_vs_fp64_step0_grad_rel_err_max": max(rel_err(firstA[2][k], firstA64[2][k]) for k in firstA[2]),
+            "fp32_vs_fp64_loss_rel_err_max": max(abs(a["loss"] - b["loss"]) / abs(b["loss"])
+                                                 for a, b in zip(recsA, recsA64)),
+        },
         "target_forward_check": target_check,
         "fp32_vs_fp64": {"step0_grad_rel_err": grad_fp64_rel,
                          "step0_grad_rel_err_max": max(grad_fp64_rel.values()),
@@ -606,7 +657,10 @@ def main():
     }
     if args.check_deepspec:
         meta["deepspec_check"] = check_deepspec(args.check_deepspec, ddir, batch, args.total_steps,
-                                                args.steps, first, recs, o)
+                                                args.steps, (o, t, loss, grads), recs, o)
+        meta["deepspec_check_accumulation"] = check_deepspec(
+            args.check_deepspec, ddir, batch, args.total_steps, args.steps, (None, None, None, firstA[2]),
+            recsA, o, micro=micro)
         print("deepspec check:", {k: v for k, v in meta["deepspec_check"].items()
                                   if not isinstance(v, (dict, list))})
     with open(os.path.join(args.out, "golden.json"), "w") as f:
