@@ -258,6 +258,24 @@ static void test_resume_identical(void) {
     CHECK_OK(run_to(&f, b, 0, &st));
     check_same_dirs(a, b, "stale .tmp + resumed");
 
+    /* the batched engine (3 at a time, windows of 12) makes the same bytes, and resumes a solo run's cache */
+    ds_gen_batch g;
+    CHECK_OK(ds_gen_batch_open(f.be, TINY, 3, 64, &g));
+    char c[512];
+    path_in(c, sizeof c, "batched");
+    ds_datagen_opts ob = tiny_opts(c);
+    ob.batch = &g;
+    CHECK_OK(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &ob, &st));
+    check_same_dirs(a, c, "batched generation");
+    CHECK_OK(ds_train_manifest_read(b, &m));
+    snprintf(p, sizeof p, "%s/%s", b, m.shards[m.n_shards - 1].file);
+    ds_train_manifest_free(&m);
+    unlink(p);
+    ob.out_dir = b;
+    CHECK_OK(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &ob, &st));
+    check_same_dirs(a, b, "solo run resumed batched");
+    ds_gen_batch_close(&g);
+
     /* another run's options on the same --out: refused, naming the field */
     ds_datagen_opts o = tiny_opts(b);
     o.sampling.temperature = 0.5f;
@@ -479,7 +497,7 @@ static void test_cli_matches_generate(void) {
 }
 
 static void cleanup(void) {
-    const char *dirs[] = {"a", "full", "resumed", "other", "good", "bad", "other-seed", "cli"};
+    const char *dirs[] = {"a", "full", "resumed", "batched", "other", "good", "bad", "other-seed", "cli"};
     char p[1024];
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
         path_in(p, sizeof p, dirs[i]);

@@ -18,6 +18,10 @@ typedef struct {
     ds_train_manifest m;
     double t0, last_report;
     float *taps, *final_hidden; /* host rows of one forward chunk */
+    /* batched generation: the continuations of prompts [win0, win0 + win_n) */
+    int64_t win0, win_n;
+    int32_t **win_tokens;
+    int *win_len;
 } run_state;
 
 static void report(run_state *r, bool force) {
@@ -140,29 +144,104 @@ static ds_error *collect(run_state *r, ds_shard_writer *w, const int32_t *ids, i
     return NULL;
 }
 
-static ds_error *one_sequence(run_state *r, ds_shard_writer *w, const ds_datagen_prompt *p, int64_t i) {
-    ds_target *t = r->t;
-    const ds_datagen_opts *o = r->o;
+/* ds_generate's parameters for prompt i (seed + i): the forward over prompt + continuation must fit the
+ * context, so a continuation ends there. */
+static ds_error *gen_params(const run_state *r, const ds_datagen_prompt *p, int64_t i, ds_gen_params *gp) {
+    const ds_target *t = r->t;
     if (p->n < 1) return ds_errorf("empty prompt");
     if (p->n >= t->max_ctx)
         return ds_errorf("prompt of %d tokens leaves no room in the target's context of %d", p->n, t->max_ctx);
-    /* The forward over prompt + continuation must fit the context: a continuation ends there. */
     const int room = t->max_ctx - p->n;
-    const ds_gen_params gp = {.max_new = o->max_new < room ? o->max_new : room, .sampling = o->sampling,
-                              .seed = o->seed + (uint64_t)i, .ignore_stop = o->ignore_eos};
-    double t0 = ds_now_s();
+    *gp = (ds_gen_params){.max_new = r->o->max_new < room ? r->o->max_new : room, .sampling = r->o->sampling,
+                          .seed = r->o->seed + (uint64_t)i, .ignore_stop = r->o->ignore_eos};
+    return NULL;
+}
+
+static void free_window(run_state *r) {
+    for (int64_t k = 0; r->win_tokens && k < r->win_n; k++) free(r->win_tokens[k]);
+    free(r->win_tokens);
+    free(r->win_len);
+    r->win_tokens = NULL;
+    r->win_len = NULL;
+    r->win_n = 0;
+}
+
+/* The continuations of prompts [i, i + n) on the batched engine, kept until written. */
+static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts, int64_t i, int64_t n) {
+    free_window(r);
+    ds_gen_batch *g = r->o->batch;
+    r->win_tokens = calloc((size_t)n, sizeof *r->win_tokens);
+    r->win_len = calloc((size_t)n, sizeof *r->win_len);
+    int64_t *ids = calloc((size_t)n, sizeof *ids);
+    ds_error *e = r->win_tokens && r->win_len && ids ? NULL : ds_errorf("out of memory");
+    r->win0 = i;
+    r->win_n = n;
+    const double t0 = ds_now_s();
+    const int64_t gen0 = r->st->gen_tokens, base = ds_batch_get_stats(g->b).generation_tokens;
+    for (int64_t k = 0; k < n && !e; k++) {
+        ds_batch_request rq = {.prompt = prompts[i + k].ids, .n_prompt = prompts[i + k].n};
+        e = gen_params(r, &prompts[i + k], i + k, &rq.params);
+        if (!e) e = ds_batch_submit(g->b, &rq, &ids[k]);
+        if (e) e = ds_error_wrap(e, "prompt %lld (%s:%d)", (long long)(i + k),
+                                 r->o->prompt_file ? r->o->prompt_file : "prompts", prompts[i + k].line);
+    }
+    for (int active = 1; !e && active;) {
+        e = ds_batch_step(g->b, &active);
+        r->st->gen_tokens = gen0 + ds_batch_get_stats(g->b).generation_tokens - base;
+        report(r, false);
+    }
+    for (int64_t k = 0; k < n && !e; k++) {
+        const ds_gen_result *res = ds_batch_result(g->b, ids[k]);
+        if (!res) {
+            e = ds_errorf("batched engine: no result for prompt %lld", (long long)(i + k));
+            break;
+        }
+        r->win_len[k] = res->n_tokens;
+        if (!(r->win_tokens[k] = malloc((size_t)(res->n_tokens ? res->n_tokens : 1) * sizeof(int32_t))))
+            e = ds_errorf("out of memory");
+        else memcpy(r->win_tokens[k], res->tokens, (size_t)res->n_tokens * sizeof(int32_t));
+    }
+    for (int64_t k = 0; k < n; k++) ds_error_free(ds_batch_release(g->b, ids[k]));
+    free(ids);
+    r->st->gen_s += ds_now_s() - t0;
+    return e;
+}
+
+/* Prompt i's continuation: from the batched window, or ds_generate now. *gen is malloc'd. */
+static ds_error *continuation(run_state *r, const ds_datagen_prompt *p, int64_t i, int32_t **gen, int *n_gen) {
+    if (r->o->batch) {
+        if (i < r->win0 || i >= r->win0 + r->win_n) return ds_errorf("prompt %lld is not in the generated window", (long long)i);
+        *gen = r->win_tokens[i - r->win0];
+        *n_gen = r->win_len[i - r->win0];
+        r->win_tokens[i - r->win0] = NULL;
+        return NULL;
+    }
+    ds_gen_params gp;
+    DS_TRY(gen_params(r, p, i, &gp));
+    const double t0 = ds_now_s();
     ds_gen_result g;
-    DS_TRY(ds_generate(t, NULL, p->ids, p->n, &gp, on_token, r, &g));
-    const int len = p->n + g.n_tokens;
+    DS_TRY(ds_generate(r->t, NULL, p->ids, p->n, &gp, on_token, r, &g));
+    r->st->gen_s += ds_now_s() - t0;
+    *gen = g.tokens;
+    *n_gen = g.n_tokens;
+    g.tokens = NULL;
+    ds_gen_result_free(&g);
+    return NULL;
+}
+
+static ds_error *one_sequence(run_state *r, ds_shard_writer *w, const ds_datagen_prompt *p, int64_t i) {
+    int32_t *gen = NULL;
+    int n_gen = 0;
+    DS_TRY(continuation(r, p, i, &gen, &n_gen));
+    const int len = p->n + n_gen;
     int32_t *ids = malloc((size_t)len * sizeof *ids);
     ds_error *e = ids ? NULL : ds_errorf("out of memory");
     if (!e) {
         memcpy(ids, p->ids, (size_t)p->n * sizeof *ids);
-        memcpy(ids + p->n, g.tokens, (size_t)g.n_tokens * sizeof *ids);
+        memcpy(ids + p->n, gen, (size_t)n_gen * sizeof *ids);
     }
-    ds_gen_result_free(&g);
-    double t1 = ds_now_s();
-    r->st->gen_s += t1 - t0;
+    free(gen);
+    const double t1 = ds_now_s();
     if (!e) e = ds_shard_writer_begin(w, ids, len, p->n);
     if (!e) e = collect(r, w, ids, len);
     r->st->forward_s += ds_now_s() - t1;
@@ -206,6 +285,11 @@ static ds_error *run(run_state *r, const ds_datagen_prompt *prompts, size_t n) {
             first = i;
             if (e) break;
         }
+        if (o->batch && i >= r->win0 + r->win_n) {
+            const int64_t win = 4 * (int64_t)o->batch->max_seqs;
+            e = generate_window(r, prompts, i, (int64_t)n - i < win ? (int64_t)n - i : win);
+            if (e) break;
+        }
         e = ds_error_wrap(one_sequence(r, w, &prompts[i], i), "prompt %lld (%s:%d)", (long long)i,
                           o->prompt_file ? o->prompt_file : "prompts", prompts[i].line);
         if (e) break;
@@ -233,6 +317,7 @@ ds_error *ds_datagen_run(ds_target *t, const ds_datagen_prompt *prompts, size_t 
     report(&r, true);
     free(r.taps);
     free(r.final_hidden);
+    free_window(&r);
     ds_train_manifest_free(&r.m);
     return e;
 }

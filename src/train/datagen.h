@@ -18,6 +18,7 @@
 
 #include "model/target.h"
 #include "sample/sampling.h"
+#include "train/gen_batch.h"
 
 typedef struct {
     const int32_t *ids;
@@ -51,6 +52,8 @@ typedef struct {
     int64_t shard_tokens;    /* a shard closes once it holds this many tokens */
     int64_t stop_after;      /* > 0: return after this many sequences of this run, the open shard abandoned
                                 (tests: an interrupted run) */
+    ds_gen_batch *batch;     /* NULL: ds_generate, one prompt at a time; else the continuations of up to
+                                4 x batch->max_seqs prompts at a time on it (the same tokens: gen_batch.h) */
     ds_datagen_progress_fn progress; /* called after each sequence and every ~0.25 s while generating */
     void *user;
 } ds_datagen_opts;

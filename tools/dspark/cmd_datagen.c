@@ -20,7 +20,7 @@
 typedef struct {
     const char *model, *drafter, *prompt_file, *out, *taps_arg, *tokenizer;
     bool cuda, ignore_eos;
-    int threads, max_new, top_k;
+    int threads, max_new, top_k, batch;
     float temp, top_p;
     uint64_t seed;
     long long shard_tokens;
@@ -30,7 +30,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark datagen [-m TARGET_DIR] --prompt-file F.jsonl --out CACHE_DIR [-d DRAFTER_DIR | --tap-layers L,...]\n"
             "                      [-n MAX_NEW] [--temp T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]\n"
-            "                      [--shard-tokens N] [--tokenizer PATH] [--backend cpu|cuda] [--threads N]\n"
+            "                      [--shard-tokens N] [--batch N] [--tokenizer PATH] [--backend cpu|cuda] [--threads N]\n"
             "\n"
             "Training data for a drafter (SPEC §7): the target continues every prompt (prompt i sampled with seed\n"
             "S + i), then one forward over prompt + continuation records, for every position, the hidden states\n"
@@ -50,12 +50,14 @@ static void usage(FILE *f) {
             "  --top-p P         (default 0.95; 1: off)   --top-k K (default 0: off)\n"
             "  --seed S          (default 0)              --ignore-eos: do not stop at stop tokens\n"
             "  --shard-tokens N  a shard closes once it holds N tokens (default 65536)\n"
+            "  --batch N         generate N continuations at once on the batched engine (the same tokens, sooner\n"
+            "                    where a step of N rows costs about one's: a GPU). Default 0: one at a time\n"
             "  --threads N       CPU threads (default: all online CPUs)\n");
 }
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_PROMPT_FILE = 256, O_OUT, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_TAPS, O_SHARD, O_BACKEND, O_THREADS,
-           O_IGNORE_EOS, O_TOKENIZER };
+           O_IGNORE_EOS, O_TOKENIZER, O_BATCH };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},       {"drafter", required_argument, 0, 'd'},
         {"max-new", required_argument, 0, 'n'},     {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -64,7 +66,8 @@ static int parse_args(int argc, char **argv, options *o) {
         {"seed", required_argument, 0, O_SEED},     {"tap-layers", required_argument, 0, O_TAPS},
         {"shard-tokens", required_argument, 0, O_SHARD}, {"backend", required_argument, 0, O_BACKEND},
         {"threads", required_argument, 0, O_THREADS}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"tokenizer", required_argument, 0, O_TOKENIZER}, {"help", no_argument, 0, 'h'},
+        {"tokenizer", required_argument, 0, O_TOKENIZER}, {"batch", required_argument, 0, O_BATCH},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     o->max_new = 256;
     o->temp = 0.7f;
@@ -100,6 +103,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_SHARD: NUM(o->shard_tokens, strtoll(optarg, &end, 10), "--shard-tokens"); break;
         case O_THREADS: NUM(v, strtol(optarg, &end, 10), "--threads"); o->threads = v < 1 || v > 4096 ? 0 : (int)v; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case O_BATCH: NUM(v, strtol(optarg, &end, 10), "--batch"); o->batch = v < 0 || v > 4096 ? -1 : (int)v; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
         case O_BACKEND:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
@@ -123,6 +127,7 @@ static int parse_args(int argc, char **argv, options *o) {
                       : o->seed > (1ull << 53)                        ? "--seed must be at most 2^53 (the manifest is JSON)"
                       : o->shard_tokens < 1                           ? "--shard-tokens must be >= 1"
                       : o->threads < 1                                ? "--threads must be in 1 .. 4096"
+                      : o->batch < 0                                  ? "--batch must be in 0 .. 4096"
                       : o->drafter && o->taps_arg                     ? "give -d or --tap-layers, not both"
                                                                       : NULL;
     if (bad) {
@@ -232,6 +237,7 @@ typedef struct {
     ds_tokenizer *tok;
     ds_datagen_prompt *prompts;
     int32_t **ids;
+    ds_gen_batch gen;
 } run_state;
 
 static ds_error *run(const options *o, run_state *st) {
@@ -256,12 +262,19 @@ static ds_error *run(const options *o, run_state *st) {
                              st->list.items[i].line));
         st->prompts[i] = (ds_datagen_prompt){.ids = st->ids[i], .n = (int)k, .line = st->list.items[i].line};
     }
+    if (o->batch > 0) { /* a pool for the longest sequence asked for */
+        int ctx = 0;
+        for (size_t i = 0; i < n; i++)
+            if (st->prompts[i].n + o->max_new + 1 > ctx) ctx = st->prompts[i].n + o->max_new + 1;
+        DS_TRY(ds_gen_batch_open(st->be, o->model, o->batch, ctx, &st->gen));
+    }
     progress_state ps = {.tty = isatty(2)};
     const ds_datagen_opts dg = {.out_dir = o->out, .target_dir = o->model, .prompt_file = o->prompt_file,
                                 .max_new = o->max_new,
                                 .sampling = {.temperature = o->temp, .top_k = o->top_k, .top_p = o->top_p},
                                 .seed = o->seed, .ignore_eos = o->ignore_eos, .taps = taps, .n_taps = n_taps,
-                                .shard_tokens = o->shard_tokens, .progress = progress, .user = &ps};
+                                .shard_tokens = o->shard_tokens, .batch = o->batch > 0 ? &st->gen : NULL,
+                                .progress = progress, .user = &ps};
     ds_datagen_stats s;
     ds_error *e = ds_datagen_run(st->t, st->prompts, n, &dg, &s);
     if (ps.tty) fputc('\n', stderr);
@@ -288,6 +301,7 @@ int cmd_datagen(int argc, char **argv) {
     free(st.ids);
     free(st.prompts);
     ds_tokenizer_free(st.tok);
+    ds_gen_batch_close(&st.gen);
     ds_target_free(st.t);
     if (st.be) st.be->ops->destroy(st.be);
     ds_prompt_list_free(&st.list);
