@@ -530,7 +530,28 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--total-steps", type=int, default=50)
     ap.add_argument("--check-deepspec", metavar="DIR", default=None)
+    ap.add_argument("--compare", metavar="FILE", default=None,
+                    help="no training: print per-tensor ||a-b||/||b|| and max |a-b| of FILE's tensors "
+                         "(a trainer's dump under the golden's names) against OUT/golden.safetensors")
     args = ap.parse_args()
+    if args.compare:
+        gold = load_file(os.path.join(args.out, "golden.safetensors"))
+        cand = load_file(args.compare)
+        worst = 0.0
+        for k in sorted(cand):
+            if k not in gold:
+                print("%-48s not in the golden" % k)
+                continue
+            a, b = cand[k], gold[k]
+            if a.shape != b.shape:
+                print("%-48s shape %s != golden %s" % (k, list(a.shape), list(b.shape)))
+                worst = float("inf")
+                continue
+            r = rel_err(a, b)
+            worst = max(worst, r) if k.startswith("grad.") else worst
+            print("%-48s rel %.3e  max abs %.3e" % (k, r, (a.double() - b.double()).abs().max().item()))
+        print("max gradient rel err %.3e" % worst)
+        return
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
