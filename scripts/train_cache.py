@@ -42,8 +42,8 @@ def fnv64(data, h=0xCBF29CE484222325):
 def cache_id(m):
     """The manifest's identity hash, as src/io/train_manifest.c computes it."""
     t, s, p = m["target"], m["sampling"], m["prompts"]
-    line = "v%d|%s|%s|%s|%d|%d|%d|%.9g|%.9g|%d|%d|%d|%d|%d|%s|%d|taps" % (
-        m["version"], t["model_type"], t["config_hash"], t["weights_fingerprint"], t["vocab_size"], m["hidden_size"],
+    line = "v%d|%s|%s|%s|%s|%d|%d|%d|%.9g|%.9g|%d|%d|%d|%d|%d|%s|%d|taps" % (
+        m["version"], t["model_type"], m["backend"], t["config_hash"], t["weights_fingerprint"], t["vocab_size"], m["hidden_size"],
         t["num_hidden_layers"], np.float32(s["temperature"]), np.float32(s["top_p"]), s["top_k"], s["max_new"],
         s["seed"], s["ignore_eos"], p["count"], p["ids_hash"], m["shard_tokens"])
     line += "".join(",%d" % x for x in m["tap_layers"])

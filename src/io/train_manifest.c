@@ -13,9 +13,9 @@
 uint64_t ds_train_manifest_id(const ds_train_manifest *m) {
     char buf[2048];
     int n = snprintf(buf, sizeof buf,
-                     "v%d|%s|%016" PRIx64 "|%016" PRIx64 "|%d|%d|%d|%.9g|%.9g|%d|%d|%" PRIu64 "|%d|%" PRId64
+                     "v%d|%s|%s|%016" PRIx64 "|%016" PRIx64 "|%d|%d|%d|%.9g|%.9g|%d|%d|%" PRIu64 "|%d|%" PRId64
                      "|%016" PRIx64 "|%" PRId64 "|taps",
-                     DS_TRAIN_FORMAT_VERSION, m->model_type, m->target.config, m->target.weights, m->vocab, m->hidden,
+                     DS_TRAIN_FORMAT_VERSION, m->model_type, m->backend, m->target.config, m->target.weights, m->vocab, m->hidden,
                      m->n_layers, (double)m->temperature, (double)m->top_p, m->top_k, m->max_new, m->seed,
                      m->ignore_eos, m->n_prompts, m->prompts_hash, m->shard_tokens);
     for (int i = 0; i < m->n_taps && n > 0 && n < (int)sizeof buf; i++)
@@ -27,6 +27,7 @@ ds_error *ds_train_manifest_compare(const ds_train_manifest *a, const ds_train_m
 #define SAME(cond, field, fmt, x, y) \
     if (!(cond)) return ds_errorf("%s: the cache has " fmt ", this run " fmt, field, x, y)
     SAME(!strcmp(a->model_type, b->model_type), "target model_type", "%s", a->model_type, b->model_type);
+    SAME(!strcmp(a->backend, b->backend), "backend", "%s", a->backend, b->backend);
     SAME(a->target.config == b->target.config, "target config.json (hash)", "%016" PRIx64, a->target.config,
          b->target.config);
     SAME(a->target.weights == b->target.weights, "target weights (fingerprint)", "%016" PRIx64, a->target.weights,
@@ -93,6 +94,7 @@ ds_error *ds_train_manifest_write(const char *dir, const ds_train_manifest *m) {
     cJSON_AddItemToObject(j, "tap_layers", cJSON_CreateIntArray(m->tap_layers, m->n_taps));
     cJSON_AddNumberToObject(j, "hidden_size", m->hidden);
     cJSON_AddStringToObject(j, "dtype", "bf16");
+    cJSON_AddStringToObject(j, "backend", m->backend);
     cJSON *s = cJSON_AddObjectToObject(j, "sampling");
     /* floats as their shortest decimal (0.7, not 0.699999988): the same float when read back */
     cJSON_AddNumberToObject(s, "temperature", shortest(m->temperature));
@@ -225,6 +227,7 @@ static ds_error *parse(const cJSON *j, ds_train_manifest *m) {
     char dtype[16];
     DS_TRY(get_str(j, "dtype", dtype, sizeof dtype));
     if (strcmp(dtype, "bf16")) return ds_errorf("\"dtype\" = \"%s\" (this build reads bf16)", dtype);
+    DS_TRY(get_str(j, "backend", m->backend, sizeof m->backend));
     const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "tap_layers");
     if (!cJSON_IsArray(taps)) return ds_errorf("\"tap_layers\" is missing or not an array");
     m->n_taps = cJSON_GetArraySize(taps);

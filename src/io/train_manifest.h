@@ -25,6 +25,8 @@ typedef struct {
 typedef struct {
     /* identity (hashed into cache_id) */
     char model_type[32];
+    char backend[16];          /* "cpu", "cuda": where the tokens were drawn (the CPU's are the same on every host;
+                                  a GPU's differ from them at near-ties), so a resume does not mix the two */
     ds_model_identity target;  /* config.json and weights fingerprints */
     int vocab, hidden, n_layers;
     int n_taps, tap_layers[DS_TRAIN_MAX_TAPS]; /* SPEC §3: -1 = the embedding output */

@@ -49,6 +49,7 @@ static ds_error *want_manifest(const ds_target *t, const ds_datagen_prompt *p, s
     if (o->shard_tokens < 1) return ds_errorf("shard_tokens must be >= 1");
     DS_TRY(ds_model_identity_of(o->target_dir, &m->target));
     snprintf(m->model_type, sizeof m->model_type, "%s", t->model_type);
+    snprintf(m->backend, sizeof m->backend, "%s", t->be->ops->name);
     snprintf(m->target_dir, sizeof m->target_dir, "%s", o->target_dir);
     snprintf(m->prompt_file, sizeof m->prompt_file, "%s", o->prompt_file ? o->prompt_file : "");
     m->vocab = t->vocab, m->hidden = t->hidden, m->n_layers = t->n_layers;
