@@ -207,10 +207,9 @@ static ds_error *run(const char *in, const char *out, int bits, int group, char 
         e = ds_errorf("%s: config.json has a quantization block already (the checkpoint is quantized)", in);
     qjob j = {.bits = bits, .group = group, .tty = isatty(2)};
     size_t cap = 0, n_q = 0;
-    for (size_t s = 0; s < ck->n_shards && !e; s++)
-        for (size_t i = 0; i < ck->shards[s]->n_tensors && !e; i++) cap += 3;
+    for (size_t s = 0; s < ck->n_shards; s++) cap += 3 * ck->shards[s]->n_tensors; /* a weight becomes 3 tensors */
     j.parts = calloc(cap ? cap : 1, sizeof *j.parts);
-    if (!j.parts) e = ds_errorf("out of memory");
+    if (!e && !j.parts) e = ds_errorf("out of memory");
     for (size_t s = 0; s < ck->n_shards && !e; s++)
         for (size_t i = 0; i < ck->shards[s]->n_tensors && !e; i++) {
             const ds_st_tensor *t = &ck->shards[s]->tensors[i];
