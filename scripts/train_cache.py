@@ -42,10 +42,10 @@ def fnv64(data, h=0xCBF29CE484222325):
 def cache_id(m):
     """The manifest's identity hash, as src/io/train_manifest.c computes it."""
     t, s, p = m["target"], m["sampling"], m["prompts"]
-    line = "v%d|%s|%s|%s|%s|%d|%d|%d|%.9g|%.9g|%d|%d|%d|%d|%d|%s|%d|taps" % (
+    line = "v%d|%s|%s|%s|%s|%d|%d|%d|%.9g|%.9g|%d|%d|%d|%d|%d|%d|%s|%d|taps" % (
         m["version"], t["model_type"], m["backend"], t["config_hash"], t["weights_fingerprint"], t["vocab_size"], m["hidden_size"],
         t["num_hidden_layers"], np.float32(s["temperature"]), np.float32(s["top_p"]), s["top_k"], s["max_new"],
-        s["seed"], s["ignore_eos"], p["count"], p["ids_hash"], m["shard_tokens"])
+        s["seed"], s["ignore_eos"], p["count"], p["raw"], p["ids_hash"], m["shard_tokens"])
     line += "".join(",%d" % x for x in m["tap_layers"])
     return "%016x" % fnv64(line.encode())
 
@@ -102,7 +102,7 @@ def main():
     toks = gen = 0
     for i in range(len(c)):
         s = c[i]
-        assert (s["mask"][:s["n_prompt"]] == 0).all() and (s["mask"][s["n_prompt"]:] == 1).all(), i
+        assert (s["mask"][:s["n_prompt"]] == 0).all() and (s["mask"][s["n_prompt"]:] == 1).all(), i  # raw: n_prompt 0
         assert ((s["ids"] >= 0) & (s["ids"] < m["target"]["vocab_size"])).all(), i
         toks += len(s["ids"])
         gen += int(s["mask"].sum())

@@ -44,7 +44,8 @@ static ds_error *fixture_open(fixture *f, int max_rows) {
             x = x * 1664525u + 1013904223u;
             f->ids[i][k] = (int32_t)(x >> 8) % 512;
         }
-        f->prompts[i] = (ds_datagen_prompt){.ids = f->ids[i], .n = n, .line = i + 1};
+        /* the last one is a raw sequence: stored as given, mask 1 everywhere */
+        f->prompts[i] = (ds_datagen_prompt){.ids = f->ids[i], .n = n, .line = i + 1, .raw = i == N_PROMPTS - 1};
     }
     return NULL;
 }
@@ -152,7 +153,7 @@ static void test_cache_equals_forward(void) {
     ds_datagen_opts o = tiny_opts(out);
     ds_datagen_stats st;
     CHECK_OK(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st));
-    CHECK(st.seqs_done == N_PROMPTS && st.seqs_resumed == 0 && st.gen_tokens == (int64_t)N_PROMPTS * o.max_new,
+    CHECK(st.seqs_done == N_PROMPTS && st.seqs_resumed == 0 && st.gen_tokens == (int64_t)(N_PROMPTS - 1) * o.max_new,
           "stats: %lld done, %lld generated", (long long)st.seqs_done, (long long)st.gen_tokens);
     ds_train_cache *c;
     CHECK_OK(ds_train_cache_open(out, &c));
@@ -168,15 +169,18 @@ static void test_cache_equals_forward(void) {
         ds_train_seq s;
         CHECK_OK(ds_train_cache_seq(c, i, &s));
         const ds_datagen_prompt *p = &f.prompts[i];
-        CHECK(s.n_prompt == p->n && s.len == p->n + o.max_new, "seq %d: %d tokens, %d prompt", i, s.len, s.n_prompt);
+        const int n_prompt = p->raw ? 0 : p->n, n_gen = p->raw ? 0 : o.max_new;
+        CHECK(s.n_prompt == n_prompt && s.len == p->n + n_gen, "seq %d: %d tokens, %d prompt", i, s.len, s.n_prompt);
         CHECK(!memcmp(s.ids, p->ids, (size_t)p->n * sizeof *s.ids), "seq %d: the prompt", i);
-        for (int k = 0; k < s.len; k++) CHECK(s.mask[k] == (k >= p->n), "seq %d: mask[%d] = %d", i, k, s.mask[k]);
-        const ds_gen_params gp = {.max_new = o.max_new, .sampling = o.sampling, .seed = o.seed + (uint64_t)i};
-        ds_gen_result g;
-        CHECK_OK(ds_generate(ref.t, NULL, p->ids, p->n, &gp, NULL, NULL, &g));
-        CHECK(g.n_tokens == s.len - s.n_prompt && !memcmp(g.tokens, s.ids + s.n_prompt, (size_t)g.n_tokens * 4),
-              "seq %d: the continuation is not ds_generate's for seed %llu", i, (unsigned long long)gp.seed);
-        ds_gen_result_free(&g);
+        for (int k = 0; k < s.len; k++) CHECK(s.mask[k] == (k >= n_prompt), "seq %d: mask[%d] = %d", i, k, s.mask[k]);
+        if (!p->raw) {
+            const ds_gen_params gp = {.max_new = o.max_new, .sampling = o.sampling, .seed = o.seed + (uint64_t)i};
+            ds_gen_result g;
+            CHECK_OK(ds_generate(ref.t, NULL, p->ids, p->n, &gp, NULL, NULL, &g));
+            CHECK(g.n_tokens == s.len - s.n_prompt && !memcmp(g.tokens, s.ids + s.n_prompt, (size_t)g.n_tokens * 4),
+                  "seq %d: the continuation is not ds_generate's for seed %llu", i, (unsigned long long)gp.seed);
+            ds_gen_result_free(&g);
+        }
         CHECK_OK(ds_target_forward(ref.t, s.ids, s.len, 0, 0));
         ref.be->ops->download(ref.be, ds_rows(ref.t->taps, 0, s.len), taps);
         ref.be->ops->download(ref.be, ds_rows(ref.t->final_hidden, 0, s.len), fh);
@@ -288,6 +292,10 @@ static void test_resume_identical(void) {
     o = tiny_opts(b);
     o.seed = 8;
     CHECK_ERR(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st), "seed");
+    f.prompts[N_PROMPTS - 1].raw = false;
+    o = tiny_opts(b);
+    CHECK_ERR(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st), "raw sequences");
+    f.prompts[N_PROMPTS - 1].raw = true;
     /* a directory that is not a cache */
     snprintf(p, sizeof p, "%s/other", tmp_root);
     mkdir(p, 0755);

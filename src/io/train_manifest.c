@@ -14,10 +14,10 @@ uint64_t ds_train_manifest_id(const ds_train_manifest *m) {
     char buf[2048];
     int n = snprintf(buf, sizeof buf,
                      "v%d|%s|%s|%016" PRIx64 "|%016" PRIx64 "|%d|%d|%d|%.9g|%.9g|%d|%d|%" PRIu64 "|%d|%" PRId64
-                     "|%016" PRIx64 "|%" PRId64 "|taps",
+                     "|%" PRId64 "|%016" PRIx64 "|%" PRId64 "|taps",
                      DS_TRAIN_FORMAT_VERSION, m->model_type, m->backend, m->target.config, m->target.weights, m->vocab, m->hidden,
                      m->n_layers, (double)m->temperature, (double)m->top_p, m->top_k, m->max_new, m->seed,
-                     m->ignore_eos, m->n_prompts, m->prompts_hash, m->shard_tokens);
+                     m->ignore_eos, m->n_prompts, m->n_raw, m->prompts_hash, m->shard_tokens);
     for (int i = 0; i < m->n_taps && n > 0 && n < (int)sizeof buf; i++)
         n += snprintf(buf + n, sizeof buf - (size_t)n, ",%d", m->tap_layers[i]);
     return ds_fnv64(DS_FNV64_INIT, buf, n > 0 && n < (int)sizeof buf ? (size_t)n : sizeof buf);
@@ -42,6 +42,7 @@ ds_error *ds_train_manifest_compare(const ds_train_manifest *a, const ds_train_m
     SAME(a->seed == b->seed, "seed", "%" PRIu64, a->seed, b->seed);
     SAME(a->ignore_eos == b->ignore_eos, "ignore_eos", "%d", a->ignore_eos, b->ignore_eos);
     SAME(a->n_prompts == b->n_prompts, "prompts", "%" PRId64, a->n_prompts, b->n_prompts);
+    SAME(a->n_raw == b->n_raw, "raw sequences", "%" PRId64, a->n_raw, b->n_raw);
     SAME(a->prompts_hash == b->prompts_hash, "prompts (ids hash)", "%016" PRIx64, a->prompts_hash, b->prompts_hash);
     SAME(a->shard_tokens == b->shard_tokens, "shard_tokens", "%" PRId64, a->shard_tokens, b->shard_tokens);
     SAME(a->vocab == b->vocab && a->n_layers == b->n_layers, "target vocab / layers", "%d", a->vocab, b->vocab);
@@ -106,6 +107,7 @@ ds_error *ds_train_manifest_write(const char *dir, const ds_train_manifest *m) {
     cJSON *p = cJSON_AddObjectToObject(j, "prompts");
     cJSON_AddStringToObject(p, "file", m->prompt_file);
     cJSON_AddNumberToObject(p, "count", (double)m->n_prompts);
+    cJSON_AddNumberToObject(p, "raw", (double)m->n_raw);
     add_hex(p, "ids_hash", m->prompts_hash);
     cJSON_AddNumberToObject(j, "shard_tokens", (double)m->shard_tokens);
     cJSON_AddBoolToObject(j, "complete", m->complete);
@@ -255,6 +257,7 @@ static ds_error *parse(const cJSON *j, ds_train_manifest *m) {
     DS_TRY(get_obj(j, "prompts", &p));
     DS_TRY(ds_error_wrap(get_str(p, "file", m->prompt_file, sizeof m->prompt_file), "prompts"));
     DS_TRY(ds_error_wrap(get_int(p, "count", 0, BIG, &m->n_prompts), "prompts"));
+    DS_TRY(ds_error_wrap(get_int(p, "raw", 0, (double)m->n_prompts, &m->n_raw), "prompts"));
     DS_TRY(ds_error_wrap(get_hex(p, "ids_hash", &m->prompts_hash), "prompts"));
     DS_TRY(get_int(j, "shard_tokens", 1, BIG, &m->shard_tokens));
     DS_TRY(get_bool(j, "complete", &m->complete));

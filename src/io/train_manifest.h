@@ -34,8 +34,9 @@ typedef struct {
     int top_k, max_new;
     uint64_t seed;             /* prompt i is generated with seed + i */
     bool ignore_eos;
-    int64_t n_prompts;
-    uint64_t prompts_hash;     /* every prompt's ids, in order */
+    int64_t n_prompts;         /* sequences: the prompts to continue, then any raw sequences */
+    int64_t n_raw;             /* sequences stored as given, loss mask 1 everywhere (datagen.h) */
+    uint64_t prompts_hash;     /* every prompt's ids, in order (and which are raw) */
     int64_t shard_tokens;      /* a shard closes once it holds at least this many tokens */
     /* not identity */
     char target_dir[1024], prompt_file[1024];

@@ -64,7 +64,8 @@ static ds_error *want_manifest(const ds_target *t, const ds_datagen_prompt *p, s
     m->n_prompts = (int64_t)n;
     uint64_t h = DS_FNV64_INIT;
     for (size_t i = 0; i < n; i++) {
-        const int64_t len = p[i].n;
+        const int64_t len = p[i].raw ? -(int64_t)p[i].n : p[i].n; /* a raw sequence hashes apart */
+        m->n_raw += p[i].raw;
         h = ds_fnv64(h, &len, sizeof len);
         h = ds_fnv64(h, p[i].ids, (size_t)p[i].n * sizeof *p[i].ids);
     }
@@ -150,6 +151,9 @@ static ds_error *collect(run_state *r, ds_shard_writer *w, const int32_t *ids, i
 static ds_error *gen_params(const run_state *r, const ds_datagen_prompt *p, int64_t i, ds_gen_params *gp) {
     const ds_target *t = r->t;
     if (p->n < 1) return ds_errorf("empty prompt");
+    if (p->raw && p->n > t->max_ctx)
+        return ds_errorf("raw sequence of %d tokens is longer than the target's context of %d", p->n, t->max_ctx);
+    if (p->raw) return NULL;
     if (p->n >= t->max_ctx)
         return ds_errorf("prompt of %d tokens leaves no room in the target's context of %d", p->n, t->max_ctx);
     const int room = t->max_ctx - p->n;
@@ -180,9 +184,10 @@ static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts,
     const double t0 = ds_now_s();
     const int64_t gen0 = r->st->gen_tokens, base = ds_batch_get_stats(g->b).generation_tokens;
     for (int64_t k = 0; k < n && !e; k++) {
+        ids[k] = -1;
         ds_batch_request rq = {.prompt = prompts[i + k].ids, .n_prompt = prompts[i + k].n};
         e = gen_params(r, &prompts[i + k], i + k, &rq.params);
-        if (!e) e = ds_batch_submit(g->b, &rq, &ids[k]);
+        if (!e && !prompts[i + k].raw) e = ds_batch_submit(g->b, &rq, &ids[k]);
         if (e) e = ds_error_wrap(e, "prompt %lld (%s:%d)", (long long)(i + k),
                                  r->o->prompt_file ? r->o->prompt_file : "prompts", prompts[i + k].line);
     }
@@ -192,6 +197,7 @@ static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts,
         report(r, false);
     }
     for (int64_t k = 0; k < n && !e; k++) {
+        if (ids[k] < 0) continue; /* raw: nothing generated */
         const ds_gen_result *res = ds_batch_result(g->b, ids[k]);
         if (!res) {
             e = ds_errorf("batched engine: no result for prompt %lld", (long long)(i + k));
@@ -202,7 +208,8 @@ static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts,
             e = ds_errorf("out of memory");
         else memcpy(r->win_tokens[k], res->tokens, (size_t)res->n_tokens * sizeof(int32_t));
     }
-    for (int64_t k = 0; k < n; k++) ds_error_free(ds_batch_release(g->b, ids[k]));
+    for (int64_t k = 0; k < n; k++)
+        if (ids[k] >= 0) ds_error_free(ds_batch_release(g->b, ids[k]));
     free(ids);
     r->st->gen_s += ds_now_s() - t0;
     return e;
@@ -210,6 +217,12 @@ static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts,
 
 /* Prompt i's continuation: from the batched window, or ds_generate now. *gen is malloc'd. */
 static ds_error *continuation(run_state *r, const ds_datagen_prompt *p, int64_t i, int32_t **gen, int *n_gen) {
+    if (p->raw) {
+        ds_gen_params unused;
+        *gen = NULL;
+        *n_gen = 0;
+        return gen_params(r, p, i, &unused); /* its checks */
+    }
     if (r->o->batch) {
         if (i < r->win0 || i >= r->win0 + r->win_n) return ds_errorf("prompt %lld is not in the generated window", (long long)i);
         *gen = r->win_tokens[i - r->win0];
@@ -243,7 +256,7 @@ static ds_error *one_sequence(run_state *r, ds_shard_writer *w, const ds_datagen
     }
     free(gen);
     const double t1 = ds_now_s();
-    if (!e) e = ds_shard_writer_begin(w, ids, len, p->n);
+    if (!e) e = ds_shard_writer_begin(w, ids, len, p->raw ? 0 : p->n);
     if (!e) e = collect(r, w, ids, len);
     r->st->forward_s += ds_now_s() - t1;
     r->st->tokens += len;

@@ -24,6 +24,8 @@ typedef struct {
     const int32_t *ids;
     int n;
     int line; /* the prompt file's line, for errors */
+    bool raw; /* stored as it is, loss mask 1 on every token, nothing generated: the reference recipe's
+                 "raw train windows" beside the continuations (models/REFERENCE.md) */
 } ds_datagen_prompt;
 
 typedef struct {

@@ -18,7 +18,7 @@
 #include "train/datagen.h"
 
 typedef struct {
-    const char *model, *drafter, *prompt_file, *out, *taps_arg, *tokenizer;
+    const char *model, *drafter, *prompt_file, *raw_file, *out, *taps_arg, *tokenizer;
     bool cuda, ignore_eos;
     int threads, max_new, top_k, batch;
     float temp, top_p;
@@ -30,7 +30,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: dspark datagen [-m TARGET_DIR] --prompt-file F.jsonl --out CACHE_DIR [-d DRAFTER_DIR | --tap-layers L,...]\n"
             "                      [-n MAX_NEW] [--temp T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]\n"
-            "                      [--shard-tokens N] [--batch N] [--tokenizer PATH] [--backend cpu|cuda] [--threads N]\n"
+            "                      [--raw-file R.jsonl] [--shard-tokens N] [--batch N] [--tokenizer PATH]\n"
+            "                      [--backend cpu|cuda] [--threads N]\n"
             "\n"
             "Training data for a drafter (SPEC §7): the target continues every prompt (prompt i sampled with seed\n"
             "S + i), then one forward over prompt + continuation records, for every position, the hidden states\n"
@@ -42,6 +43,8 @@ static void usage(FILE *f) {
             "  -m DIR            target (default: the bundled pico-qwen3)\n"
             "  --prompt-file F   generate's prompt-file format (input_ids, prompt text, or chat messages)\n"
             "  --out DIR         the cache directory (created; an existing cache is resumed)\n"
+            "  --raw-file R      sequences stored as they are, after the prompts' (same format): nothing generated,\n"
+            "                    loss mask 1 on every token (the reference recipe's raw train windows)\n"
             "  -d DIR            tap the layers this drafter reads (config.json target_layer_ids)\n"
             "  --tap-layers L    the layers to tap, e.g. 1,3,5 (-1: the embedding output). Default: -d's, else\n"
             "                    the bundled pico drafter's\n"
@@ -57,7 +60,7 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_PROMPT_FILE = 256, O_OUT, O_TEMP, O_TOP_P, O_TOP_K, O_SEED, O_TAPS, O_SHARD, O_BACKEND, O_THREADS,
-           O_IGNORE_EOS, O_TOKENIZER, O_BATCH };
+           O_IGNORE_EOS, O_TOKENIZER, O_BATCH, O_RAW };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},       {"drafter", required_argument, 0, 'd'},
         {"max-new", required_argument, 0, 'n'},     {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -67,6 +70,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"shard-tokens", required_argument, 0, O_SHARD}, {"backend", required_argument, 0, O_BACKEND},
         {"threads", required_argument, 0, O_THREADS}, {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"tokenizer", required_argument, 0, O_TOKENIZER}, {"batch", required_argument, 0, O_BATCH},
+        {"raw-file", required_argument, 0, O_RAW},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     o->max_new = 256;
@@ -94,6 +98,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'd': o->drafter = optarg; break;
         case 'n': NUM(v, strtol(optarg, &end, 10), "-n"); o->max_new = v < 0 || v > 1 << 24 ? -1 : (int)v; break;
         case O_PROMPT_FILE: o->prompt_file = optarg; break;
+        case O_RAW: o->raw_file = optarg; break;
         case O_OUT: o->out = optarg; break;
         case O_TEMP: NUM(o->temp, strtof(optarg, &end), "--temp"); break;
         case O_TOP_P: NUM(o->top_p, strtof(optarg, &end), "--top-p"); break;
@@ -231,7 +236,7 @@ static void progress(void *user, const ds_datagen_stats *s) {
 }
 
 typedef struct {
-    ds_prompt_list list;
+    ds_prompt_list list, raw;
     ds_backend *be;
     ds_target *t;
     ds_tokenizer *tok;
@@ -242,6 +247,7 @@ typedef struct {
 
 static ds_error *run(const options *o, run_state *st) {
     DS_TRY(ds_prompt_file_read(o->prompt_file, &st->list));
+    if (o->raw_file) DS_TRY(ds_prompt_file_read(o->raw_file, &st->raw));
     DS_TRY(o->cuda ? ds_backend_cuda_new(0, &st->be) : ds_backend_cpu_new(o->threads, &st->be));
     const ds_target_opts to = {0};
     DS_TRY(ds_target_open(st->be, o->model, &to, &st->t));
@@ -252,15 +258,17 @@ static ds_error *run(const options *o, run_state *st) {
     int taps[DS_MAX_TAPS], n_taps = 0;
     if (o->taps_arg) DS_TRY(parse_taps(o->taps_arg, taps, &n_taps));
     else DS_TRY(drafter_taps(o->drafter ? o->drafter : DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark", st->t, taps, &n_taps));
-    const size_t n = st->list.n;
+    const size_t n_gen = st->list.n, n = n_gen + st->raw.n;
     st->prompts = calloc(n ? n : 1, sizeof *st->prompts);
     st->ids = calloc(n ? n : 1, sizeof *st->ids);
     if (!st->prompts || !st->ids) return ds_errorf("out of memory");
     for (size_t i = 0; i < n; i++) {
+        const bool raw = i >= n_gen;
+        const ds_prompt *p = raw ? &st->raw.items[i - n_gen] : &st->list.items[i];
         size_t k;
-        DS_TRY(ds_error_wrap(prompt_ids(o, st->tok, &st->list.items[i], &st->ids[i], &k), "%s:%d", o->prompt_file,
-                             st->list.items[i].line));
-        st->prompts[i] = (ds_datagen_prompt){.ids = st->ids[i], .n = (int)k, .line = st->list.items[i].line};
+        DS_TRY(ds_error_wrap(prompt_ids(o, st->tok, p, &st->ids[i], &k), "%s:%d", raw ? o->raw_file : o->prompt_file,
+                             p->line));
+        st->prompts[i] = (ds_datagen_prompt){.ids = st->ids[i], .n = (int)k, .line = p->line, .raw = raw};
     }
     if (o->batch > 0) { /* a pool for the longest sequence asked for */
         int ctx = 0;
@@ -297,7 +305,7 @@ int cmd_datagen(int argc, char **argv) {
     if (rc) return rc;
     run_state st = {0};
     ds_error *e = run(&o, &st);
-    for (size_t i = 0; st.ids && i < st.list.n; i++) free(st.ids[i]);
+    for (size_t i = 0; st.ids && i < st.list.n + st.raw.n; i++) free(st.ids[i]);
     free(st.ids);
     free(st.prompts);
     ds_tokenizer_free(st.tok);
@@ -305,6 +313,7 @@ int cmd_datagen(int argc, char **argv) {
     ds_target_free(st.t);
     if (st.be) st.be->ops->destroy(st.be);
     ds_prompt_list_free(&st.list);
+    ds_prompt_list_free(&st.raw);
     if (e) {
         fprintf(stderr, "dspark datagen: %s\n", ds_error_message(e));
         ds_error_free(e);
