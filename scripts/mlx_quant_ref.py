@@ -7,6 +7,7 @@ byte for byte, and golden logits of the dequantized weights.
   mlx_quant_ref.py quantize  -m DIR --bits 4|8 [--group 64] [--skip PAT]... --out DIR
   mlx_quant_ref.py dequantize -m QDIR --out DIR          # fp32 checkpoint of the dequantized values
   mlx_quant_ref.py fixture                               # testdata/fixtures/{qwen3,gemma4}-tiny-quant/
+                                                         # (quantized checkpoints, golden logits, dequant_fnv.json)
 
 What it follows (read from ml-explore/mlx, written anew here):
 - the quantizer is the CPU kernel `quantize` of mlx/backend/cpu/quantized.cpp,
@@ -265,6 +266,22 @@ def qwen3_logits(ts, cfg, ids):
     return (x @ head.T).astype(np.float32)
 
 
+def fnv64(data):
+    """FNV-1a, 64 bits (tests/pinned.c's pinned_fnv): the test checks the engine's dequantized bytes by it."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def dequant_hashes(qdir):
+    """{weight name: FNV-1a of its dequantized fp32 bytes} for every quantized weight of qdir."""
+    ts, _ = dequantized_tensors(qdir)
+    raw = read_ckpt(qdir)
+    return {k: "%016x" % fnv64(np.ascontiguousarray(v, dtype="<f4").tobytes())
+            for k, v in sorted(ts.items()) if k.endswith(".weight") and k[: -len(".weight")] + ".scales" in raw}
+
+
 def cmd_fixture(root):
     """testdata/fixtures/qwen3-tiny-quant/ from testdata/fixtures/qwen3-tiny/."""
     src = os.path.join(root, "testdata/fixtures/qwen3-tiny")
@@ -278,6 +295,7 @@ def cmd_fixture(root):
     err = float(np.max(np.abs(mine - ref)) / np.max(np.abs(ref)))
     assert err < 1e-5, "numpy forward vs torch golden: %g" % err
     golden = {"prompt_ids": ("I64", ids)}
+    hashes = {}
     variants = [("target-q4g32", "target", 4, 32, []), ("target-q8g64", "target", 8, 64, ["lm_head"]),
                 ("drafter-q8g32", "drafter-trained", 8, 32, [])]
     for name, what, bits, group, skip in variants:
@@ -286,16 +304,20 @@ def cmd_fixture(root):
         if what == "target":
             ts, cfg = dequantized_tensors(qd)
             golden["logits_" + name] = ("F32", qwen3_logits(ts, cfg, ids))
-            cmd_dequantize(qd, qd + "-dequant")
+            hashes[name] = dequant_hashes(qd)
             print("%s: logits vs plain max |d| %.4g (max |logit| %.4g)" % (
                 name, np.max(np.abs(golden["logits_" + name][1] - ref)), np.max(np.abs(ref))))
     write_st(os.path.join(out, "golden.safetensors"), golden)
+    with open(os.path.join(out, "dequant_fnv.json"), "w") as f:
+        json.dump(hashes, f, indent=1, sort_keys=True)
     # Gemma 4 (tied embeddings: the quantized table is the LM head too; k_eq_v): checked against the
-    # engine on its dequantized fp32 copy (no numpy Gemma 4 forward here).
+    # engine on its dequantized fp32 copy (no numpy Gemma 4 forward here). The tests build the dequantized
+    # copies themselves and check them against these hashes (fp32 copies would cost the checkout 1 MB each).
     src = os.path.join(root, "testdata/fixtures/gemma4-tiny")
     out = os.path.join(root, "testdata/fixtures/gemma4-tiny-quant")
     cmd_quantize(os.path.join(src, "target"), os.path.join(out, "target-q4g32"), 4, 32, [])
-    cmd_dequantize(os.path.join(out, "target-q4g32"), os.path.join(out, "target-q4g32-dequant"))
+    with open(os.path.join(out, "dequant_fnv.json"), "w") as f:
+        json.dump({"target-q4g32": dequant_hashes(os.path.join(out, "target-q4g32"))}, f, indent=1, sort_keys=True)
     cmd_quantize(os.path.join(src, "drafter-trained"), os.path.join(out, "drafter-q8g32"), 8, 32, [])
 
 

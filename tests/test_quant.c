@@ -3,7 +3,8 @@
  * of mx.quantize) into testdata/fixtures/qwen3-tiny-quant/:
  * - the quantized targets' logits match the numpy forward over the
  *   dequantized weights (golden.safetensors) within TOL, and equal to the
- *   bit the engine's own logits on the dequantized fp32 checkpoint;
+ *   bit the engine's own logits on the dequantized fp32 checkpoint (built
+ *   here, each weight's bytes checked against numpy's: dequant_fnv.json);
  * - a row's logits do not depend on how many rows share the forward;
  * - greedy drafted == greedy AR on each quantized target (plain and int8 drafters);
  * - Gemma 4 (gemma4-tiny-quant): bit-equal to its dequantized copy, drafted == AR;
@@ -20,9 +21,11 @@
 #include "backend/backend.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
+#include "io/quant_checkpoint.h"
 #include "io/safetensors_write.h"
 #include "model/target.h"
 #include "speculate/generate.h"
+#include "pinned.h"
 #include "testlib.h"
 
 #define SRC DS_TESTDATA "/fixtures/qwen3-tiny"
@@ -32,6 +35,82 @@
 
 static ds_backend *be;
 static const char *targets[] = {"target-q4g32", "target-q8g64"};
+#define G4 DS_TESTDATA "/fixtures/gemma4-tiny-quant"
+/* The dequantized fp32 copies (setup builds them, teardown removes them). */
+static char tmp_root[] = "/tmp/ds_quant_dense_XXXXXX", dense[3][600];
+
+static ds_error *fill_ptrs(void *user, size_t i, size_t off, void *buf, size_t nb) {
+    const void *const *data = user;
+    memcpy(buf, (const char *)data[i] + off, nb);
+    return NULL;
+}
+
+/* dir: qdir's checkpoint with every quantized weight dequantized to fp32 (ds_quant_dequantize) and the rest as it
+ * is, config.json without the quantization block. Each dequantized weight's bytes must hash (FNV-1a) to what
+ * numpy's dequantize gave (scripts/mlx_quant_ref.py: fnv_file[variant]). */
+static ds_error *make_dense(const char *qdir, const char *dir, const char *fnv_file, const char *variant) {
+    ds_checkpoint *ck;
+    DS_TRY(ds_checkpoint_open(qdir, &ck));
+    cJSON *fnv = read_json_file(fnv_file);
+    const cJSON *want = cJSON_GetObjectItemCaseSensitive(fnv, variant);
+    const ds_safetensors *st = ck->shards[0];
+    ds_st_spec *specs = calloc(st->n_tensors, sizeof *specs);
+    const void **data = calloc(st->n_tensors, sizeof *data);
+    float **owned = calloc(st->n_tensors, sizeof *owned);
+    size_t m = 0;
+    int checked = 0;
+    ds_error *e = want ? NULL : ds_errorf("%s: no %s", fnv_file, variant);
+    for (size_t i = 0; i < st->n_tensors && !e; i++) {
+        const ds_st_tensor *t = &st->tensors[i];
+        const size_t n = strlen(t->name);
+        if (n > 7 && (!strcmp(t->name + n - 7, ".scales") || !strcmp(t->name + n - 7, ".biases"))) continue;
+        specs[m] = (ds_st_spec){.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+        memcpy(specs[m].shape, t->shape, sizeof specs[m].shape);
+        data[m] = t->data;
+        if (t->dtype == DS_U32) {
+            char path[256];
+            snprintf(path, sizeof path, "%.*s", (int)(n - 7), t->name);
+            bool quantized;
+            int bits = 0, group = 0;
+            ds_quant_src q;
+            e = ds_quant_config_for(ck->config, qdir, path, &quantized, &bits, &group);
+            const int64_t rows = t->shape[0], cols = t->shape[1] * 32 / (bits ? bits : 32);
+            if (!e) e = ds_checkpoint_quant(ck, t->name, rows, cols, &q);
+            if (!e) e = ds_quant_dequantize(&q, rows, cols, &owned[m]);
+            if (e) break;
+            const cJSON *h = cJSON_GetObjectItemCaseSensitive(want, t->name);
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016llx",
+                     (unsigned long long)pinned_fnv(PINNED_FNV_START, owned[m], (size_t)(rows * cols) * sizeof(float)));
+            CHECK(cJSON_IsString(h) && !strcmp(h->valuestring, hex), "%s %s: dequantized bytes hash %s, numpy's %s",
+                  variant, t->name, hex, cJSON_IsString(h) ? h->valuestring : "(none)");
+            checked++;
+            specs[m].dtype = DS_F32;
+            specs[m].shape[1] = cols;
+            data[m] = owned[m];
+        }
+        m++;
+    }
+    CHECK(e || checked == cJSON_GetArraySize(want), "%s: %d weights dequantized, numpy hashed %d", variant, checked,
+          cJSON_GetArraySize(want));
+    char path[700];
+    if (!e && mkdir(dir, 0700) != 0) e = ds_errorf("%s: cannot create", dir);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (!e) e = ds_safetensors_write(path, specs, m, 0, fill_ptrs, data);
+    cJSON *cfg = cJSON_Duplicate(ck->config, 1);
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!e) write_json_file(path, cfg);
+    cJSON_Delete(cfg);
+    for (size_t i = 0; i < m; i++) free(owned[i]);
+    free(owned);
+    free(data);
+    free(specs);
+    cJSON_Delete(fnv);
+    ds_checkpoint_close(ck);
+    return e;
+}
 
 static float *prompt_logits(const char *dir, const int32_t *ids, int T) {
     ds_target *t;
@@ -60,11 +139,10 @@ static void test_logits(void) {
     size_t T, n;
     int32_t *ids = golden_i32(g, "prompt_ids", &T);
     for (int i = 0; i < 2; i++) {
-        char dir[512], deq[512], name[64];
+        char dir[512], name[64];
         snprintf(dir, sizeof dir, "%s/%s", FIX, targets[i]);
-        snprintf(deq, sizeof deq, "%s/%s-dequant", FIX, targets[i]);
         snprintf(name, sizeof name, "logits_%s", targets[i]);
-        float *ref = golden_f32(g, name, &n), *q = prompt_logits(dir, ids, (int)T), *d = prompt_logits(deq, ids, (int)T);
+        float *ref = golden_f32(g, name, &n), *q = prompt_logits(dir, ids, (int)T), *d = prompt_logits(dense[i], ids, (int)T);
         if (ref && q && d) {
             const double err = rel_err_max(q, ref, n);
             printf("  %s: logits vs numpy over the dequantized weights: rel err %.3g (bound %g)\n", targets[i], err, TOL);
@@ -146,11 +224,9 @@ static void test_gemma4(void) {
     size_t T;
     int32_t *ids = golden_i32(g, "prompt_ids", &T);
     golden_close(g);
-    const char *G4 = DS_TESTDATA "/fixtures/gemma4-tiny-quant";
-    char dir[512], deq[512];
+    char dir[512];
     snprintf(dir, sizeof dir, "%s/target-q4g32", G4);
-    snprintf(deq, sizeof deq, "%s/target-q4g32-dequant", G4);
-    float *q = prompt_logits(dir, ids, (int)T), *d = prompt_logits(deq, ids, (int)T);
+    float *q = prompt_logits(dir, ids, (int)T), *d = prompt_logits(dense[2], ids, (int)T);
     CHECK(q && d && !memcmp(q, d, (size_t)T * 512 * sizeof *q), "gemma4 q4g32: logits differ from the dequantized fp32 checkpoint's");
     free(q);
     free(d);
@@ -374,7 +450,7 @@ static ds_error *write_mix(const char *dir, const char *base_dir, const char *pa
 /* mlx-lm's mixed recipes: a per-module override ({group_size, bits}) and a
  * module left unquantized (false) beside the global layout. The mixed model's
  * logits equal, to the bit, those of the fp32 model holding each module's
- * dequantized (or plain) values, assembled from the numpy-made copies. */
+ * dequantized (or plain) values, assembled from the dequantized copies. */
 static void test_mixed_overrides(void) {
     char qdir[] = "/tmp/ds_quant_mix_XXXXXX", ddir[] = "/tmp/ds_quant_mixd_XXXXXX";
     if (!mkdtemp(qdir) || !mkdtemp(ddir)) {
@@ -397,10 +473,8 @@ static void test_mixed_overrides(void) {
              "\"%s\": false}, \"quantization_config\": null}",
              g, v);
     CHECK_OK(write_mix(qdir, q4, patch, qparts, 6));
-    char q8d[512];
-    snprintf(q8d, sizeof q8d, "%s-dequant", q8);
-    const mix_part dparts[] = {{gw, q8d}, {vw, plain}};
-    CHECK_OK(write_mix(ddir, FIX "/target-q4g32-dequant", NULL, dparts, 2));
+    const mix_part dparts[] = {{gw, dense[1]}, {vw, plain}};
+    CHECK_OK(write_mix(ddir, dense[0], NULL, dparts, 2));
     ds_safetensors *gold = golden_open(FIX "/golden.safetensors");
     size_t T;
     int32_t *ids = gold ? golden_i32(gold, "prompt_ids", &T) : NULL;
@@ -417,8 +491,25 @@ static void test_mixed_overrides(void) {
     remove_model_dir(strdup(ddir));
 }
 
-static void setup(void) { CHECK_OK(test_backend_new(&be)); }
-static void teardown(void) { be->ops->destroy(be); }
+static void setup(void) {
+    CHECK_OK(test_backend_new(&be));
+    if (!mkdtemp(tmp_root)) {
+        CHECK(false, "mkdtemp");
+        return;
+    }
+    const char *src[3] = {FIX "/target-q4g32", FIX "/target-q8g64", G4 "/target-q4g32"};
+    const char *fnv[3] = {FIX "/dequant_fnv.json", FIX "/dequant_fnv.json", G4 "/dequant_fnv.json"};
+    const char *var[3] = {"target-q4g32", "target-q8g64", "target-q4g32"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dense[i], sizeof dense[i], "%s/dense%d", tmp_root, i);
+        CHECK_OK(make_dense(src[i], dense[i], fnv[i], var[i]));
+    }
+}
+static void teardown(void) {
+    for (int i = 0; i < 3; i++) remove_model_dir(strdup(dense[i]));
+    rmdir(tmp_root);
+    be->ops->destroy(be);
+}
 
 RUN_TESTS("quant", setup, test_logits, test_row_invariance, test_drafted_equals_ar, test_gemma4, test_mixed_overrides, test_quantize_cli,
           test_bad_checkpoints, teardown)
