@@ -33,8 +33,16 @@ ds_error *ds_train_manifest_compare(const ds_train_manifest *a, const ds_train_m
     SAME(a->target.weights == b->target.weights, "target weights (fingerprint)", "%016" PRIx64, a->target.weights,
          b->target.weights);
     SAME(a->hidden == b->hidden, "hidden_size", "%d", a->hidden, b->hidden);
-    SAME(a->n_taps == b->n_taps && !memcmp(a->tap_layers, b->tap_layers, (size_t)a->n_taps * sizeof(int)),
-         "tap_layers", "%d taps", a->n_taps, b->n_taps);
+    if (a->n_taps != b->n_taps || memcmp(a->tap_layers, b->tap_layers, (size_t)a->n_taps * sizeof(int))) {
+        char x[2][128];
+        for (int k = 0; k < 2; k++) {
+            const ds_train_manifest *m = k ? b : a;
+            int n = snprintf(x[k], sizeof x[k], "[");
+            for (int i = 0; i < m->n_taps && n < 100; i++) n += snprintf(x[k] + n, sizeof x[k] - (size_t)n, "%s%d", i ? "," : "", m->tap_layers[i]);
+            snprintf(x[k] + n, sizeof x[k] - (size_t)n, "]");
+        }
+        return ds_errorf("tap_layers: the cache has %s, this run %s", x[0], x[1]);
+    }
     SAME(a->temperature == b->temperature, "temperature", "%g", (double)a->temperature, (double)b->temperature);
     SAME(a->top_p == b->top_p, "top_p", "%g", (double)a->top_p, (double)b->top_p);
     SAME(a->top_k == b->top_k, "top_k", "%d", a->top_k, b->top_k);

@@ -278,13 +278,13 @@ static ds_error *close_shard(run_state *r, ds_shard_writer *w, int64_t first_seq
 static ds_error *run(run_state *r, const ds_datagen_prompt *prompts, size_t n) {
     ds_target *t = r->t;
     const ds_datagen_opts *o = r->o;
+    DS_TRY(ds_target_set_taps(t, o->taps, o->n_taps)); /* checked before anything is written */
     DS_TRY(open_out(r));
     int64_t next = r->st->seqs_resumed;
     r->st->seqs_done = next;
     r->m.complete = (size_t)next == n;
     DS_TRY(ds_train_manifest_write(o->out_dir, &r->m)); /* a dropped shard leaves the list now */
     if ((size_t)next == n) return NULL;
-    DS_TRY(ds_target_set_taps(t, o->taps, o->n_taps));
     r->taps = malloc((size_t)t->max_rows * (size_t)(o->n_taps ? o->n_taps : 1) * (size_t)t->hidden * sizeof(float));
     r->final_hidden = malloc((size_t)t->max_rows * (size_t)t->hidden * sizeof(float));
     if (!r->taps || !r->final_hidden) return ds_errorf("out of memory");
