@@ -252,7 +252,7 @@ static ds_error *one_sequence(run_state *r, ds_shard_writer *w, const ds_datagen
     ds_error *e = ids ? NULL : ds_errorf("out of memory");
     if (!e) {
         memcpy(ids, p->ids, (size_t)p->n * sizeof *ids);
-        memcpy(ids + p->n, gen, (size_t)n_gen * sizeof *ids);
+        if (n_gen) memcpy(ids + p->n, gen, (size_t)n_gen * sizeof *ids); /* a raw sequence has none (gen NULL) */
     }
     free(gen);
     const double t1 = ds_now_s();
