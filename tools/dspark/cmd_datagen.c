@@ -54,7 +54,9 @@ static void usage(FILE *f) {
             "  --seed S          (default 0)              --ignore-eos: do not stop at stop tokens\n"
             "  --shard-tokens N  a shard closes once it holds N tokens (default 65536)\n"
             "  --batch N         generate N continuations at once on the batched engine (the same tokens, sooner\n"
-            "                    where a step of N rows costs about one's: a GPU). Default 0: one at a time\n"
+            "                    where a step of N rows costs about one's: a GPU). Default 0: one at a time. On\n"
+            "                    CUDA set DS_CUDA_INVARIANT=1 for the solo run's tokens, which a resumed run needs\n"
+            "                    to repeat an interrupted one's bytes (its batches start where it resumes)\n"
             "  --threads N       CPU threads (default: all online CPUs)\n");
 }
 
