@@ -223,7 +223,7 @@ static const ds_backend_ops cuda_ops = {
     .destroy = cu_destroy,
     .alloc = cu_alloc,
     .weight = cu_weight,
-    .weight_quant = NULL, /* quantized weights: not on the GPU yet (loading one names the tensor) */
+    .weight_quant = ds_cu_weight_quant, /* refuses unless DS_CUDA_QUANT=1 (matmul_quant.cu) */
     .release = cu_release,
     .upload = cu_upload,
     .download = cu_download,

@@ -51,6 +51,7 @@ ds_error *ds_cuda_config_from_env(ds_cuda_config *out) {
     c.head_bound = env_not_zero("DS_CUDA_HEAD_BOUND");
     if ((v = getenv("DS_CUDA_MARKOV_FUSED"))) c.markov_fused = strcmp(v, "0") != 0;
     c.invariant = env_true("DS_CUDA_INVARIANT");
+    c.quant = env_true("DS_CUDA_QUANT");
     *out = c;
     return NULL;
 }

@@ -2,6 +2,7 @@
  * computed on its own with the CPU backend's formula (same operation order;
  * libm-accurate expf/tanhf, no fast-math), so rows never interact. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/quant_load.cuh"
 
 enum { EW_ADD, EW_SCALE, EW_SWIGLU, EW_GEGLU_TANH, EW_SOFTCAP, EW_ROUND_BF16, EW_COPY };
 
@@ -78,6 +79,19 @@ __global__ void embed_kernel(float *__restrict__ out, int64_t os, const void *ta
     }
 }
 
+/* embed_kernel over a quantized table (quant_load.cuh): each element fma(code, scale, bias). */
+__global__ void embed_quant_kernel(float *__restrict__ out, int64_t os, ds_cu_qw q, int64_t cols, ids_arg ids,
+                                   const int32_t *dids, int64_t vocab, float scale) {
+    ds_cu_grid_wait();
+    const int i = blockIdx.y;
+    const int64_t id = dids ? dids[i] : ids.v[i];
+    const bool ok = id >= 0 && id < vocab;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
+        float v = ok ? ds_cu_load1_q(q, id, c) : 0.0f;
+        out[i * os + c] = scale != 1.0f ? v * scale : v;
+    }
+}
+
 void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale) {
     ds_cuda_backend *cb = ds_cu(be);
     if (out.rows <= 0 || out.cols <= 0 || !ds_cu_float_dtype(cb, "embed", table.dtype)) return;
@@ -95,9 +109,14 @@ void ds_cu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *
         int n = (int)(out.rows - r0 < DS_CU_ROWS ? out.rows - r0 : DS_CU_ROWS);
         ids_arg a;
         for (int i = 0; i < n; i++) a.v[i] = dids ? 0 : ids[r0 + i];
-        ds_cu_launch(embed_kernel, dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride,
-                     out.stride, table.data, table.dtype, table.stride, out.cols, a, dids ? dids + r0 : NULL,
-                     table.rows, scale);
+        if (table.q.bits)
+            ds_cu_launch(embed_quant_kernel, dim3(gx, (unsigned)n), threads, cb->stream,
+                         (float *)out.data + r0 * out.stride, out.stride, ds_cu_qw_of(table), out.cols, a,
+                         dids ? dids + r0 : NULL, table.rows, scale);
+        else
+            ds_cu_launch(embed_kernel, dim3(gx, (unsigned)n), threads, cb->stream, (float *)out.data + r0 * out.stride,
+                         out.stride, table.data, table.dtype, table.stride, out.cols, a, dids ? dids + r0 : NULL,
+                         table.rows, scale);
         if (!ds_cu_launched(cb, "embed")) return;
     }
 }

@@ -14,8 +14,8 @@
 #define HB_X_PER_THREAD (8192 / HB_THREADS) /* x values a thread converts a row (K <= 8192) */
 
 bool ds_cu_head_fits(ds_tensor w) {
-    return w.dtype == DS_BF16 && w.cols % 512 == 0 && w.cols <= 8192 && w.rows > 0 && w.rows < INT32_MAX &&
-           (uintptr_t)w.data % 16 == 0 && (w.stride * 2) % 16 == 0;
+    return w.dtype == DS_BF16 && !w.q.bits && w.cols % 512 == 0 && w.cols <= 8192 && w.rows > 0 &&
+           w.rows < INT32_MAX && (uintptr_t)w.data % 16 == 0 && (w.stride * 2) % 16 == 0;
 }
 
 /* Where q's byte (n, i) lives: the copy is laid out as the bounds kernel

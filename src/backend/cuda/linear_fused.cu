@@ -258,7 +258,7 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
 static bool wide_bf16(ds_tensor x, int n, const ds_tensor *ws) {
     if (!DS_X_BF16_ON || x.cols % 32 || x.rows <= DS_CU_NARROW_M || x.rows > INT32_MAX) return false;
     for (int i = 0; i < n; i++)
-        if (ws[i].dtype != DS_BF16) return false;
+        if (ws[i].dtype != DS_BF16 || ws[i].q.bits) return false; /* (a quantized weight's dtype is its scales') */
     return true;
 }
 

@@ -1034,7 +1034,7 @@ void ds_cu_markov_greedy_head(ds_backend *be, ds_tensor x, ds_tensor head, ds_te
     const int r = markov ? (int)w1.cols : 0;
     const unsigned blocks = (unsigned)((V + PRUNE_ROWS - 1) / PRUNE_ROWS);
     const size_t smem = ((size_t)((r + 3) & ~3) + 2 * (size_t)head.cols) * sizeof(float);
-    bool q = cb->cfg.head_bound && markov && bound && w2.rows == V && w2.cols == r &&
+    bool q = cb->cfg.head_bound && !head.q.bits && markov && bound && w2.rows == V && w2.cols == r &&
              emb.rows >= G && emb.cols == r && bound_fits(bound, V, r) && step_fits(w2, emb) && G <= 8 &&
              x.dtype == DS_F32 && walk_fused(cb, blocks) && ds_cu_float_dtype(cb, "markov_greedy_head", w1.dtype);
     if (q)

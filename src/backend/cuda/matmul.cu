@@ -310,6 +310,10 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
     if (M <= 0 || N <= 0) return;
     DS_CU_SLABS(cb, M, r0, n, ds_cu_linear(be, ds_rows(out, r0, n), ds_rows(x, r0, n), w, bias));
     if (!ds_cu_linear_ok(cb, "linear", out, x, w, bias)) return;
+    if (w.q.bits) { /* quantized (matmul_quant.cu): before any test of the dtype, which is its scales' */
+        ds_cu_linear_quant(cb, "linear", out, x, w, bias);
+        return;
+    }
     if (ds_cu_mma_eligible(w, M)) {
         ds_mma_args a = {};
         a.nseg = 1;
