@@ -18,10 +18,12 @@ typedef struct {
     ds_train_manifest m;
     double t0, last_report;
     float *taps, *final_hidden; /* host rows of one forward chunk */
-    /* batched generation: the continuations of prompts [win0, win0 + win_n) */
-    int64_t win0, win_n;
-    int32_t **win_tokens;
-    int *win_len;
+    /* batched generation: prompts [0, submitted) were submitted ahead of the writer (req[i]: prompt i's
+     * request, -1 for none: raw, or written before this run), so the engine stays full while the shards
+     * are written in prompt order */
+    const ds_datagen_prompt *prompts;
+    int64_t n_prompts, submitted;
+    int64_t *req;
 } run_state;
 
 static void report(run_state *r, bool force) {
@@ -162,60 +164,51 @@ static ds_error *gen_params(const run_state *r, const ds_datagen_prompt *p, int6
     return NULL;
 }
 
-static void free_window(run_state *r) {
-    for (int64_t k = 0; r->win_tokens && k < r->win_n; k++) free(r->win_tokens[k]);
-    free(r->win_tokens);
-    free(r->win_len);
-    r->win_tokens = NULL;
-    r->win_len = NULL;
-    r->win_n = 0;
+/* Submits prompts up to 2 x max_seqs ahead of prompt i: a full engine, and a queue to refill it from. */
+static ds_error *top_up(run_state *r, int64_t i) {
+    ds_gen_batch *g = r->o->batch;
+    for (; r->submitted < r->n_prompts && r->submitted <= i + 2 * (int64_t)g->max_seqs; r->submitted++) {
+        const int64_t k = r->submitted;
+        const ds_datagen_prompt *p = &r->prompts[k];
+        ds_batch_request rq = {.prompt = p->ids, .n_prompt = p->n};
+        ds_error *e = gen_params(r, p, k, &rq.params);
+        if (!e && !p->raw) e = ds_batch_submit(g->b, &rq, &r->req[k]);
+        if (e) return ds_error_wrap(e, "prompt %lld (%s:%d)", (long long)k,
+                                    r->o->prompt_file ? r->o->prompt_file : "prompts", p->line);
+    }
+    return NULL;
 }
 
-/* The continuations of prompts [i, i + n) on the batched engine, kept until written. */
-static ds_error *generate_window(run_state *r, const ds_datagen_prompt *prompts, int64_t i, int64_t n) {
-    free_window(r);
+/* Prompt i's continuation from the batched engine: steps until it is finished (the others keep going). */
+static ds_error *batched_continuation(run_state *r, int64_t i, int32_t **gen, int *n_gen) {
     ds_gen_batch *g = r->o->batch;
-    r->win_tokens = calloc((size_t)n, sizeof *r->win_tokens);
-    r->win_len = calloc((size_t)n, sizeof *r->win_len);
-    int64_t *ids = calloc((size_t)n, sizeof *ids);
-    ds_error *e = r->win_tokens && r->win_len && ids ? NULL : ds_errorf("out of memory");
-    r->win0 = i;
-    r->win_n = n;
     const double t0 = ds_now_s();
-    const int64_t gen0 = r->st->gen_tokens, base = ds_batch_get_stats(g->b).generation_tokens;
-    for (int64_t k = 0; k < n && !e; k++) {
-        ids[k] = -1;
-        ds_batch_request rq = {.prompt = prompts[i + k].ids, .n_prompt = prompts[i + k].n};
-        e = gen_params(r, &prompts[i + k], i + k, &rq.params);
-        if (!e && !prompts[i + k].raw) e = ds_batch_submit(g->b, &rq, &ids[k]);
-        if (e) e = ds_error_wrap(e, "prompt %lld (%s:%d)", (long long)(i + k),
-                                 r->o->prompt_file ? r->o->prompt_file : "prompts", prompts[i + k].line);
-    }
-    for (int active = 1; !e && active;) {
+    ds_error *e = top_up(r, i);
+    ds_batch_state_info st = {0};
+    while (!e && !(e = ds_batch_state(g->b, r->req[i], &st)) && !st.finished) {
+        const int64_t before = ds_batch_get_stats(g->b).generation_tokens;
+        int active;
         e = ds_batch_step(g->b, &active);
-        r->st->gen_tokens = gen0 + ds_batch_get_stats(g->b).generation_tokens - base;
+        r->st->gen_tokens += ds_batch_get_stats(g->b).generation_tokens - before;
+        if (!e) e = top_up(r, i);
+        if (!e && active == 0 && !ds_batch_result(g->b, r->req[i]))
+            e = ds_errorf("batched engine: idle before prompt %lld finished", (long long)i);
         report(r, false);
     }
-    for (int64_t k = 0; k < n && !e; k++) {
-        if (ids[k] < 0) continue; /* raw: nothing generated */
-        const ds_gen_result *res = ds_batch_result(g->b, ids[k]);
-        if (!res) {
-            e = ds_errorf("batched engine: no result for prompt %lld", (long long)(i + k));
-            break;
-        }
-        r->win_len[k] = res->n_tokens;
-        if (!(r->win_tokens[k] = malloc((size_t)(res->n_tokens ? res->n_tokens : 1) * sizeof(int32_t))))
-            e = ds_errorf("out of memory");
-        else memcpy(r->win_tokens[k], res->tokens, (size_t)res->n_tokens * sizeof(int32_t));
+    if (!e) {
+        const ds_gen_result *res = ds_batch_result(g->b, r->req[i]);
+        *n_gen = res ? res->n_tokens : 0;
+        *gen = malloc((size_t)(*n_gen ? *n_gen : 1) * sizeof **gen);
+        if (!res || !*gen) e = ds_errorf("batched engine: no result for prompt %lld", (long long)i);
+        else memcpy(*gen, res->tokens, (size_t)*n_gen * sizeof **gen);
+        ds_error_free(ds_batch_release(g->b, r->req[i]));
+        r->req[i] = -1;
     }
-    for (int64_t k = 0; k < n; k++)
-        if (ids[k] >= 0) ds_error_free(ds_batch_release(g->b, ids[k]));
-    free(ids);
     r->st->gen_s += ds_now_s() - t0;
     return e;
 }
 
-/* Prompt i's continuation: from the batched window, or ds_generate now. *gen is malloc'd. */
+/* Prompt i's continuation: from the batched engine, or ds_generate now. *gen is malloc'd. */
 static ds_error *continuation(run_state *r, const ds_datagen_prompt *p, int64_t i, int32_t **gen, int *n_gen) {
     if (p->raw) {
         ds_gen_params unused;
@@ -223,13 +216,7 @@ static ds_error *continuation(run_state *r, const ds_datagen_prompt *p, int64_t 
         *n_gen = 0;
         return gen_params(r, p, i, &unused); /* its checks */
     }
-    if (r->o->batch) {
-        if (i < r->win0 || i >= r->win0 + r->win_n) return ds_errorf("prompt %lld is not in the generated window", (long long)i);
-        *gen = r->win_tokens[i - r->win0];
-        *n_gen = r->win_len[i - r->win0];
-        r->win_tokens[i - r->win0] = NULL;
-        return NULL;
-    }
+    if (r->o->batch) return batched_continuation(r, i, gen, n_gen);
     ds_gen_params gp;
     DS_TRY(gen_params(r, p, i, &gp));
     const double t0 = ds_now_s();
@@ -281,6 +268,7 @@ static ds_error *run(run_state *r, const ds_datagen_prompt *prompts, size_t n) {
     DS_TRY(ds_target_set_taps(t, o->taps, o->n_taps)); /* checked before anything is written */
     DS_TRY(open_out(r));
     int64_t next = r->st->seqs_resumed;
+    r->submitted = next; /* batched: the prompts already in shards are not generated again */
     r->st->seqs_done = next;
     r->m.complete = (size_t)next == n;
     DS_TRY(ds_train_manifest_write(o->out_dir, &r->m)); /* a dropped shard leaves the list now */
@@ -297,11 +285,6 @@ static ds_error *run(run_state *r, const ds_datagen_prompt *prompts, size_t n) {
             snprintf(path, sizeof path, "%s/shard-%05d.bin", o->out_dir, r->m.n_shards);
             e = ds_shard_writer_open(path, (uint32_t)o->n_taps, (uint32_t)t->hidden, r->m.cache_id, (uint64_t)i, &w);
             first = i;
-            if (e) break;
-        }
-        if (o->batch && i >= r->win0 + r->win_n) {
-            const int64_t win = 4 * (int64_t)o->batch->max_seqs;
-            e = generate_window(r, prompts, i, (int64_t)n - i < win ? (int64_t)n - i : win);
             if (e) break;
         }
         e = ds_error_wrap(one_sequence(r, w, &prompts[i], i), "prompt %lld (%s:%d)", (long long)i,
@@ -325,13 +308,19 @@ ds_error *ds_datagen_run(ds_target *t, const ds_datagen_prompt *prompts, size_t 
                          ds_datagen_stats *stats) {
     memset(stats, 0, sizeof *stats);
     stats->seqs_total = (int64_t)n;
-    run_state r = {.t = t, .o = o, .st = stats, .t0 = ds_now_s()};
+    run_state r = {.t = t, .o = o, .st = stats, .t0 = ds_now_s(), .prompts = prompts, .n_prompts = (int64_t)n};
     ds_error *e = want_manifest(t, prompts, n, o, &r.m);
+    if (!e && o->batch) {
+        if (!(r.req = malloc((n ? n : 1) * sizeof *r.req))) e = ds_errorf("out of memory");
+        for (size_t i = 0; r.req && i < n; i++) r.req[i] = -1;
+    }
     if (!e) e = run(&r, prompts, n);
     report(&r, true);
     free(r.taps);
     free(r.final_hidden);
-    free_window(&r);
+    for (size_t i = 0; r.req && i < n; i++) /* an interrupted run's requests in flight */
+        if (r.req[i] >= 0) ds_error_free(ds_batch_release(o->batch->b, r.req[i]));
+    free(r.req);
     ds_train_manifest_free(&r.m);
     return e;
 }

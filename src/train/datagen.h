@@ -54,8 +54,9 @@ typedef struct {
     int64_t shard_tokens;    /* a shard closes once it holds this many tokens */
     int64_t stop_after;      /* > 0: return after this many sequences of this run, the open shard abandoned
                                 (tests: an interrupted run) */
-    ds_gen_batch *batch;     /* NULL: ds_generate, one prompt at a time; else the continuations of up to
-                                4 x batch->max_seqs prompts at a time on it (the same tokens: gen_batch.h) */
+    ds_gen_batch *batch;     /* NULL: ds_generate, one prompt at a time; else continuations on it (the same
+                                tokens: gen_batch.h), prompts submitted up to 2 x max_seqs ahead of the one
+                                being written, so the engine stays full (no drain between windows) */
     ds_datagen_progress_fn progress; /* called after each sequence and every ~0.25 s while generating */
     void *user;
 } ds_datagen_opts;
