@@ -8,6 +8,8 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -296,6 +298,14 @@ static void test_resume_identical(void) {
     o = tiny_opts(b);
     CHECK_ERR(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st), "raw sequences");
     f.prompts[N_PROMPTS - 1].raw = true;
+    /* a cache another run is writing (its lock held) */
+    snprintf(p, sizeof p, "%s/.lock", b);
+    int fd = open(p, O_RDWR | O_CREAT, 0644);
+    CHECK(fd >= 0 && flock(fd, LOCK_EX) == 0, "lock %s", p);
+    o = tiny_opts(b);
+    CHECK_ERR(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st), "another dspark datagen is writing");
+    if (fd >= 0) close(fd);
+    CHECK_OK(ds_datagen_run(f.t, f.prompts, N_PROMPTS, &o, &st));
     /* a directory that is not a cache */
     snprintf(p, sizeof p, "%s/other", tmp_root);
     mkdir(p, 0755);

@@ -2,10 +2,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "io/train_cache.h"
@@ -24,6 +27,7 @@ typedef struct {
     const ds_datagen_prompt *prompts;
     int64_t n_prompts, submitted;
     int64_t *req;
+    int lock_fd;      /* CACHE/.lock, held while this run writes (-1: none) */
 } run_state;
 
 static void report(run_state *r, bool force) {
@@ -82,7 +86,7 @@ static bool dir_is_empty(const char *dir) {
     if (!d) return false;
     bool empty = true;
     for (struct dirent *de; empty && (de = readdir(d));)
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) empty = false;
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, ".lock")) empty = false;
     closedir(d);
     return empty;
 }
@@ -123,6 +127,12 @@ static ds_error *open_out(run_state *r) {
     const char *dir = r->o->out_dir;
     if (mkdir(dir, 0755) && errno != EEXIST) return ds_errorf("%s: cannot create: %s", dir, strerror(errno));
     char path[4096];
+    /* Two runs writing one cache would interleave shards and manifests: the second is refused. */
+    if (snprintf(path, sizeof path, "%s/.lock", dir) >= (int)sizeof path) return ds_errorf("%s: path too long", dir);
+    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (r->lock_fd < 0) return ds_errorf("%s: %s", path, strerror(errno));
+    if (flock(r->lock_fd, LOCK_EX | LOCK_NB))
+        return ds_errorf("%s: another dspark datagen is writing this cache (%s is locked)", dir, path);
     if (snprintf(path, sizeof path, "%s/%s", dir, DS_TRAIN_MANIFEST) >= (int)sizeof path)
         return ds_errorf("%s: path too long", dir);
     struct stat st;
@@ -308,7 +318,8 @@ ds_error *ds_datagen_run(ds_target *t, const ds_datagen_prompt *prompts, size_t 
                          ds_datagen_stats *stats) {
     memset(stats, 0, sizeof *stats);
     stats->seqs_total = (int64_t)n;
-    run_state r = {.t = t, .o = o, .st = stats, .t0 = ds_now_s(), .prompts = prompts, .n_prompts = (int64_t)n};
+    run_state r = {.t = t, .o = o, .st = stats, .t0 = ds_now_s(), .prompts = prompts, .n_prompts = (int64_t)n,
+                   .lock_fd = -1};
     ds_error *e = want_manifest(t, prompts, n, o, &r.m);
     if (!e && o->batch) {
         if (!(r.req = malloc((n ? n : 1) * sizeof *r.req))) e = ds_errorf("out of memory");
@@ -321,6 +332,7 @@ ds_error *ds_datagen_run(ds_target *t, const ds_datagen_prompt *prompts, size_t 
     for (size_t i = 0; r.req && i < n; i++) /* an interrupted run's requests in flight */
         if (r.req[i] >= 0) ds_error_free(ds_batch_release(o->batch->b, r.req[i]));
     free(r.req);
+    if (r.lock_fd >= 0) close(r.lock_fd); /* releases the lock */
     ds_train_manifest_free(&r.m);
     return e;
 }
