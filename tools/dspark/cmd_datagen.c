@@ -57,6 +57,8 @@ static void usage(FILE *f) {
             "                    where a step of N rows costs about one's: a GPU). Default 0: one at a time. On\n"
             "                    CUDA set DS_CUDA_INVARIANT=1 for the solo run's tokens, which a resumed run needs\n"
             "                    to repeat an interrupted one's bytes (its batches start where it resumes)\n"
+            "  --tokenizer PATH  for text and chat prompts (default: TARGET_DIR/tokenizer.json)\n"
+            "  --backend B       cpu (default) or cuda (GPU 0)\n"
             "  --threads N       CPU threads (default: all online CPUs)\n");
 }
 
