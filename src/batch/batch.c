@@ -7,6 +7,7 @@
 #include "draft/drafter_batch.h"
 #include "sample/draw.h"
 #include "sample/probs.h"
+#include "speculate/round.h"
 #include "speculate/schedule.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_phase;
@@ -548,13 +549,8 @@ static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
         return NULL;
     }
     if (ds_spec(t->be)->verify_sample) {
-        double u = ds_rng_uniform(&s->rng);
-        int32_t res[2];
-        ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, l, 1), NULL, 0, ds_no_tensor(), &s->p.sampling, &u,
-                                      res);
-        DS_TRY(ds_backend_check(t->be));
-        *out = res[1];
-        return NULL;
+        int unused;
+        return ds_round_verify_sample(t, l, NULL, 0, ds_no_tensor(), &s->p.sampling, &s->rng, &unused, out);
     }
     t->be->ops->download(t->be, ds_rows(t->logits, l, 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
@@ -579,18 +575,8 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
         *next = b->best[l + a];
         return NULL;
     }
-    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample) {
-        double u[DS_VERIFY_MAX_DRAFT + 1];
-        for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(&s->rng);
-        int32_t res[2];
-        ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, l, n + 1), x, n,
-                                      n > 0 ? ds_rows(s->prop.probs_dev, 0, n) : ds_no_tensor(), &s->p.sampling, u,
-                                      res);
-        DS_TRY(ds_backend_check(t->be));
-        *accepted = res[0];
-        *next = res[1];
-        return NULL;
-    }
+    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample)
+        return ds_round_verify_sample(t, l, x, n, s->prop.probs_dev, &s->p.sampling, &s->rng, accepted, next);
     t->be->ops->download(t->be, ds_rows(t->logits, l, n + 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
     *accepted = ds_verify(b->logits_host, t->vocab, x, n, s->prop.probs, &s->p.sampling, &s->rng, b->scratch, next);

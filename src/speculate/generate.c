@@ -54,7 +54,7 @@ static ds_error *next_token(ds_target *t, const ds_sampling *s, ds_rng *rng, flo
                             int32_t *out) {
     if (ds_sampling_greedy(s)) return fetch_argmax(t, 1, out);
     int unused;
-    if (ds_spec(t->be)->verify_sample) return ds_round_verify_sample(t, NULL, 0, ds_no_tensor(), s, rng, &unused, out);
+    if (ds_spec(t->be)->verify_sample) return ds_round_verify_sample(t, 0, NULL, 0, ds_no_tensor(), s, rng, &unused, out);
     DS_TRY(ds_round_fetch_logits(t, 1, logits));
     *out = pick(logits, t->vocab, s, rng, probs);
     return NULL;

@@ -12,12 +12,12 @@ ds_error *ds_round_fetch_logits(ds_target *t, int rows, float *logits) {
 /* The n + 1 uniforms ds_verify would draw, drawn here in its order, go
  * down; the accepted count and the next token come back. */
 _Static_assert(DS_MAX_GAMMA <= DS_VERIFY_MAX_DRAFT, "a round's drafts fit a verification");
-ds_error *ds_round_verify_sample(ds_target *t, const int32_t *draft, int n, ds_tensor draft_probs,
+ds_error *ds_round_verify_sample(ds_target *t, int64_t row0, const int32_t *draft, int n, ds_tensor draft_probs,
                                  const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next) {
     double u[DS_VERIFY_MAX_DRAFT + 1];
     for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(rng);
     int32_t res[2];
-    ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, 0, n + 1), draft, n,
+    ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, row0, n + 1), draft, n,
                               n > 0 ? ds_rows(draft_probs, 0, n) : ds_no_tensor(), s, u, res);
     DS_TRY(ds_backend_check(t->be));
     *accepted = res[0];
@@ -135,7 +135,7 @@ ds_error *ds_round(ds_target *t, ds_drafter *d, const ds_round_params *p, bool k
         memcpy(ids + 1, prop.tokens, (size_t)n * sizeof *ids);
         if (!p->verify && ds_spec(t->be)->verify_sample && prop.probs_dev.data) {
             DS_TRY(ds_target_forward(t, ids, n + 1, st->start, n + 1));
-            DS_TRY(ds_round_verify_sample(t, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
+            DS_TRY(ds_round_verify_sample(t, 0, prop.tokens, n, prop.probs_dev, &p->sampling, rng, &a, &next));
         } else {
             DS_TRY(ds_drafter_host_probs(d, &prop)); /* a host verifier reads them there */
             DS_TRY(ds_target_forward(t, ids, n + 1, st->start, n + 1));

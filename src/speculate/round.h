@@ -66,9 +66,10 @@ ds_error *ds_round_verify_greedy(ds_target *t, int32_t anchor, const ds_proposal
                                  int32_t *best, int *n_out, int *accepted);
 
 /* Rejection sampling where the logits are (backend.h verify_sample) of the
- * last forward's first n + 1 rows. With n = 0, one draw from row 0's
- * processed distribution, as the host's ds_sample_probs would draw it. */
-ds_error *ds_round_verify_sample(ds_target *t, const int32_t *draft, int n, ds_tensor draft_probs,
+ * last forward's logits rows row0..row0+n (a batched step's sequence owns
+ * some rows of it). With n = 0, one draw from row row0's processed
+ * distribution, as the host's ds_sample_probs would draw it. */
+ds_error *ds_round_verify_sample(ds_target *t, int64_t row0, const int32_t *draft, int n, ds_tensor draft_probs,
                                  const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next);
 
 /* The last forward's first rows of logits on the host; a failed device op
