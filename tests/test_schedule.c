@@ -575,7 +575,7 @@ static void test_cache(void) {
         write_text(bad, broken[i].text);
         CHECK_ERR(ds_step_cost_load(bad, &key, &prof_opts, &back), broken[i].needle);
     }
-    CHECK_ERR(ds_step_cost_load("/nonexistent/sps.json", &key, &prof_opts, &back), "cannot open /nonexistent");
+    CHECK_ERR(ds_step_cost_load("/nonexistent/sps.json", &key, &prof_opts, &back), "/nonexistent/sps.json: cannot open");
     unlink(bad);
     unlink(path);
     ds_step_cost_free(c);
@@ -830,7 +830,7 @@ static void test_sim_bad_profiles(void) {
           ds_sim_profile_tau(p, 2), ds_sim_profile_name(p));
     ds_sim_profile_free(p);
     ds_sim_profile *none = NULL;
-    CHECK_ERR(ds_sim_profile_load("/nonexistent/profile.json", &none), "cannot open /nonexistent/profile.json");
+    CHECK_ERR(ds_sim_profile_load("/nonexistent/profile.json", &none), "/nonexistent/profile.json: cannot open");
     unlink(path);
     rmdir(scratch_dir);
 }

@@ -3,13 +3,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-ds_error *ds_read_file(const char *path, char **out, size_t *len) {
+ds_error *ds_read_file(const char *path, char **out, size_t *len) { return ds_read_file_max(path, SIZE_MAX - 1, out, len); }
+
+ds_error *ds_read_file_max(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
     /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
      * writer forever; the fstat below then refuses it. */
@@ -24,6 +27,11 @@ ds_error *ds_read_file(const char *path, char **out, size_t *len) {
     if (!f) {
         close(fd);
         return ds_errorf("%s: cannot open: %s", path, strerror(errno));
+    }
+    if ((unsigned long long)sb.st_size > max_bytes) {
+        fclose(f);
+        return ds_errorf("%s: %lld bytes, more than the %zu this file may have", path, (long long)sb.st_size,
+                         max_bytes);
     }
     size_t n = (size_t)sb.st_size;
     char *buf = malloc(n + 1);

@@ -34,6 +34,8 @@ char *ds_path_join(const char *dir, const char *name);
 bool ds_path_exists(const char *path);
 /* Reads a whole file into a NUL-terminated buffer. */
 ds_error *ds_read_file(const char *path, char **out, size_t *len);
+/* The same, refusing a file of more than max_bytes (before reading it). */
+ds_error *ds_read_file_max(const char *path, size_t max_bytes, char **out, size_t *len);
 /* Reads f to its end (standard input for "-" arguments) into a
  * NUL-terminated buffer; name is what errors call it. */
 ds_error *ds_read_stream(FILE *f, const char *name, char **out, size_t *len);

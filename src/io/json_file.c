@@ -1,4 +1,5 @@
 #include "io/json_file.h"
+#include "io/checkpoint.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -17,32 +18,15 @@ static int line_of(const char *text, const char *at) {
 
 ds_error *ds_json_file_read(const char *path, size_t max_bytes, cJSON **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf("cannot open %s: %s", path, strerror(errno));
-    struct stat st;
+    char *buf;
+    size_t n;
+    DS_TRY(ds_read_file_max(path, max_bytes, &buf, &n));
     ds_error *e = NULL;
-    char *buf = NULL;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        e = ds_errorf("cannot read %s: not a regular file", path);
-    } else if ((unsigned long long)st.st_size > max_bytes) {
-        e = ds_errorf("%s: %lld bytes, more than the %zu this file may have", path, (long long)st.st_size,
-                      max_bytes);
-    } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-        e = ds_errorf("cannot read %s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-        e = ds_errorf("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "file shrank while reading");
-    }
-    fclose(f);
-    if (e) {
-        free(buf);
-        return e;
-    }
-    buf[st.st_size] = 0;
     const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(buf, (size_t)st.st_size, &end, false);
+    cJSON *j = cJSON_ParseWithLengthOpts(buf, n, &end, false);
     const char *rest = j && end ? end : NULL;
-    while (rest && rest < buf + st.st_size && (*rest == ' ' || *rest == '\t' || *rest == '\n' || *rest == '\r')) rest++;
-    if (j && rest != buf + st.st_size) { /* only whitespace may follow the value */
+    while (rest && rest < buf + n && (*rest == ' ' || *rest == '\t' || *rest == '\n' || *rest == '\r')) rest++;
+    if (j && rest != buf + n) { /* only whitespace may follow the value */
         cJSON_Delete(j);
         j = NULL;
     }

@@ -8,34 +8,10 @@
 #include <sys/stat.h>
 
 #include "base/error.h"
+#include "io/checkpoint.h"
 #include "tokenizer/json_util.h"
 #include "tokenizer/tokenizer_internal.h"
 #include "tokenizer/vocab_scan.h"
-
-static ds_error *read_file(const char *path, char **data, size_t *len) {
-    *data = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf("cannot open %s: %s", path, strerror(errno));
-    ds_error *e = NULL;
-    char *buf = NULL;
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        e = ds_errorf("cannot read %s: not a regular file", path);
-    } else if (!(buf = malloc((size_t)st.st_size + 1))) {
-        e = ds_errorf("cannot read %s: out of memory for %lld bytes", path, (long long)st.st_size);
-    } else if (fread(buf, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-        e = ds_errorf("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "file shrank while reading");
-    }
-    fclose(f);
-    if (e) {
-        free(buf);
-        return e;
-    }
-    buf[st.st_size] = 0;
-    *data = buf;
-    *len = (size_t)st.st_size;
-    return NULL;
-}
 
 const char *ds_tokenizer_piece(const ds_tokenizer *tok, int32_t id, size_t *len) {
     if (id < 0 || (size_t)id >= tok->vocab_size) return NULL;
@@ -103,7 +79,7 @@ ds_error *ds_tokenizer_load(const char *path, ds_tokenizer **out) {
     }
     char *data;
     size_t len = 0;
-    ds_error *e = read_file(path, &data, &len);
+    ds_error *e = ds_read_file(path, &data, &len);
     if (e) {
         free(full);
         return e;
