@@ -1,5 +1,6 @@
 #include "speculate/schedule.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -155,6 +156,42 @@ static double theta_of(double tau, int b, const ds_step_cost *sps, double draft_
     return tau / (draft_s + ds_step_cost_seconds(sps, b));
 }
 
+/* Admits candidates in Algorithm 1's order into len (zeroed by the caller):
+ * at most `budget` of them and, with sps, only while each one raises theta
+ * (the first that does not ends the step's admissions). *drafts, *tau and
+ * *theta (NAN without sps) get what was admitted. */
+static ds_error *admit(const ds_schedule_input *in, const ds_step_cost *sps, double draft_s, int budget, int *len,
+                       int *drafts, double *tau, double *theta) {
+    const int R = in->n_requests;
+    *drafts = 0;
+    *tau = R;
+    *theta = sps ? theta_of(R, R, sps, draft_s) : NAN;
+    double *a;
+    DS_TRY(survivals(in, &a));
+    order o;
+    ds_error *e = order_init(&o, in, a);
+    if (e) {
+        free(a);
+        return e;
+    }
+    int r, j;
+    double cand;
+    while (*drafts < budget && order_peek(&o, &r, &j, &cand)) {
+        if (sps) {
+            const double theta_next = theta_of(*tau + cand, R + *drafts + 1, sps, draft_s);
+            if (!(theta_next > *theta)) break;
+            *theta = theta_next;
+        }
+        *tau += cand;
+        len[r] = j + 1; /* j == len[r] before: a request's positions arrive in order */
+        (*drafts)++;
+        order_take(&o);
+    }
+    order_free(&o);
+    free(a);
+    return NULL;
+}
+
 ds_error *ds_schedule_confidence(const ds_schedule_input *in, const ds_step_cost *sps,
                                  const ds_schedule_opts *opts, int *len, ds_schedule_result *out) {
     DS_TRY(check_out(in, len, out));
@@ -166,28 +203,10 @@ ds_error *ds_schedule_confidence(const ds_schedule_input *in, const ds_step_cost
     for (int r = 0; r < R; r++) len[r] = 0;
     *out = (ds_schedule_result){0};
     if (R == 0) return NULL;
-    double *a;
-    DS_TRY(survivals(in, &a));
-    order o;
-    ds_error *e = order_init(&o, in, a);
-    if (e) {
-        free(a);
-        return e;
-    }
-    int b = R, r, j;
-    double tau = R, best = theta_of(tau, b, sps, draft_s), cand;
-    while (order_peek(&o, &r, &j, &cand)) {
-        double theta = theta_of(tau + cand, b + 1, sps, draft_s);
-        if (!(theta > best)) break; /* the first non-improvement ends the step's admissions */
-        tau += cand;
-        b++;
-        best = theta;
-        len[r] = j + 1; /* j == len[r] before: a request's positions arrive in order */
-        order_take(&o);
-    }
-    order_free(&o);
-    free(a);
-    *out = (ds_schedule_result){.verify_tokens = b, .drafts = b - R, .tau = tau, .theta = best};
+    int k;
+    double tau, theta;
+    DS_TRY(admit(in, sps, draft_s, INT_MAX, len, &k, &tau, &theta));
+    *out = (ds_schedule_result){.verify_tokens = R + k, .drafts = k, .tau = tau, .theta = theta};
     return NULL;
 }
 
@@ -199,24 +218,9 @@ ds_error *ds_schedule_allocate(const ds_schedule_input *in, int drafts, int *len
     for (int r = 0; r < R; r++) len[r] = 0;
     *out = (ds_schedule_result){.verify_tokens = R, .tau = R, .theta = NAN};
     if (R == 0) return NULL;
-    double *a;
-    DS_TRY(survivals(in, &a));
-    order o;
-    ds_error *e = order_init(&o, in, a);
-    if (e) {
-        free(a);
-        return e;
-    }
-    int k = 0, r, j;
-    double tau = R, cand;
-    while (k < drafts && order_peek(&o, &r, &j, &cand)) {
-        tau += cand;
-        len[r] = j + 1;
-        k++;
-        order_take(&o);
-    }
-    order_free(&o);
-    free(a);
+    int k;
+    double tau, theta;
+    DS_TRY(admit(in, NULL, 0, drafts, len, &k, &tau, &theta));
     *out = (ds_schedule_result){.verify_tokens = R + k, .drafts = k, .tau = tau, .theta = NAN};
     return NULL;
 }
