@@ -15,7 +15,7 @@ T0=$(date +%s)
 t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 B=build-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
 rc=$?; t "build rc=$rc"; [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 ctest --test-dir $B -R 'test_cuda_attention' --output-on-failure >"$OUT/ctest_attention.log" 2>&1
 t "test_cuda_attention rc=$?"; grep -E "paged|passed|FAIL" "$OUT/ctest_attention.log" | head -20

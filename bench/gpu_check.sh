@@ -19,7 +19,7 @@ t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 B=build-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
 rc=$?; t "build rc=$rc (serve $DS_SERVE)"; grep -E "warning|error" "$OUT/build.log" | grep -v "^--" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
 ctest --test-dir $B -j4 -R 'cuda' --output-on-failure >"$OUT/ctest_cuda.log" 2>&1

@@ -47,6 +47,8 @@ fi
 # Without GnuTLS (none on the system, tls.tar.xz not carried) the build leaves the server out.
 export DS_SERVE=ON
 if ! ldconfig -p | grep -q 'libgnutls.so.30 ' && [ ! -e "$_lib/libgnutls.so.30" ]; then DS_SERVE=OFF; fi
+# The CPU trainer's OpenBLAS is not in the tarball (4 MB more to carry): the GPU build leaves it out.
+export DS_OPENBLAS=OFF
 export LD_LIBRARY_PATH=$_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PKG_CONFIG_SYSROOT_DIR=$_r
 export PKG_CONFIG_LIBDIR=$_lib/pkgconfig:$_r/usr/share/pkgconfig
