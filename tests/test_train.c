@@ -9,11 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "draft/drafter.h"
 #include "io/safetensors.h"
+#include "model/target.h"
 #include "testlib.h"
 #include "train/drafter_train.h"
 #include "train/lr_schedule.h"
 #include "train/train_batch.h"
+#include "train/trainer.h"
 
 #define FIX DS_TESTDATA "/fixtures/qwen3-tiny-train"
 #define DRAFTER DS_TESTDATA "/fixtures/qwen3-tiny/drafter"
@@ -105,7 +110,7 @@ static void test_step0_gradients(void) {
     fixture_open(&g);
     ds_train_dev *dev = dev_new();
     ds_drafter_train *t;
-    CHECK_OK(ds_drafter_train_open(dev, DRAFTER, &t));
+    CHECK_OK(ds_drafter_train_open(dev, DRAFTER, NULL, &t));
     CHECK(ds_drafter_train_n_tensors(t) == 29, "29 trainable tensors, got %d", ds_drafter_train_n_tensors(t));
     ds_train_batch b;
     build(&g, ds_drafter_train_shape_of(t), 0, NSEQ, &b);
@@ -132,7 +137,7 @@ static void test_step0_gradients(void) {
         const ds_st_tensor *gt = tensor(&g, gname);
         CHECK(gt->nbytes == (size_t)n * sizeof(float), "%s: %lld elements", gname, (long long)n);
         float *got = malloc((size_t)n * sizeof *got);
-        ds_drafter_train_get(t, i, true, got);
+        ds_drafter_train_get(t, i, DS_TRAIN_GRAD, got);
         const float *want = gt->data;
         double dd = 0, ww = 0;
         for (int64_t k = 0; k < n; k++) dd += ((double)got[k] - want[k]) * ((double)got[k] - want[k]), ww += (double)want[k] * want[k];
@@ -159,7 +164,7 @@ static void run_steps(bool accumulate) {
     fixture_open(&g);
     ds_train_dev *dev = dev_new();
     ds_drafter_train *t;
-    CHECK_OK(ds_drafter_train_open(dev, DRAFTER, &t));
+    CHECK_OK(ds_drafter_train_open(dev, DRAFTER, NULL, &t));
     const ds_drafter_train_shape *sh = ds_drafter_train_shape_of(t);
     ds_train_batch batches[NSEQ];
     const int nb = accumulate ? NSEQ : 1;
@@ -245,5 +250,133 @@ static void test_anchors(void) {
     CHECK_ERR(ds_train_batch_build(&v, 1, an, na, 4, 1, 4.0f, 2, 1, &b), "sequence 0: anchor 6 is not");
 }
 
+/* ---- the run: dspark datagen's cache of the tiny target, trained, interrupted, resumed ---- */
+#define TINY DS_TESTDATA "/fixtures/qwen3-tiny/target"
+
+static char tmp_root[] = "/tmp/ds_train_XXXXXX";
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmp_root, name); }
+
+/* A cache of 10 sequences: random prompts of 4..9 ids, 16 target tokens each. */
+static void make_cache(char *cache, size_t cap) {
+    char prompts[512], cmd[2048];
+    path_in(prompts, sizeof prompts, "prompts.jsonl");
+    path_in(cache, cap, "cache");
+    FILE *f = fopen(prompts, "w");
+    CHECK(f, "%s", prompts);
+    if (!f) return;
+    ds_rng rng;
+    ds_rng_seed(&rng, 41);
+    for (int i = 0; i < 10; i++) {
+        fprintf(f, "{\"input_ids\": [");
+        const int n = 4 + i % 6;
+        for (int k = 0; k < n; k++) fprintf(f, "%s%d", k ? ", " : "", (int)(ds_rng_next(&rng) % 500));
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s datagen -m %s -d %s --prompt-file %s --out %s -n 16 --threads 2 >/dev/null 2>&1", DS_CLI,
+             TINY, DRAFTER, prompts, cache);
+    CHECK(system(cmd) == 0, "%s", cmd);
+}
+
+static ds_train_opts run_opts(const char *cache, const char *out) {
+    ds_train_opts o = ds_train_opts_default();
+    o.target_dir = TINY, o.init_dir = DRAFTER, o.data_dir = cache, o.out_dir = out;
+    o.steps = 6, o.batch = 4, o.micro = 2, o.num_anchors = 4, o.val_frac = 0.2, o.eval_every = 3;
+    o.save_dtype = DS_F32, o.threads = 2, o.seed = 5;
+    return o;
+}
+
+typedef struct {
+    volatile sig_atomic_t flag;
+    int64_t at;
+} stopper;
+static void stop_at(void *user, const ds_train_progress *p) {
+    stopper *s = user;
+    if (p->step == s->at) s->flag = 1;
+}
+
+static char *slurp(const char *dir, const char *name, size_t *n) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return read_text_file(p, n);
+}
+
+/* A run stopped after step 3 and rerun ends byte-identical to an uninterrupted one; a rerun with other
+ * options is refused; the drafter written loads in the inference engine against its target. */
+static void test_run_resume(void) {
+    char cache[512], a[512], b[512];
+    make_cache(cache, sizeof cache);
+    path_in(a, sizeof a, "a");
+    path_in(b, sizeof b, "b");
+    ds_train_opts oa = run_opts(cache, a);
+    ds_train_report ra, rb;
+    CHECK_OK(ds_train_run(&oa, &ra));
+    CHECK(ra.steps_run == 6 && ra.n_val == 2 && ra.n_train == 8 && !ra.interrupted, "6 steps, 8 + 2 sequences");
+    CHECK(ra.last.has_val && isfinite(ra.last.val_loss) && ra.last.val_loss > 0, "a validation loss at the end");
+    stopper st = {0, 2}; /* raised in step 2's report: seen at the end of step 3 (as a signal during it would be) */
+    ds_train_opts ob = run_opts(cache, b);
+    ob.stop = &st.flag, ob.progress = stop_at, ob.user = &st;
+    CHECK_OK(ds_train_run(&ob, &rb));
+    CHECK(rb.interrupted && rb.steps_run == 3, "stopped after step 3 (ran %lld)", (long long)rb.steps_run);
+    ob.stop = NULL, ob.progress = NULL;
+    CHECK_OK(ds_train_run(&ob, &rb));
+    CHECK(rb.resumed_from == 3 && rb.steps_run == 3, "resumed at 3, ran 3 more (%lld, %lld)", (long long)rb.resumed_from,
+          (long long)rb.steps_run);
+    size_t na, nb;
+    char *ma = slurp(a, "model.safetensors", &na), *mb = slurp(b, "model.safetensors", &nb);
+    CHECK(ma && mb && na == nb && !memcmp(ma, mb, na), "the resumed run's drafter is byte-identical to the straight one's");
+    free(ma), free(mb);
+    CHECK(fabs(ra.last.loss - rb.last.loss) == 0, "last loss %.9g vs %.9g", ra.last.loss, rb.last.loss);
+    CHECK_OK(ds_train_run(&ob, &rb));
+    CHECK(rb.steps_run == 0, "a finished run does nothing");
+    ob.lr = 1e-3;
+    CHECK_ERR(ds_train_run(&ob, &rb), "lr was");
+    /* the engine loads what was written */
+    ds_backend *be;
+    CHECK_OK(test_backend_new(&be));
+    ds_target *t;
+    CHECK_OK(ds_target_open(be, TINY, NULL, &t));
+    ds_drafter *d;
+    CHECK_OK(ds_drafter_open(be, a, t, NULL, &d));
+    ds_drafter_free(d);
+    ds_target_free(t);
+    be->ops->destroy(be);
+}
+
+/* From scratch (--config): initial weights from the seed, embeddings from the target; the loss falls. */
+static void test_run_from_config(void) {
+    char cache[512], out[512];
+    path_in(cache, sizeof cache, "cache");
+    path_in(out, sizeof out, "scratch");
+    ds_train_opts o = run_opts(cache, out);
+    o.init_dir = NULL, o.config_path = DRAFTER "/config.json", o.steps = 12, o.lr = 3e-3, o.eval_every = 0;
+    ds_train_report r;
+    CHECK_OK(ds_train_run(&o, &r));
+    size_t n;
+    char *log = slurp(out, "train_log.jsonl", &n);
+    CHECK(log != NULL, "train_log.jsonl");
+    double first = 0, last = 0;
+    if (log) {
+        first = strtod(strstr(log, "\"loss\": ") + 8, NULL);
+        const char *p = log, *q;
+        while ((q = strstr(p + 1, "\"loss\": "))) p = q;
+        last = strtod(p + 8, NULL);
+    }
+    printf("from scratch: loss %.4f -> %.4f over 12 steps\n", first, last);
+    CHECK(last < first * 0.95, "the loss falls: %.4f -> %.4f", first, last);
+    free(log);
+}
+
+static void cleanup(void) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmp_root);
+}
+
+static void test_setup(void) {
+    CHECK(mkdtemp(tmp_root) != NULL, "mkdtemp");
+    atexit(cleanup);
+}
+
 RUN_TESTS("train", test_lr_schedule, test_anchors, test_step0_gradients, test_ten_steps_batch,
-          test_ten_steps_accumulate)
+          test_ten_steps_accumulate, test_setup, test_run_resume, test_run_from_config)

@@ -46,6 +46,7 @@ struct ds_drafter_train {
     float *embed, *lm_head; /* device, frozen */
     float *inv_freq;        /* device [head_dim/2] */
     int64_t steps;
+    cJSON *config; /* the drafter's config.json, written with every checkpoint */
     /* The step's workspace (device), grown to the largest batch seen. */
     void *ws;
     size_t ws_bytes;
@@ -67,10 +68,21 @@ int64_t ds_drafter_train_tensor_shape(const ds_drafter_train *t, int i, int *ndi
     shape[0] = t->slots[i].shape[0], shape[1] = t->slots[i].shape[1];
     return t->slots[i].n;
 }
-void ds_drafter_train_get(const ds_drafter_train *t, int i, bool grad, float *host) {
-    t->o->download(t->dev, host, (grad ? t->G : t->P) + t->slots[i].off, (size_t)t->slots[i].n * sizeof(float));
+static float *array_of(const ds_drafter_train *t, ds_train_array a) {
+    return a == DS_TRAIN_GRAD ? t->G : a == DS_TRAIN_ADAM_M ? t->M : a == DS_TRAIN_ADAM_V ? t->V : t->P;
 }
+void ds_drafter_train_get(const ds_drafter_train *t, int i, ds_train_array a, float *host) {
+    t->o->download(t->dev, host, array_of(t, a) + t->slots[i].off, (size_t)t->slots[i].n * sizeof(float));
+}
+void ds_drafter_train_set(ds_drafter_train *t, int i, ds_train_array a, const float *host) {
+    t->o->upload(t->dev, array_of(t, a) + t->slots[i].off, host, (size_t)t->slots[i].n * sizeof(float));
+}
+void ds_drafter_train_get_frozen(const ds_drafter_train *t, bool lm_head, float *host) {
+    t->o->download(t->dev, host, lm_head ? t->lm_head : t->embed, (size_t)t->sh.vocab * t->sh.hidden * sizeof(float));
+}
+const cJSON *ds_drafter_train_config(const ds_drafter_train *t) { return t->config; }
 int64_t ds_drafter_train_steps_taken(const ds_drafter_train *t) { return t->steps; }
+void ds_drafter_train_set_steps(ds_drafter_train *t, int64_t steps) { t->steps = steps; }
 
 void ds_drafter_train_free(ds_drafter_train *t) {
     if (!t) return;
@@ -79,6 +91,7 @@ void ds_drafter_train_free(ds_drafter_train *t) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) o->free(t->dev, bufs[i]);
     free(t->slots);
+    cJSON_Delete(t->config);
     free(t);
 }
 
@@ -154,36 +167,34 @@ static ds_error *load_tensor(ds_drafter_train *t, const ds_checkpoint *ck, const
     return NULL;
 }
 
-static ds_error *open_impl(ds_drafter_train *t, const char *dir) {
-    ds_checkpoint *ck = NULL;
-    DS_TRY(ds_checkpoint_open(dir, &ck));
-    ds_error *e = read_shape(ck->config, dir, &t->sh);
+/* The shapes, the slots and the device arrays of a drafter with config cfg (where: its path, for errors). */
+static ds_error *layout(ds_drafter_train *t, const cJSON *cfg, const char *where) {
+    DS_TRY(read_shape(cfg, where, &t->sh));
+    t->config = cJSON_Duplicate(cfg, true);
     float *inv = NULL;
-    if (!e) e = ds_rope_default_inv_freq(ck->config, dir, t->sh.head_dim, &inv);
+    DS_TRY(ds_rope_default_inv_freq(cfg, where, t->sh.head_dim, &inv));
     const ds_drafter_train_shape *s = &t->sh;
+    const int H = s->hidden, qd = s->n_heads * s->head_dim, kvd = s->n_kv_heads * s->head_dim;
+    t->slots = calloc((size_t)(G_COUNT + L_COUNT * s->n_layers), sizeof *t->slots);
+    ds_error *e = t->slots && t->config ? NULL : ds_errorf("out of memory");
     if (!e) {
-        const int H = s->hidden, qd = s->n_heads * s->head_dim, kvd = s->n_kv_heads * s->head_dim;
-        t->slots = calloc((size_t)(G_COUNT + L_COUNT * s->n_layers), sizeof *t->slots);
-        if (!t->slots) e = ds_errorf("out of memory");
-        if (!e) {
-            add_slot(t, global_names[G_FC], 2, H, (int64_t)s->n_taps * H);
-            add_slot(t, global_names[G_HNORM], 1, H, 0);
-            for (int l = 0; l < s->n_layers; l++) {
-                const int64_t shp[L_COUNT][2] = {{H, 0}, {qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {s->head_dim, 0},
-                                                 {s->head_dim, 0}, {H, 0}, {s->inter, H}, {s->inter, H},
-                                                 {H, s->inter}};
-                for (int k = 0; k < L_COUNT; k++) {
-                    char nm[64];
-                    snprintf(nm, sizeof nm, "layers.%d.%s", l, layer_names[k]);
-                    add_slot(t, nm, shp[k][1] ? 2 : 1, shp[k][0], shp[k][1]);
-                }
+        add_slot(t, global_names[G_FC], 2, H, (int64_t)s->n_taps * H);
+        add_slot(t, global_names[G_HNORM], 1, H, 0);
+        for (int l = 0; l < s->n_layers; l++) {
+            const int64_t shp[L_COUNT][2] = {{H, 0}, {qd, H}, {kvd, H}, {kvd, H}, {H, qd}, {s->head_dim, 0},
+                                             {s->head_dim, 0}, {H, 0}, {s->inter, H}, {s->inter, H},
+                                             {H, s->inter}};
+            for (int k = 0; k < L_COUNT; k++) {
+                char nm[64];
+                snprintf(nm, sizeof nm, "layers.%d.%s", l, layer_names[k]);
+                add_slot(t, nm, shp[k][1] ? 2 : 1, shp[k][0], shp[k][1]);
             }
-            add_slot(t, global_names[G_NORM], 1, H, 0);
-            add_slot(t, global_names[G_W1], 2, s->vocab, s->markov_rank);
-            add_slot(t, global_names[G_W2], 2, s->vocab, s->markov_rank);
-            add_slot(t, global_names[G_CW], 2, 1, s->conf_in);
-            add_slot(t, global_names[G_CB], 1, 1, 0);
         }
+        add_slot(t, global_names[G_NORM], 1, H, 0);
+        add_slot(t, global_names[G_W1], 2, s->vocab, s->markov_rank);
+        add_slot(t, global_names[G_W2], 2, s->vocab, s->markov_rank);
+        add_slot(t, global_names[G_CW], 2, 1, s->conf_in);
+        add_slot(t, global_names[G_CB], 1, 1, 0);
     }
     const size_t pb = (size_t)t->n_params * sizeof(float), eb = (size_t)s->vocab * s->hidden * sizeof(float);
     if (!e) e = t->o->alloc(t->dev, pb, (void **)&t->P);
@@ -194,30 +205,92 @@ static ds_error *open_impl(ds_drafter_train *t, const char *dir) {
     if (!e) e = t->o->alloc(t->dev, eb, (void **)&t->lm_head);
     if (!e) e = t->o->alloc(t->dev, (size_t)(s->head_dim / 2) * sizeof(float), (void **)&t->inv_freq);
     if (!e) t->o->upload(t->dev, t->inv_freq, inv, (size_t)(s->head_dim / 2) * sizeof(float));
+    free(inv);
+    return e;
+}
+
+/* embed_tokens and lm_head: a drafter's own, or a target's (DeepSpec copies the target's: its
+ * model.embed_tokens.weight, and lm_head.weight unless the embeddings are tied). */
+static ds_error *load_frozen(ds_drafter_train *t, const char *dir, bool target) {
+    ds_checkpoint *ck = NULL;
+    DS_TRY(ds_checkpoint_open(dir, &ck));
+    const int64_t vh[2] = {t->sh.vocab, t->sh.hidden};
+    const char *emb = target ? "model.embed_tokens.weight" : "embed_tokens.weight";
+    const char *head = ds_checkpoint_find(ck, "lm_head.weight") || !target ? "lm_head.weight" : emb;
+    ds_error *e = load_tensor(t, ck, emb, 2, vh, t->embed);
+    if (!e) e = load_tensor(t, ck, head, 2, vh, t->lm_head);
+    ds_checkpoint_close(ck);
+    if (e && target) e = ds_error_wrap(e, "the target's embeddings and LM head (frozen in the drafter)");
+    return e;
+}
+
+static ds_error *open_impl(ds_drafter_train *t, const char *dir, const char *target_dir) {
+    ds_checkpoint *ck = NULL;
+    DS_TRY(ds_checkpoint_open(dir, &ck));
+    ds_error *e = layout(t, ck->config, dir);
     for (int i = 0; !e && i < t->n_tensors; i++) {
         const tensor_slot *sl = &t->slots[i];
         e = load_tensor(t, ck, sl->name, sl->ndim, sl->shape, t->P + sl->off);
     }
-    const int64_t vh[2] = {s->vocab, s->hidden};
-    if (!e) e = load_tensor(t, ck, "embed_tokens.weight", 2, vh, t->embed);
-    if (!e) e = load_tensor(t, ck, "lm_head.weight", 2, vh, t->lm_head);
-    free(inv);
     ds_checkpoint_close(ck);
+    if (!e) e = load_frozen(t, target_dir ? target_dir : dir, target_dir != NULL);
     return e;
 }
 
-ds_error *ds_drafter_train_open(ds_train_dev *dev, const char *dir, ds_drafter_train **out) {
+/* N(0, std) by Box-Muller from the seeded stream. */
+static float normal(ds_rng *r, float std) {
+    const double u1 = (ds_rng_uniform(r) + 0x1p-54), u2 = ds_rng_uniform(r);
+    return std * (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+}
+
+static ds_error *init_impl(ds_drafter_train *t, const char *config_path, const char *target_dir, uint64_t seed) {
+    cJSON *cfg = NULL;
+    DS_TRY(ds_read_json(config_path, &cfg));
+    ds_error *e = layout(t, cfg, config_path);
+    double std = 0.02;
+    if (!e) e = ds_cfg_float_or(cfg, config_path, "initializer_range", 0.02, &std);
+    cJSON_Delete(cfg);
+    if (e) return e;
+    if (!(std > 0 && std < 10)) return ds_errorf("%s: initializer_range %g is out of range", config_path, std);
+    /* As transformers' _init_weights for these modules: Linear and Embedding weights N(0, initializer_range),
+     * biases 0, RMSNorm weights 1. */
+    float *host = malloc((size_t)t->n_params * sizeof *host);
+    if (!host) return ds_errorf("out of memory");
+    ds_rng rng;
+    ds_rng_seed(&rng, seed);
+    for (int i = 0; i < t->n_tensors; i++) {
+        const tensor_slot *sl = &t->slots[i];
+        const bool norm = strstr(sl->name, "norm.weight") != NULL, bias = strstr(sl->name, ".bias") != NULL;
+        for (int64_t k = 0; k < sl->n; k++) host[sl->off + k] = norm ? 1.0f : bias ? 0.0f : normal(&rng, (float)std);
+    }
+    t->o->upload(t->dev, t->P, host, (size_t)t->n_params * sizeof *host);
+    free(host);
+    return load_frozen(t, target_dir, true);
+}
+
+static ds_error *make(ds_train_dev *dev, const char *path, const char *target_dir, bool init, uint64_t seed,
+                      ds_drafter_train **out) {
     *out = NULL;
     ds_drafter_train *t = calloc(1, sizeof *t);
     if (!t) return ds_errorf("out of memory");
     t->dev = dev, t->o = dev->ops;
-    ds_error *e = open_impl(t, dir);
+    ds_error *e = init ? init_impl(t, path, target_dir, seed) : open_impl(t, path, target_dir);
     if (e) {
         ds_drafter_train_free(t);
         return e;
     }
     *out = t;
     return NULL;
+}
+
+ds_error *ds_drafter_train_open(ds_train_dev *dev, const char *dir, const char *target_dir, ds_drafter_train **out) {
+    return make(dev, dir, target_dir, false, 0, out);
+}
+
+ds_error *ds_drafter_train_init(ds_train_dev *dev, const char *config_path, const char *target_dir, uint64_t seed,
+                                ds_drafter_train **out) {
+    if (!target_dir) return ds_errorf("%s: a drafter trained from scratch needs the target (its embeddings)", config_path);
+    return make(dev, config_path, target_dir, true, seed, out);
 }
 
 void ds_drafter_train_zero_grad(ds_drafter_train *t) { t->o->zero(t->dev, t->G, (size_t)t->n_params * sizeof(float)); }
@@ -325,8 +398,8 @@ static void linear_bwd(const ds_drafter_train *t, int rows, int out, int in, con
     t->o->gemm(t->dev, true, false, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dw, in);
 }
 
-ds_error *ds_drafter_train_grad(ds_drafter_train *t, const ds_train_batch *b, const ds_train_loss_recipe *rc,
-                                float scale, ds_train_loss *out) {
+static ds_error *step(ds_drafter_train *t, const ds_train_batch *b, const ds_train_loss_recipe *rc, float scale,
+                      bool backward, ds_train_loss *out) {
     memset(out, 0, sizeof *out);
     const ds_drafter_train_shape *h = &t->sh;
     const ds_train_ops *o = t->o;
@@ -440,6 +513,7 @@ ds_error *ds_drafter_train_grad(ds_drafter_train *t, const ds_train_batch *b, co
         linear(t, n, V, H, s.tgt_hidden + (size_t)r0 * H, t->lm_head, s.T, false);
         o->dspark_loss(dev, n, V, s.Z, s.T, s.conf + r0, s.labels + r0, s.weight + r0, rc->alpha_ce * scale / den,
                        rc->alpha_l1 * scale / den, rc->alpha_conf * scale / den, s.dconf + r0, &terms);
+        if (!backward) continue;
         /* dZ -> dhid (through the frozen LM head), dw1p, dW2 */
         o->gemm(dev, false, false, n, H, V, 1.0f, s.Z, V, t->lm_head, H, 0.0f, s.dh + (size_t)r0 * H, H);
         linear_bwd(t, n, V, r, s.w1p + (size_t)r0 * r, w2, s.Z, s.dw1p + (size_t)r0 * r, false, dw2);
@@ -447,6 +521,10 @@ ds_error *ds_drafter_train_grad(ds_drafter_train *t, const ds_train_batch *b, co
     out->weight_sum = wsum;
     out->ce = terms.ce / den, out->l1 = terms.l1 / den, out->conf = terms.conf / den;
     out->loss = rc->alpha_ce * out->ce + rc->alpha_l1 * out->l1 + rc->alpha_conf * out->conf;
+    if (!backward) {
+        free(L);
+        return NULL;
+    }
     /* the confidence head's backward */
     o->gemm(dev, false, false, Rq, H, 1, 1.0f, s.dconf, 1, cw, h->conf_in, 1.0f, s.dh, H);
     o->gemm(dev, true, false, 1, H, Rq, 1.0f, s.dconf, 1, s.hid, H, 1.0f, dcw, h->conf_in);
@@ -499,4 +577,14 @@ ds_error *ds_drafter_train_grad(ds_drafter_train *t, const ds_train_batch *b, co
     o->gemm(dev, true, false, H, T, Rc, 1.0f, s.dctx_pre, H, s.taps, T, 1.0f, W(t, t->G, slot_global(t, G_FC)), T);
     free(L);
     return NULL;
+}
+
+ds_error *ds_drafter_train_grad(ds_drafter_train *t, const ds_train_batch *b, const ds_train_loss_recipe *r,
+                                float scale, ds_train_loss *out) {
+    return step(t, b, r, scale, true, out);
+}
+
+ds_error *ds_drafter_train_eval(ds_drafter_train *t, const ds_train_batch *b, const ds_train_loss_recipe *r,
+                                ds_train_loss *out) {
+    return step(t, b, r, 1.0f, false, out);
 }

@@ -12,6 +12,7 @@ int cmd_calibrate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_datagen(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 
 #endif

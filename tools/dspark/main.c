@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  serve      an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)\n"
             "  quantize   affine int8 / int4 weights as MLX stores them (group scales and biases)\n"
             "  datagen    a drafter's training data: the target's continuations and hidden states, cached\n"
+            "  train      train a DSpark drafter on a datagen cache (the DeepSpec recipe)\n"
             "\n"
             "`dspark <command> --help` describes a command's options.\n");
 }
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "datagen")) return cmd_datagen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
         return 0;
