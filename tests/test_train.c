@@ -367,6 +367,25 @@ static void test_run_from_config(void) {
     free(log);
 }
 
+/* The CLI: a run, its loss curves, and bad arguments refused with the flag named. */
+static void test_cli(void) {
+    char cache[512], out[512], cmd[2048];
+    path_in(cache, sizeof cache, "cache");
+    path_in(out, sizeof out, "cli");
+    snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --steps 2 --batch 2 --threads 2 --quiet >/dev/null",
+             DS_CLI, TINY, DRAFTER, cache, out);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    size_t n;
+    char *png = slurp(out, "loss.png", &n);
+    CHECK(png && n > 100 && !memcmp(png, "\x89PNG", 4), "loss.png written");
+    free(png);
+    snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --steps 0 2>&1 | grep -q -- '--steps must be'",
+             DS_CLI, TINY, DRAFTER, cache, out);
+    CHECK(system(cmd) == 0, "--steps 0 refused");
+    snprintf(cmd, sizeof cmd, "%s train -m %s --data %s --out %s 2>&1 | grep -q 'give one of -d'", DS_CLI, TINY, cache, out);
+    CHECK(system(cmd) == 0, "no -d / --config refused");
+}
+
 static void cleanup(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_root);
@@ -379,4 +398,4 @@ static void test_setup(void) {
 }
 
 RUN_TESTS("train", test_lr_schedule, test_anchors, test_step0_gradients, test_ten_steps_batch,
-          test_ten_steps_accumulate, test_setup, test_run_resume, test_run_from_config)
+          test_ten_steps_accumulate, test_setup, test_run_resume, test_run_from_config, test_cli)

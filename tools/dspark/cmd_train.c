@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "train_plot.h"
 #include "train/trainer.h"
 
 static void usage(FILE *f) {
@@ -25,7 +26,7 @@ static void usage(FILE *f) {
             "0.9 L1 + 1.0 confidence BCE weighted exp(-k/4), AdamW on fp32 master weights, warmup + cosine, clipping;\n"
             "embed_tokens and lm_head are the target's, frozen. DIR receives the drafter (config.json +\n"
             "model.safetensors: `dspark generate -d DIR` and DeepSpec load it), trainer_state.safetensors (to resume),\n"
-            "train_log.jsonl (one line a step) and run.json. Rerunning the same command resumes from the last save.\n"
+            "train_log.jsonl (one line a step), loss.png (the curves) and run.json. Rerunning the same command resumes from the last save.\n"
             "\n"
             "  -m DIR          the target the cache was made with (default: the bundled pico-qwen3)\n"
             "  -d DIR          start from this drafter's weights   --config F: from scratch, this drafter config\n"
@@ -208,6 +209,15 @@ int cmd_train(int argc, char **argv) {
            (long long)rep.steps_run, rep.resumed_from ? " (resumed)" : "", (long long)rep.n_train, (long long)rep.n_val,
            rep.seconds, rep.tokens_per_s, rep.last.loss);
     if (rep.last.has_val) printf(", validation loss %.4f", rep.last.val_loss);
-    printf("\ndrafter: %s\n", o.t.out_dir);
+    char log[4096], png[4096];
+    snprintf(log, sizeof log, "%s/train_log.jsonl", o.t.out_dir);
+    snprintf(png, sizeof png, "%s/loss.png", o.t.out_dir);
+    e = ds_train_plot(log, png);
+    if (e) { /* the drafter is saved: a plot that fails is a warning */
+        fprintf(stderr, "\ndspark train: warning: %s", ds_error_message(e));
+        ds_error_free(e);
+        png[0] = 0;
+    }
+    printf("\ndrafter: %s%s%s\n", o.t.out_dir, png[0] ? "; loss curves: " : "", png);
     return 0;
 }
