@@ -372,10 +372,21 @@ static void test_cli(void) {
     char cache[512], out[512], cmd[2048];
     path_in(cache, sizeof cache, "cache");
     path_in(out, sizeof out, "cli");
-    snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --steps 2 --batch 2 --threads 2 --quiet >/dev/null",
-             DS_CLI, TINY, DRAFTER, cache, out);
+    char prompts[512];
+    path_in(prompts, sizeof prompts, "prompts.jsonl");
+    snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --steps 2 --batch 2 --threads 2 --quiet "
+             "--val-prompts %s --val-max-new 12 >/dev/null", DS_CLI, TINY, DRAFTER, cache, out, prompts);
     CHECK(system(cmd) == 0, "%s", cmd);
     size_t n;
+    char *ev = slurp(out, "eval.json", &n);
+    const char *tau = ev ? strstr(ev, "\"tau\": ") : NULL, *init = ev ? strstr(ev, "\"tau_init\": ") : NULL;
+    CHECK(tau && init, "eval.json has tau and tau_init");
+    if (tau && init) {
+        const double t1 = strtod(tau + 7, NULL), t0 = strtod(init + 12, NULL);
+        printf("validation prompts: tau %.3f (initial %.3f)\n", t1, t0);
+        CHECK(t1 >= 1 && t1 <= 5 && t0 >= 1 && t0 <= 5, "tau in [1, gamma + 1]");
+    }
+    free(ev);
     char *png = slurp(out, "loss.png", &n);
     CHECK(png && n > 100 && !memcmp(png, "\x89PNG", 4), "loss.png written");
     free(png);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "train_eval.h"
 #include "train_plot.h"
 #include "train/trainer.h"
 
@@ -43,18 +44,23 @@ static void usage(FILE *f) {
             "  --save-every N  checkpoint every N steps (default 0: at the end)\n"
             "  --save-dtype T  bf16 (default) or fp32\n"
             "  --backend B     cpu (the CUDA trainer is not built yet)   --threads N: CPU threads (default all)\n"
+            "  --val-prompts F prompts (generate's format) to measure tau on at the end, greedy, with the trained\n"
+            "                  drafter (and with -d's, for comparison): printed, in eval.json and on loss.png\n"
+            "  --val-max-new N new tokens a validation prompt (default 64)\n"
             "  --quiet         no progress line\n");
 }
 
 typedef struct {
     ds_train_opts t;
-    const char *model;
+    const char *model, *val_prompts;
+    int val_max_new;
     bool quiet;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_CONFIG = 256, O_DATA, O_OUT, O_STEPS, O_BATCH, O_MICRO, O_LR, O_WARMUP, O_CLIP, O_ANCHORS, O_SEED,
-           O_INIT_SEED, O_VAL, O_EVAL, O_SAVE, O_DTYPE, O_BACKEND, O_THREADS, O_QUIET };
+           O_INIT_SEED, O_VAL, O_EVAL, O_SAVE, O_DTYPE, O_BACKEND, O_THREADS, O_QUIET, O_VAL_PROMPTS,
+           O_VAL_MAX_NEW };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},          {"drafter", required_argument, 0, 'd'},
         {"config", required_argument, 0, O_CONFIG},    {"data", required_argument, 0, O_DATA},
@@ -67,8 +73,10 @@ static int parse_args(int argc, char **argv, options *o) {
         {"save-every", required_argument, 0, O_SAVE},  {"save-dtype", required_argument, 0, O_DTYPE},
         {"backend", required_argument, 0, O_BACKEND},  {"threads", required_argument, 0, O_THREADS},
         {"quiet", no_argument, 0, O_QUIET},            {"help", no_argument, 0, 'h'},
+        {"val-prompts", required_argument, 0, O_VAL_PROMPTS}, {"val-max-new", required_argument, 0, O_VAL_MAX_NEW},
         {0, 0, 0, 0}};
     o->t = ds_train_opts_default();
+    o->val_max_new = 64;
     optind = 1;
     int c;
     char *end;
@@ -103,6 +111,8 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_SAVE: NUM(o->t.save_every, strtoll(optarg, &end, 10), "--save-every"); break;
         case O_THREADS: NUM(v, strtoll(optarg, &end, 10), "--threads"); o->t.threads = v < 1 || v > 4096 ? -1 : (int)v; break;
         case O_QUIET: o->quiet = true; break;
+        case O_VAL_PROMPTS: o->val_prompts = optarg; break;
+        case O_VAL_MAX_NEW: NUM(v, strtoll(optarg, &end, 10), "--val-max-new"); o->val_max_new = v < 1 || v > 1 << 20 ? -1 : (int)v; break;
         case O_DTYPE:
             if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) {
                 fprintf(stderr, "dspark train: --save-dtype expects bf16 or fp32, got '%s'\n", optarg);
@@ -136,6 +146,7 @@ static int parse_args(int argc, char **argv, options *o) {
                       : !(t->val_frac >= 0 && t->val_frac < 0.5)        ? "--val-frac must be in [0, 0.5)"
                       : t->eval_every < 0 || t->save_every < 0          ? "--eval-every and --save-every must be >= 0"
                       : t->threads < 0                                  ? "--threads must be in 1 .. 4096"
+                      : o->val_max_new < 1                              ? "--val-max-new must be in 1 .. 1048576"
                       : t->seed > (1ull << 53) || t->init_seed > (1ull << 53) ? "seeds must be at most 2^53"
                                                                         : NULL;
     if (bad) {
@@ -196,28 +207,56 @@ int cmd_train(int argc, char **argv) {
         ds_error_free(e);
         return 1;
     }
-    if (rep.steps_run == 0) {
-        printf("%s: already trained (%lld steps); nothing to do\n", o.t.out_dir, (long long)o.t.steps);
-        return 0;
-    }
     if (rep.interrupted) {
         printf("interrupted after step %lld of %lld: saved to %s; run the same command to resume\n",
                (long long)rep.last.step, (long long)o.t.steps, o.t.out_dir);
         return 130;
     }
-    printf("trained %lld steps%s on %lld sequences (%lld held out) in %.1f s, %.0f tokens/s; final loss %.4f",
-           (long long)rep.steps_run, rep.resumed_from ? " (resumed)" : "", (long long)rep.n_train, (long long)rep.n_val,
-           rep.seconds, rep.tokens_per_s, rep.last.loss);
-    if (rep.last.has_val) printf(", validation loss %.4f", rep.last.val_loss);
-    char log[4096], png[4096];
+    if (rep.steps_run == 0) {
+        printf("%s: already trained (%lld steps)\n", o.t.out_dir, (long long)o.t.steps);
+    } else {
+        printf("trained %lld steps%s on %lld sequences (%lld held out) in %.1f s, %.0f tokens/s; final loss %.4f",
+               (long long)rep.steps_run, rep.resumed_from ? " (resumed)" : "", (long long)rep.n_train,
+               (long long)rep.n_val, rep.seconds, rep.tokens_per_s, rep.last.loss);
+        if (rep.last.has_val) printf(", validation loss %.4f", rep.last.val_loss);
+        putchar('\n');
+    }
+    char log[4096], png[4096], note[160] = "";
+    if (o.val_prompts) {
+        train_eval before = {0}, after = {0};
+        e = o.t.init_dir ? train_eval_tau(o.t.target_dir, o.t.init_dir, o.val_prompts, o.val_max_new, o.t.threads,
+                                          "cpu", &before)
+                         : NULL;
+        if (!e) e = train_eval_tau(o.t.target_dir, o.t.out_dir, o.val_prompts, o.val_max_new, o.t.threads, "cpu", &after);
+        if (e) {
+            fprintf(stderr, "dspark train: the validation prompts: %s\n", ds_error_message(e));
+            ds_error_free(e);
+            return 1;
+        }
+        if (o.t.init_dir) snprintf(note, sizeof note, "TAU %.3f (FROM %.3f), T=0, %d PROMPTS", after.tau, before.tau, after.prompts);
+        else snprintf(note, sizeof note, "TAU %.3f, T=0, %d PROMPTS", after.tau, after.prompts);
+        printf("validation prompts (%d, %d new tokens each, greedy): tau %.3f", after.prompts, o.val_max_new, after.tau);
+        if (o.t.init_dir) printf(" (the initial drafter's: %.3f)", before.tau);
+        putchar('\n');
+        char path[4096];
+        snprintf(path, sizeof path, "%s/eval.json", o.t.out_dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "{\"val_prompts\": \"%s\", \"prompts\": %d, \"max_new\": %d, \"tau\": %.6f, \"rounds\": %d",
+                    o.val_prompts, after.prompts, o.val_max_new, after.tau, after.rounds);
+            if (o.t.init_dir) fprintf(f, ", \"tau_init\": %.6f", before.tau);
+            fprintf(f, ", \"steps\": %lld}\n", (long long)o.t.steps);
+            fclose(f);
+        }
+    }
     snprintf(log, sizeof log, "%s/train_log.jsonl", o.t.out_dir);
     snprintf(png, sizeof png, "%s/loss.png", o.t.out_dir);
-    e = ds_train_plot(log, png);
+    e = ds_train_plot(log, png, note);
     if (e) { /* the drafter is saved: a plot that fails is a warning */
-        fprintf(stderr, "\ndspark train: warning: %s", ds_error_message(e));
+        fprintf(stderr, "dspark train: warning: %s\n", ds_error_message(e));
         ds_error_free(e);
         png[0] = 0;
     }
-    printf("\ndrafter: %s%s%s\n", o.t.out_dir, png[0] ? "; loss curves: " : "", png);
+    printf("drafter: %s%s%s\n", o.t.out_dir, png[0] ? "; loss curves: " : "", png);
     return 0;
 }

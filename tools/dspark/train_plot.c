@@ -73,7 +73,7 @@ static ds_error *read_log(const char *path, series *s) {
     return e;
 }
 
-ds_error *ds_train_plot(const char *log_path, const char *png_path) {
+ds_error *ds_train_plot(const char *log_path, const char *png_path, const char *note) {
     series s = {0};
     ds_error *e = read_log(log_path, &s);
     ds_canvas c = {0};
@@ -103,6 +103,7 @@ ds_error *ds_train_plot(const char *log_path, const char *png_path) {
         ds_canvas_text(&c, LEFT + pw - ds_canvas_text_width(lab, 1), TOP + ph + 10, 1, lab, BLACK);
         ds_canvas_text(&c, LEFT, TOP + ph + 10, 1, "1", BLACK);
         ds_canvas_text(&c, LEFT, 14, 2, "DSPARK TRAIN: LOSS", BLACK);
+        if (note && *note) ds_canvas_text(&c, LEFT + ds_canvas_text_width("DSPARK TRAIN: LOSS", 2) + 24, 18, 1, note, BLACK);
         static const char *const names[5] = {"LOSS", "0.1 CE", "0.9 L1", "CONFIDENCE", "VALIDATION LOSS"};
         static const uint8_t cols[5] = {BLUE, ORANGE, GREEN, PURPLE, RED};
         for (int k = 0, x = LEFT; k < 5; k++) {

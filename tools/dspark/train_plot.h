@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 
-ds_error *ds_train_plot(const char *log_path, const char *png_path);
+/* note: a line under the title (tau on the validation prompts), or "". */
+ds_error *ds_train_plot(const char *log_path, const char *png_path, const char *note);
 
 #endif
