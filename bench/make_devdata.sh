@@ -10,6 +10,9 @@
 #                         libraries), unpacked only where the device lacks them
 #   .devdata/devenv.sh    sourced on the device: unpacks it into .devdata/root
 #                         and exports PKG_CONFIG.
+#   .devdata/deepspec.tar.xz  DeepSpec's python package (deepspec/), the baseline
+#                         bench/train_deepspec.py times; from a checkout at
+#                         $DEEPSPEC (default: the fetched mirror), if there is one
 # Usage (here):   bash bench/make_devdata.sh
 # On the device (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]):
 #                 source .devdata/devenv.sh && cmake ... -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG
@@ -54,4 +57,9 @@ export PKG_CONFIG_SYSROOT_DIR=$_r
 export PKG_CONFIG_LIBDIR=$_lib/pkgconfig:$_r/usr/share/pkgconfig
 export PKG_CONFIG=$_r/usr/bin/pkgconf
 SH
+DEEPSPEC=${DEEPSPEC:-/work/.mirror/deepseek-ai+DeepSpec/repo}
+if [ -d "$DEEPSPEC" ]; then
+  git -C "$DEEPSPEC" archive HEAD deepspec | xz -9 >$D/deepspec.tar.xz
+  echo "made $D/deepspec.tar.xz ($(du -h $D/deepspec.tar.xz | cut -f1)) from $DEEPSPEC @ $(git -C "$DEEPSPEC" rev-parse --short HEAD)"
+fi
 echo "made $D/root.tar.xz ($(du -h $D/root.tar.xz | cut -f1)), $D/tls.tar.xz ($(du -h $D/tls.tar.xz | cut -f1))"
