@@ -289,6 +289,27 @@ static void test_gemma4_real_shapes(void) {
     check_gemma4_shape("gemma4-31b", false, 5376, 60, 32, 16, 4, 21504, 30.6e9, 30.8e9, taps31);
 }
 
+/* Qwen3-32B (issue 43's two-GPU shape), configs only: Qwen/Qwen3-32B's numbers and its 32.8 B parameters. */
+static void test_qwen3_32b_shape(void) {
+    char args[1024], path[512], dir[256], tb[64];
+    const char *T = tmpdir(tb);
+    snprintf(dir, sizeof dir, "%s/qwen3-32b", T);
+    snprintf(path, sizeof path, "%s/qwen3-32b.json", T);
+    snprintf(args, sizeof args, "synth --like qwen3-32b --out %s --drafter --config-only", dir);
+    CHECK(cli(args, path) == 0, "%s", args);
+    cJSON *out = (cJSON *)read_json_file(path);
+    const double params = num(out, "target_bytes") / 2;
+    CHECK(params > 32.7e9 && params < 32.8e9, "qwen3-32b: %.4g parameters (Qwen/Qwen3-32B: 32.76 B)", params);
+    cJSON_Delete(out);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *c = (cJSON *)read_json_file(path);
+    CHECK(c && num(c, "hidden_size") == 5120 && num(c, "intermediate_size") == 25600 &&
+              num(c, "num_hidden_layers") == 64 && num(c, "num_attention_heads") == 64 &&
+              num(c, "num_key_value_heads") == 8 && num(c, "head_dim") == 128 && num(c, "vocab_size") == 151936,
+          "qwen3-32b: config.json's shapes");
+    cJSON_Delete(c);
+}
+
 static void test_gemma4_tiny_generate(void) {
     char args[1024], m[512], d[512], tb[64];
     const char *T = tmpdir(tb);
@@ -402,5 +423,5 @@ static void test_cleanup(void) {
     CHECK(system(cmd) == 0, "cleanup of %s", tb);
 }
 
-RUN_TESTS("synth", test_writer_roundtrip, test_synth_files, test_load_and_generate, test_gemma4_real_shapes,
+RUN_TESTS("synth", test_writer_roundtrip, test_synth_files, test_load_and_generate, test_gemma4_real_shapes, test_qwen3_32b_shape,
           test_gemma4_tiny_generate, test_bench_cli, test_cleanup)

@@ -42,6 +42,11 @@ static const preset presets[] = {
     {.like = "qwen3-4b", .fam = FAM_QWEN3, .vocab = 151936, .hidden = 2560, .layers = 36, .heads = 32, .kv_heads = 8,
      .head_dim = 128, .inter = 9728, .max_pos = 40960, .tie = true, .bos = 151643, .eos = 151645, .pad = 151643,
      .d_layers = 5, .d_rank = 256, .gamma = 7, .mask_id = 151669},
+    /* Qwen/Qwen3-32B (its config.json): two GPUs' worth of bf16 weights, 65.5 GB (issue 43). No DeepSpec
+     * recipe targets it; the drafter is the 8B's (config/dspark/dspark_qwen3_8b.py) at its width. */
+    {.like = "qwen3-32b", .fam = FAM_QWEN3, .vocab = 151936, .hidden = 5120, .layers = 64, .heads = 64, .kv_heads = 8,
+     .head_dim = 128, .inter = 25600, .max_pos = 40960, .tie = false, .bos = 151643, .eos = 151645, .pad = 151643,
+     .d_layers = 5, .d_rank = 256, .gamma = 7, .mask_id = 151669},
     /* A small model of the same family for tests on the CPU. */
     {.like = "tiny", .fam = FAM_QWEN3, .vocab = 512, .hidden = 64, .layers = 8, .heads = 4, .kv_heads = 2,
      .head_dim = 16, .inter = 128, .max_pos = 256, .tie = false, .bos = 1, .eos = 2, .pad = 2, .d_layers = 2,
@@ -85,7 +90,7 @@ static const preset presets[] = {
      .mask_id = 4},
 };
 
-#define LIKE_NAMES "qwen3-8b, qwen3-4b, tiny, gemma4-12b, gemma4-31b, gemma4-tiny"
+#define LIKE_NAMES "qwen3-8b, qwen3-4b, qwen3-32b, tiny, gemma4-12b, gemma4-31b, gemma4-tiny"
 
 #define CHUNK_ELEMS ((size_t)1 << 20)
 
@@ -533,6 +538,7 @@ static void usage(FILE *f) {
                "  Writes a random bf16 checkpoint with the named model's real shapes and config\n"
                "  (seeded: the same seed gives the same bytes). NAME is one of\n"
                "    qwen3-8b, qwen3-4b    Qwen/Qwen3-8B, Qwen/Qwen3-4B\n"
+               "    qwen3-32b             Qwen/Qwen3-32B (two GPUs' worth: tensor parallel)\n"
                "    gemma4-12b            google/gemma-4-12B (\"12B Unified\") as released:\n"
                "                          Gemma4UnifiedForConditionalGeneration (text model under\n"
                "                          model.language_model., vision/audio projections);\n"
