@@ -1,0 +1,46 @@
+/* Collectives between the ranks of a tensor-parallel model (issue 43): one
+ * process, one thread and one backend a rank, every rank running the same
+ * code on its shard (SPMD). Model code calls these where a split layer's
+ * partial results meet: the all-reduce after a row-parallel projection
+ * (o_proj, down_proj), the gather of a vocab-parallel LM head's per-rank
+ * argmaxes.
+ *
+ * Determinism: an all-reduce adds the ranks' values in rank order, element
+ * by element, and every rank gets the same bits; so a run is reproducible,
+ * every rank takes the same decisions, and row invariance (backend.h) holds
+ * under TP. (Not the 1-rank bits: the split changes each projection's
+ * summation order.)
+ *
+ * ds_comm_group_threads: the ranks' values meet in host memory (through each
+ * rank's backend's download / upload), so it serves any backends: N CPU
+ * ranks, or N CUDA backends on one GPU — TP emulated in one process, for the
+ * tests of the split and gather logic. A multi-GPU group (NCCL) implements
+ * the same table. */
+#ifndef DS_COMM_H
+#define DS_COMM_H
+
+#include "backend/backend.h"
+
+typedef struct ds_comm ds_comm;
+
+typedef struct {
+    /* x (fp32, [rows, cols] in this rank's backend) = the sum over ranks of each rank's x. */
+    void (*all_reduce)(ds_comm *c, ds_backend *be, ds_tensor x);
+    /* Host values: out[r * n + i] = rank r's in[i], on every rank (out holds world * n). */
+    void (*all_gather_host)(ds_comm *c, const float *in, int64_t n, float *out);
+    void (*barrier)(ds_comm *c);
+} ds_comm_ops;
+
+struct ds_comm {
+    const ds_comm_ops *ops;
+    int rank, world;
+    void *group; /* the implementation's shared state */
+};
+
+typedef struct ds_comm_group ds_comm_group;
+
+/* A group of world ranks in this process; ranks[r] is rank r's handle (for its thread). */
+ds_error *ds_comm_group_threads(int world, ds_comm_group **out, ds_comm *ranks);
+void ds_comm_group_free(ds_comm_group *g);
+
+#endif
