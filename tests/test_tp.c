@@ -4,6 +4,9 @@
 #include <string.h>
 
 #include "backend/comm.h"
+#include "io/checkpoint.h"
+#include "model/qwen3_layer.h"
+#include "model/tp_shard.h"
 #include "testlib.h"
 
 #define WORLD 4
@@ -78,4 +81,49 @@ static void test_collectives(void) {
     CHECK_ERR(ds_comm_group_threads(0, &g, ranks), "0 ranks");
 }
 
-RUN_TESTS("tp", test_collectives)
+/* A rank's shard is its slice of the whole weight: rows for a column-parallel projection (q_proj: whole
+ * heads), columns for a row-parallel one (o_proj), a bias's slice; a split that does not divide is an
+ * error naming the tensor. */
+static void test_shards(void) {
+    ds_backend *be;
+    CHECK_OK(ds_backend_cpu_new(1, &be));
+    ds_checkpoint *ck;
+    CHECK_OK(ds_checkpoint_open(DS_TESTDATA "/fixtures/qwen3-tiny/target", &ck));
+    const char *q = "model.layers.1.self_attn.q_proj.weight", *o = "model.layers.1.self_attn.o_proj.weight";
+    ds_tensor qf, of;
+    CHECK_OK(ds_load_weight(be, ck, q, 64, 64, &qf));
+    CHECK_OK(ds_load_weight(be, ck, o, 64, 64, &of));
+    float full_q[64 * 64], full_o[64 * 64], part[64 * 64];
+    be->ops->download(be, qf, full_q);
+    be->ops->download(be, of, full_o);
+    ds_shard_keep keep = {0};
+    for (int world = 2; world <= 4; world *= 2)
+        for (int r = 0; r < world; r++) {
+            const ds_tp tp = {r, world};
+            ds_tensor qs, os;
+            CHECK_OK(ds_load_weight_split(be, ck, q, 64, 64, tp, DS_SPLIT_ROWS, &keep, &qs));
+            CHECK(qs.rows == 64 / world && qs.cols == 64, "q shard shape");
+            be->ops->download(be, qs, part);
+            CHECK(!memcmp(part, full_q + (size_t)r * (64 / world) * 64, sizeof(float) * 64 * 64 / world),
+                  "q_proj rank %d of %d: its rows", r, world);
+            CHECK_OK(ds_load_weight_split(be, ck, o, 64, 64, tp, DS_SPLIT_COLS, &keep, &os));
+            CHECK(os.rows == 64 && os.cols == 64 / world, "o shard shape");
+            be->ops->download(be, os, part);
+            int bad = 0;
+            for (int i = 0; i < 64; i++)
+                for (int j = 0; j < 64 / world; j++) bad += part[i * (64 / world) + j] != full_o[i * 64 + r * (64 / world) + j];
+            CHECK(bad == 0, "o_proj rank %d of %d: its columns (%d wrong)", r, world, bad);
+            be->ops->release(be, &qs);
+            be->ops->release(be, &os);
+        }
+    ds_tensor bad;
+    CHECK_ERR(ds_load_weight_split(be, ck, q, 64, 64, (ds_tp){0, 3}, DS_SPLIT_ROWS, &keep, &bad),
+              "q_proj.weight: its rows (64) do not divide among 3 ranks");
+    ds_shard_keep_free(&keep);
+    be->ops->release(be, &qf);
+    be->ops->release(be, &of);
+    ds_checkpoint_close(ck);
+    be->ops->destroy(be);
+}
+
+RUN_TESTS("tp", test_collectives, test_shards)
