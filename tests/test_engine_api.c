@@ -573,10 +573,11 @@ static void test_kv_mem(void) {
         const char *target, *drafter;
         int64_t trow, drow;
     } models[] = {
-        /* 8 layers x K and V x 2 KV heads x head_dim 64 x 4 bytes (fp32); the drafter's 3 layers alike */
-        {DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 8 * 2 * 2 * 64 * 4, 3 * 2 * 2 * 64 * 4},
+        /* 8 layers x K and V x 2 KV heads x head_dim 64 x 2 bytes (bf16: both configs name bfloat16,
+         * model/kv_cache.h; 4 when the caches were fp32); the drafter's 3 layers alike */
+        {DS_MODELS "/pico-qwen3", DS_MODELS "/pico-qwen3-dspark", 8 * 2 * 2 * 64 * 2, 3 * 2 * 2 * 64 * 2},
         /* 2 sliding layers of 2 KV heads x 16 and 2 full ones of 1 global KV head x 32 (attention_k_eq_v),
-         * K and V each; the drafter's 2 full layers */
+         * K and V each, fp32 (the fixtures' configs name float32); the drafter's 2 full layers */
         {DS_TESTDATA "/fixtures/gemma4-tiny/target", DS_TESTDATA "/fixtures/gemma4-tiny/drafter-trained",
          (2 * 2 * 16 + 2 * 1 * 32) * 2 * 4, 2 * 1 * 32 * 2 * 4},
         /* 6 layers, the last 2 KV-shared: sliding 0, 1, 3 (2 x 16) and full 2 (2 x 32, per_layer_config) */
@@ -670,7 +671,7 @@ static void test_kv_mem(void) {
  * still gets exactly its solo tokens (T = 0 and T = 1). */
 static void test_kv_mem_preemption(void) {
     /* ctx 64: one request is (64 + 33) rows = 7 pages; the drafter's 3 blocks of 3 pages beside them. */
-    const int64_t page = 16 * (8192 + 3072), blocks = 3 * 3 * 16 * 3072;
+    const int64_t page = 16 * (4096 + 1536), blocks = 3 * 3 * 16 * 1536; /* bf16 rows (test_kv_mem) */
     const ds_engine_opts o = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
                               .batch = 3, .ctx = 64, .kv_mem = blocks + 7 * page};
     ds_engine *be_;

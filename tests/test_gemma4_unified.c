@@ -24,6 +24,7 @@
 #include "backend/backend.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
+#include "io/config.h"
 #include "model/gemma4_layer.h"
 #include "model/gemma4_layout.h"
 #include "speculate/generate.h"
@@ -308,6 +309,10 @@ static void test_text_only_unified(void) {
     cJSON *c = unified_config();
     if (!c) return;
     cJSON *tc = cJSON_DetachItemFromObjectCaseSensitive(c, "text_config");
+    /* The wrapper names the model's dtype at its top; a text-only save names it in its own (the K/V caches
+     * follow it, model/kv_cache.h). */
+    const char *dt = ds_cfg_str(c, "dtype");
+    if (dt) cJSON_AddStringToObject(tc, "dtype", dt);
     cJSON_Delete(c);
     cJSON *a = cJSON_AddArrayToObject(tc, "architectures");
     cJSON_AddItemToArray(a, cJSON_CreateString("Gemma4UnifiedForCausalLM"));

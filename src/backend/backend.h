@@ -193,7 +193,10 @@ typedef struct {
     void (*release)(ds_backend *be, ds_tensor *t);
     void (*upload)(ds_backend *be, ds_tensor dst, const float *src);  /* host fp32 -> dst (fp32) */
     void (*download)(ds_backend *be, ds_tensor src, float *dst);      /* src (fp32) -> host */
-    void (*copy)(ds_backend *be, ds_tensor dst, ds_tensor src);       /* same shape, fp32 */
+    /* Same shape: fp32, or two tensors of one dtype (bytes), or fp32 into a
+     * bf16 / f16 K/V cache (model/kv_cache.h: each element rounded to
+     * nearest even) and back (widened, exact). */
+    void (*copy)(ds_backend *be, ds_tensor dst, ds_tensor src);
 
     /* out[i] = table[ids[i]] * scale (ids on the host). */
     void (*embed)(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale);
@@ -205,6 +208,9 @@ typedef struct {
     /* In-place rotate-half RoPE on x[M, n_heads*head_dim]; inv_freq[head_dim/2]
      * (zeros give the identity tail of proportional RoPE). */
     void (*rope)(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, const float *inv_freq);
+    /* k, v: caches of fp32, bf16 or f16 (the model's dtype, model/kv_cache.h),
+     * each element widened to fp32 as it is read; scores, softmax and the
+     * output in fp32. */
     void (*attention)(ds_backend *be, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                       const ds_attn_params *p);
     void (*add)(ds_backend *be, ds_tensor out, ds_tensor a, ds_tensor b);      /* out = a + b */
@@ -268,7 +274,8 @@ typedef struct {
     void (*sample)(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);
     /* q (rows 0: none) and k: rmsnorm_rope in place, as qk_norm_rope /
      * rmsnorm_rope (weights qw, kw); then row i of k and of v goes to row
-     * pos[i] of k_cache / v_cache (pos[i] % ring_size when ring_size > 0).
+     * pos[i] of k_cache / v_cache (pos[i] % ring_size when ring_size > 0),
+     * rounded to the caches' dtype as copy rounds.
      * Optional: NULL runs that sequence and row copies (ds_qk_norm_rope_store). */
     void (*qk_norm_rope_store)(ds_backend *be, ds_tensor q, ds_tensor qw, ds_tensor k, ds_tensor kw, ds_tensor v,
                                ds_tensor k_cache, ds_tensor v_cache, int ring_size, int head_dim, float eps,

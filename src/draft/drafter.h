@@ -122,7 +122,7 @@ typedef struct {
 ds_error *ds_drafter_open(ds_backend *be, const char *dir, const ds_target *target, const ds_drafter_opts *opts,
                           ds_drafter **out);
 /* Bytes one cached context position takes in the K/V caches the drafter in
- * dir would allocate (every layer together, the caches' dtype: kv_cache.h):
+ * dir would allocate (every layer together, in the model's dtype: kv_cache.h):
  * read from dir's config.json alone, before anything is loaded, so a memory
  * budget can size the pool. */
 ds_error *ds_drafter_kv_row_bytes(const char *dir, int64_t *out);

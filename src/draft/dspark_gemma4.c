@@ -129,7 +129,7 @@ static ds_error *load_layers(gemma4_drafter *g) {
         if (first_doubled > 0 && l >= first_doubled) lc.inter = 2 * c->inter;
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->st.layers[l]));
-        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->cache_rows));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->cache_rows, g->c.kv_dtype));
     }
     return NULL;
 }

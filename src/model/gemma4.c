@@ -24,6 +24,7 @@
 #include "model/gemma4.h"
 #include "model/gemma4_layer.h"
 #include "model/gemma4_layout.h"
+#include "model/kv_cache.h"
 #include "model/qwen3_layer.h" /* ds_load_weight, ds_load_vector */
 
 typedef struct {
@@ -227,7 +228,7 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
         DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
         if (!L->has_kv) continue;
         g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
-        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.cache_rows));
+        DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.cache_rows, c->kv_dtype));
     }
     if (g->ring_size) {
         g->ring_pos = malloc((size_t)g->ring_size * sizeof *g->ring_pos);
@@ -244,6 +245,7 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     DS_TRY(ds_gemma4_layout_read(ck->config, ck->dir, &lay));
     ds_gemma4_config *c = &g->c;
     DS_TRY(ds_gemma4_config_read_as(lay.text, ck->dir, true, lay.unified, c));
+    DS_TRY(ds_kv_dtype_read(ck->config, lay.text, ck->dir, &c->kv_dtype)); /* a wrapper names it at its top */
     ck->name_prefix = lay.prefix;
     t->ops = &gemma4_ops;
     /* The family a drafter checks: the unified wrapper holds the same text model. */
@@ -299,6 +301,7 @@ ds_error *ds_gemma4_kv_row_bytes_of(const cJSON *cfg, const char *where, int64_t
     DS_TRY(ds_gemma4_layout_read(cfg, where, &lay));
     ds_gemma4_config c = {0};
     ds_error *e = ds_gemma4_config_read_as(lay.text, where, true, lay.unified, &c); /* as gemma4_init reads it */
+    if (!e) e = ds_kv_dtype_read(cfg, lay.text, where, &c.kv_dtype);
     if (!e) *out = ds_gemma4_kv_row_bytes(&c), *max_ctx = c.max_pos;
     ds_gemma4_config_free(&c);
     return e;

@@ -9,6 +9,7 @@
 
 #include "io/config.h"
 #include "model/gemma4_layer.h"
+#include "model/kv_cache.h"
 
 static const char *const type_names[DS_G4_N_TYPES] = {"sliding_attention", "full_attention"};
 
@@ -278,6 +279,7 @@ static ds_error *config_read(const cJSON *cfg, const char *where, bool share_kv,
     if (!c->layer_type || !c->kv_source) return ds_errorf("out of memory");
     DS_TRY(read_layer_types(cfg, where, c));
     DS_TRY(kv_sharing(where, c));
+    DS_TRY(ds_kv_dtype_read(cfg, NULL, where, &c->kv_dtype));
     return read_geometry(cfg, where, c);
 }
 

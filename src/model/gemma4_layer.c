@@ -97,10 +97,10 @@ ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n) {
     return NULL;
 }
 
-ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows) {
+ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows, ds_dtype dtype) {
     const int64_t kvd = (int64_t)st->layers[l].n_kv_heads * st->layers[l].head_dim;
-    DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, rows, kvd, &st->k[l]));
-    return be->ops->alloc(be, DS_KV_DTYPE, rows, kvd, &st->v[l]);
+    DS_TRY(be->ops->alloc(be, dtype, rows, kvd, &st->k[l]));
+    return be->ops->alloc(be, dtype, rows, kvd, &st->v[l]);
 }
 
 int64_t ds_gemma4_kv_row_bytes(const ds_gemma4_config *c) {
@@ -110,7 +110,7 @@ int64_t ds_gemma4_kv_row_bytes(const ds_gemma4_config *c) {
     for (int l = 0; l < c->n_layers && bytes <= DS_KV_ROW_BYTES_MAX; l++) {
         if (c->kv_source[l] != l) continue;
         const ds_gemma4_attn_geom *g = &c->geom[c->layer_type[l]];
-        bytes += 2 * (int64_t)g->n_kv_heads * g->head_dim * (int64_t)ds_dtype_size(DS_KV_DTYPE);
+        bytes += 2 * (int64_t)g->n_kv_heads * g->head_dim * (int64_t)ds_dtype_size(c->kv_dtype);
     }
     return bytes > DS_KV_ROW_BYTES_MAX ? DS_KV_ROW_BYTES_MAX + 1 : bytes;
 }

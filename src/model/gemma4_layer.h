@@ -32,6 +32,7 @@ typedef struct {
     ds_gemma4_attn_geom geom[DS_G4_N_TYPES];
     ds_gemma4_type *layer_type; /* [n_layers] */
     int *kv_source;             /* [n_layers]: the layer whose K/V layer l attends to (l unless KV-shared) */
+    ds_dtype kv_dtype;          /* the K/V caches' (model/kv_cache.h); a wrapper's reader sets it from the top level */
 } ds_gemma4_config;
 
 typedef struct {
@@ -58,8 +59,9 @@ typedef struct {
 
 /* Room for n layers (nothing loaded yet). */
 ds_error *ds_gemma4_stack_init(ds_gemma4_stack *st, int n);
-/* Allocates layer l's K and V caches: rows x its n_kv_heads * head_dim. */
-ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows);
+/* Allocates layer l's K and V caches: rows x its n_kv_heads * head_dim, in
+ * dtype (the config's kv_dtype, model/kv_cache.h). */
+ds_error *ds_gemma4_stack_cache(ds_backend *be, ds_gemma4_stack *st, int l, int64_t rows, ds_dtype dtype);
 /* Bytes one position takes in the caches of every layer that has its own
  * K/V, each at full rows: a pool of pages (a single sequence's sliding
  * layers may keep a smaller ring instead). What a KV pool's budget is

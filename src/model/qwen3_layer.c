@@ -65,6 +65,7 @@ ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_con
         return ds_errorf("%s: num_attention_heads %d x head_dim %d is out of range", where, c->n_heads, c->head_dim);
     const char *act = ds_cfg_str(cfg, "hidden_act");
     if (act && strcmp(act, "silu")) return ds_errorf("%s: hidden_act \"%s\" is not supported (silu)", where, act);
+    DS_TRY(ds_kv_dtype_read(cfg, NULL, where, &c->kv_dtype));
     return ds_rope_default_inv_freq(cfg, where, c->head_dim, &c->inv_freq);
 }
 
@@ -148,8 +149,8 @@ ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const cha
     for (int l = 0; l < st->n; l++) {
         snprintf(name, sizeof name, "%s%d.", prefix, l);
         DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->layers[l]));
-        DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, cache_rows, kvd, &st->k[l]));
-        DS_TRY(be->ops->alloc(be, DS_KV_DTYPE, cache_rows, kvd, &st->v[l]));
+        DS_TRY(be->ops->alloc(be, c->kv_dtype, cache_rows, kvd, &st->k[l]));
+        DS_TRY(be->ops->alloc(be, c->kv_dtype, cache_rows, kvd, &st->v[l]));
     }
     return NULL;
 }
@@ -157,7 +158,7 @@ ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const cha
 int64_t ds_qwen3_kv_row_bytes(const ds_qwen3_config *c) {
     /* What ds_qwen3_stack_load allocates a cache row: K and V in every layer
      * (a layer's at most 2^33 bytes: the config reader bounds heads x head_dim). */
-    const int64_t layer = 2 * (int64_t)c->n_kv_heads * c->head_dim * (int64_t)ds_dtype_size(DS_KV_DTYPE);
+    const int64_t layer = 2 * (int64_t)c->n_kv_heads * c->head_dim * (int64_t)ds_dtype_size(c->kv_dtype);
     return c->n_layers > DS_KV_ROW_BYTES_MAX / layer ? DS_KV_ROW_BYTES_MAX + 1 : c->n_layers * layer;
 }
 

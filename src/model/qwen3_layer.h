@@ -11,6 +11,7 @@ typedef struct {
     int vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, inter, max_pos;
     float eps;
     bool attention_bias, tie_embeddings;
+    ds_dtype kv_dtype; /* the K/V caches' (model/kv_cache.h: the model's dtype) */
     float *inv_freq; /* [head_dim/2], malloc'd */
 } ds_qwen3_config;
 

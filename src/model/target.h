@@ -96,7 +96,7 @@ typedef struct {
 ds_error *ds_target_open(ds_backend *be, const char *dir, const ds_target_opts *opts, ds_target **out);
 /* Bytes one cached position takes in the K/V caches the target in dir would
  * allocate as a pool of pages (ds_target_opts.cache_rows), every layer
- * together, in the caches' dtype (kv_cache.h): read from dir's config.json
+ * together, in the model's dtype (kv_cache.h): read from dir's config.json
  * alone, before anything is loaded, so a memory budget can size the pool. */
 ds_error *ds_target_kv_row_bytes(const char *dir, int64_t *out);
 /* The same read, with the context the config allows (max_position_embeddings):

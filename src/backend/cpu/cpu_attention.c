@@ -1,6 +1,8 @@
 /* Attention over a KV cache on the CPU: scores and softmax in fp32, keys
  * visited in position order, every (query row, head) computed on its own,
- * so the result for a row never depends on the other rows of the call. */
+ * so the result for a row never depends on the other rows of the call.
+ * A bf16 / f16 cache (the model's dtype, model/kv_cache.h) is widened to
+ * fp32 a block of keys at a time; the arithmetic is then the fp32 cache's. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -74,10 +76,29 @@ typedef struct {
     int64_t m;      /* its query row (for a paged cache's row of key jj) */
 } query;
 
-static inline const float *key_row(const ds_tensor *t, const ds_attn_params *p, const query *qq, int64_t jj,
-                                   int64_t col) {
+/* Key jj's row of query qq's sequence in cache t, from column col. */
+static inline const char *key_row(const ds_tensor *t, const ds_attn_params *p, const query *qq, int64_t jj,
+                                  int64_t col) {
     const int64_t row = p->pages ? ds_kv_page_row(p->pages, qq->m, jj) : p->ring_size > 0 ? jj % p->ring_size : jj;
-    return (const float *)t->data + row * t->stride + col;
+    return (const char *)t->data + (size_t)(row * t->stride + col) * ds_dtype_size(t->dtype);
+}
+
+/* out[jj - a] = keys [a, b)'s rows of t (query qq's), n columns from col,
+ * as fp32: an fp32 cache's own rows; a bf16 / f16 cache's widened into buf
+ * (n floats a key; exact, so the sums below see the values a fp32 cache
+ * holding the rounded keys gives), unless !fill: buf holds them already
+ * (the same row and block for the previous query). */
+static inline void kv_rows(const ds_tensor *t, const ds_attn_params *p, const query *qq, int64_t a, int64_t b,
+                           int64_t col, int n, float *buf, bool fill, const float **out) {
+    for (int64_t jj = a; jj < b; jj++) {
+        if (t->dtype == DS_F32) {
+            out[jj - a] = (const float *)(const void *)key_row(t, p, qq, jj, col);
+            continue;
+        }
+        float *w = buf + (jj - a) * n;
+        if (fill) ds_to_f32(t->dtype, key_row(t, p, qq, jj, col), w, (size_t)n);
+        out[jj - a] = w;
+    }
 }
 
 /* Items are (KV head, block of rows): the item's queries are every head of
@@ -94,6 +115,12 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
     const int64_t M = j->q.rows, nkeys = p->n_keys > 0 ? p->n_keys : 1;
     float *scratch = ds_cpu_scratch(j->be, "attention", tid, DS_SCRATCH_SCORES, (size_t)(rows_per * group * nkeys));
     if (!scratch) return; /* recorded: check() reports it */
+    /* bf16 / f16 caches: a block of keys (or of 64 value columns) widened, for the queries of one row */
+    const bool wide = j->k.dtype != DS_F32 || j->v.dtype != DS_F32;
+    float *kvbuf = wide ? ds_cpu_scratch(j->be, "attention", tid, DS_SCRATCH_KV,
+                                         (size_t)KEY_BLOCK * (size_t)(D > 64 ? D : 64))
+                        : NULL;
+    if (wide && !kvbuf) return; /* recorded: check() reports it */
     query local[UNIT_QUERIES], *qs = local;
     if (rows_per * group > UNIT_QUERIES && !(qs = malloc((size_t)(rows_per * group) * sizeof *qs))) {
         ds_cpu_fail(j->be, "attention", "out of memory for %d queries", rows_per * group);
@@ -122,19 +149,22 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
                 if (qq->lo < kmin) kmin = qq->lo;
                 if (qq->hi > kmax) kmax = qq->hi;
             }
-        /* scores, a block of keys at a time for all queries */
-        for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK)
+        /* scores, a block of keys at a time for all queries (a row's heads
+         * are consecutive queries with the same keys: widened once for them) */
+        for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK) {
+            int64_t held = -1; /* the row whose keys of this block kvbuf holds */
             for (int qi = 0; qi < nq; qi++) {
                 query *qq = &qs[qi];
                 const int64_t a = qq->lo > kb ? qq->lo : kb, b = qq->hi < kb + KEY_BLOCK ? qq->hi : kb + KEY_BLOCK;
+                if (a >= b) continue;
+                const float *kr[KEY_BLOCK];
+                kv_rows(&j->k, p, qq, a, b, (int64_t)kvh * D, D, kvbuf, qq->m != held, kr);
+                held = qq->m;
                 int64_t jj = a;
-                for (; jj + 8 <= b; jj += 8) {
-                    const float *kv[8];
-                    for (int t = 0; t < 8; t++) kv[t] = key_row(&j->k, p, qq, jj + t, (int64_t)kvh * D);
-                    dot8(qq->q, kv, D, qq->sc + (jj - qq->lo));
-                }
-                for (; jj < b; jj++) qq->sc[jj - qq->lo] = dot(qq->q, key_row(&j->k, p, qq, jj, (int64_t)kvh * D), D);
+                for (; jj + 8 <= b; jj += 8) dot8(qq->q, kr + (jj - a), D, qq->sc + (jj - qq->lo));
+                for (; jj < b; jj++) qq->sc[jj - qq->lo] = dot(qq->q, kr[jj - a], D);
             }
+        }
         /* softmax per query */
         for (int qi = 0; qi < nq; qi++) {
             float *sc = qs[qi].sc;
@@ -160,26 +190,33 @@ static void attn_chunk(void *ctx, int64_t i0, int64_t i1, int tid) {
          * blocks (exact: a float stored and loaded is the same float). */
         int d0 = 0;
         for (; d0 + 64 <= Dv; d0 += 64)
-            for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK)
+            for (int64_t kb = kmin; kb < kmax; kb += KEY_BLOCK) {
+                int64_t held = -1;
                 for (int qi = 0; qi < nq; qi++) {
                     query *qq = &qs[qi];
                     const int64_t a = qq->lo > kb ? qq->lo : kb, b = qq->hi < kb + KEY_BLOCK ? qq->hi : kb + KEY_BLOCK;
                     if (a >= b) continue;
+                    const float *vr[KEY_BLOCK];
+                    kv_rows(&j->v, p, qq, a, b, (int64_t)kvh * Dv + d0, 64, kvbuf, qq->m != held, vr);
+                    held = qq->m;
                     v8f acc[8];
                     for (int t = 0; t < 8; t++) acc[t] = *(const v8f *)(qq->o + d0 + 8 * t);
                     for (int64_t jj = a; jj < b; jj++) {
-                        const float *vv = key_row(&j->v, p, qq, jj, (int64_t)kvh * Dv + d0);
+                        const float *vv = vr[jj - a];
                         const float w = qq->sc[jj - qq->lo];
                         const v8f wv = {w, w, w, w, w, w, w, w};
                         for (int t = 0; t < 8; t++) acc[t] += wv * *(const v8f *)(vv + 8 * t);
                     }
                     for (int t = 0; t < 8; t++) *(v8f *)(qq->o + d0 + 8 * t) = acc[t];
                 }
+            }
         if (d0 < Dv)
             for (int qi = 0; qi < nq; qi++)
-                for (int64_t jj = qs[qi].lo; jj < qs[qi].hi; jj++)
-                    axpy(qs[qi].o + d0, qs[qi].sc[jj - qs[qi].lo], key_row(&j->v, p, &qs[qi], jj, (int64_t)kvh * Dv + d0),
-                         Dv - d0);
+                for (int64_t jj = qs[qi].lo; jj < qs[qi].hi; jj++) {
+                    const float *vv;
+                    kv_rows(&j->v, p, &qs[qi], jj, jj + 1, (int64_t)kvh * Dv + d0, Dv - d0, kvbuf, true, &vv);
+                    axpy(qs[qi].o + d0, qs[qi].sc[jj - qs[qi].lo], vv, Dv - d0);
+                }
     }
     if (qs != local) free(qs);
 }

@@ -61,9 +61,27 @@ static void cpu_download(ds_backend *be, ds_tensor src, float *dst) {
         memcpy(dst + r * src.cols, (const float *)src.data + r * src.stride, (size_t)src.cols * 4);
 }
 
+/* Same dtypes: the bytes. fp32 into a bf16 / f16 tensor (a K/V cache in
+ * the model's dtype, model/kv_cache.h): each element rounded to nearest
+ * even, as ds_f32_to_bf16 / ds_f32_to_f16; bf16 / f16 into fp32: widened
+ * (exact). Element by element either way, so a row's values never depend
+ * on the rows copied with it. */
 static void cpu_copy(ds_backend *be, ds_tensor dst, ds_tensor src) {
-    for (int64_t r = 0; r < dst.rows; r++)
-        memmove((float *)dst.data + r * dst.stride, (const float *)src.data + r * src.stride, (size_t)dst.cols * 4);
+    const size_t ds = ds_dtype_size(dst.dtype), ss = ds_dtype_size(src.dtype), n = (size_t)dst.cols;
+    for (int64_t r = 0; r < dst.rows; r++) {
+        char *d = (char *)dst.data + (size_t)(r * dst.stride) * ds;
+        const char *s = (const char *)src.data + (size_t)(r * src.stride) * ss;
+        if (dst.dtype == src.dtype) memmove(d, s, n * ds);
+        else if (src.dtype != DS_F32) ds_to_f32(src.dtype, s, (float *)(void *)d, n);
+        else {
+            uint16_t *h = (uint16_t *)(void *)d;
+            const float *f = (const float *)(const void *)s;
+            if (dst.dtype == DS_BF16)
+                for (size_t c = 0; c < n; c++) h[c] = ds_f32_to_bf16(f[c]);
+            else
+                for (size_t c = 0; c < n; c++) h[c] = ds_f32_to_f16(f[c]);
+        }
+    }
 }
 
 static void cpu_embed(ds_backend *be, ds_tensor out, ds_tensor table, const int32_t *ids, float scale) {

@@ -11,7 +11,7 @@
 #define DS_CPU_MAX_THREADS 64
 
 /* Per-thread scratch slots, grown on demand by the thread that owns the tid. */
-enum { DS_SCRATCH_WEIGHTS, DS_SCRATCH_SCORES, DS_SCRATCH_NORM, DS_SCRATCH_SLOTS };
+enum { DS_SCRATCH_WEIGHTS, DS_SCRATCH_SCORES, DS_SCRATCH_NORM, DS_SCRATCH_KV, DS_SCRATCH_SLOTS };
 
 /* Narrow-matmul weight panels (cpu_panel.c): DS_PANEL output features per
  * panel, k-major. */
