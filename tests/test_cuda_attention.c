@@ -496,5 +496,79 @@ static void test_paged_bad_table(void) {
     release(&q), release(&k), release(&v), release(&out);
 }
 
+/* A pair of dt tensors holding pair src's values rounded (the copy op: copy_cast_kernel on the GPU). */
+static pair cache_of(ds_dtype dt, const pair *src) {
+    pair c = {ds_no_tensor(), ds_no_tensor(), NULL};
+    ds_error *e = gpu->ops->alloc(gpu, dt, src->g.rows, src->g.cols, &c.g);
+    if (!e) e = cpu->ops->alloc(cpu, dt, src->c.rows, src->c.cols, &c.c);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    gpu->ops->copy(gpu, c.g, src->g);
+    cpu->ops->copy(cpu, c.c, src->c);
+    return c;
+}
+
+/* K/V caches in bf16 / f16 (the model's dtype, model/kv_cache.h): the copy
+ * op's rounding into them equals the CPU's bit for bit (and back out);
+ * attention over them (the chunk kernel and the tiled prefill kernel with
+ * KB = 2, contiguous and paged) against the CPU's within 2e-5; the q/k norm
+ * + RoPE + store into them (rmsnorm_rope_kernel's 16-bit stores; the fused
+ * launch is fp32-only, so the two ops run) against the CPU's, the caches
+ * after it within one rounding step. */
+static void test_kv_dtype_caches(void) {
+    static const struct {
+        int H, KVH, D, p0, M, window, ring, paged;
+    } cases[] = {
+        {8, 2, 128, 300, 1, 0, 0, 0},  /* decode across chunks of 256 */
+        {8, 2, 128, 60, 8, 0, 0, 0},   /* verify */
+        {4, 2, 64, 0, 40, 0, 0, 0},    /* prefill: the tiled kernel */
+        {4, 2, 256, 50, 3, 16, 24, 0}, /* sliding window over a ring */
+        {4, 2, 64, 37, 4, 0, 0, 1},    /* paged, decode / verify rows */
+        {4, 2, 64, 0, 40, 0, 0, 1},    /* paged prefill run */
+    };
+    const ds_dtype dts[2] = {DS_BF16, DS_F16};
+    for (int t = 0; t < 2; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            const int H = cases[i].H, KVH = cases[i].KVH, D = cases[i].D, M = cases[i].M, n = cases[i].p0 + M;
+            const int ring = cases[i].ring, rows = ring ? ring : (n + 15) / 16 * 16;
+            char what[128];
+            snprintf(what, sizeof what, "%s cache, D=%d, %d rows at %d%s%s", ds_dtype_name(dts[t]), D, M,
+                     cases[i].p0, ring ? ", ring" : "", cases[i].paged ? ", paged" : "");
+            pair k32 = act_rand(rows, (int64_t)KVH * D, 1.0f), v32 = act_rand(rows, (int64_t)KVH * D, 1.0f);
+            pair kc = cache_of(dts[t], &k32), vc = cache_of(dts[t], &v32);
+            pair back = act(rows, (int64_t)KVH * D, NULL);
+            gpu->ops->copy(gpu, back.g, kc.g);
+            cpu->ops->copy(cpu, back.c, kc.c);
+            compare(back.g, back.c, 0.0, what); /* the same rounding, bit for bit */
+            pair q = act_rand(M, (int64_t)H * D, 1.0f), out = act(M, (int64_t)H * D, NULL);
+            int32_t pos[64], table[64], rt[64];
+            const int pages = rows / 16;
+            for (int j = 0; j < M; j++) pos[j] = cases[i].p0 + j, rt[j] = 0;
+            for (int j = 0; j < pages; j++) table[j] = pages - 1 - j;
+            const ds_kv_pages pg = {.page_rows = 16, .table = table, .row_table = rt};
+            ds_attn_params p = {.n_heads = H, .n_kv_heads = KVH, .head_dim = D, .v_head_dim = D, .n_keys = n,
+                                .causal = true, .window = cases[i].window, .ring_size = ring,
+                                .scale = 1.0f / sqrtf((float)D), .q_pos = pos, .pages = cases[i].paged ? &pg : NULL};
+            gpu->ops->attention(gpu, out.g, q.g, kc.g, vc.g, &p);
+            cpu->ops->attention(cpu, out.c, q.c, kc.c, vc.c, &p);
+            compare(out.g, out.c, 2e-5, what);
+            if (!ring) { /* the step's K/V normed, rotated and stored into the 16-bit caches, then attended */
+                pair k = act_rand(M, (int64_t)KVH * D, 1.0f), v = act_rand(M, (int64_t)KVH * D, 1.0f);
+                pair qw = weight(DS_BF16, 1, D), kw = weight(DS_BF16, 1, D);
+                float *inv = rand_vec((size_t)D / 2, 0.5f);
+                ds_qk_norm_rope_attention(gpu, out.g, q.g, qw.g, k.g, kw.g, v.g, kc.g, vc.g, D, 1e-6f, inv, &p);
+                ds_qk_norm_rope_attention(cpu, out.c, q.c, qw.c, k.c, kw.c, v.c, kc.c, vc.c, D, 1e-6f, inv, &p);
+                compare(out.g, out.c, 2e-5, what);
+                gpu->ops->copy(gpu, back.g, kc.g);
+                cpu->ops->copy(cpu, back.c, kc.c);
+                compare(back.g, back.c, dts[t] == DS_BF16 ? 1e-2 : 2e-3, what); /* a rounding step apart at most */
+                free(inv);
+                release(&k), release(&v), release(&qw), release(&kw);
+            }
+            check_gpu_ok(what);
+            release(&k32), release(&v32), release(&kc), release(&vc), release(&back), release(&q), release(&out);
+        }
+}
+
 RUN_CUDA_TESTS("cuda_attention", test_attention, test_norm_rope_attention, test_paged_attention,
-               test_paged_norm_rope_attention, test_paged_bad_table)
+               test_paged_norm_rope_attention, test_paged_bad_table, test_kv_dtype_caches)

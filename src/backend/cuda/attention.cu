@@ -32,7 +32,13 @@
  * from. A block looks its chunk's rows up in the page table once (one row a
  * thread, into shared memory) before its first key; the scores, the order
  * of every sum and the merges are the contiguous kernel's, so a paged row
- * gets the bits it gets from a contiguous cache holding the same keys. */
+ * gets the bits it gets from a contiguous cache holding the same keys.
+ *
+ * K/V caches in bf16 / f16 (the model's dtype, model/kv_cache.h): the chunk
+ * kernel instantiated with KB = 2 widens each element as it loads it (8-byte
+ * loads where fp32 takes 16), then computes exactly as over an fp32 cache
+ * holding those values. The fused launch stays fp32-only: a 16-bit cache
+ * takes the two ops (the store kernel, then this one). */
 #include <math.h>
 #include <string.h>
 
@@ -84,6 +90,7 @@ typedef struct {
     int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
     const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
     int vec;     /* q, k, v rows (and a fused launch's fresh v rows) 16-byte aligned: vector loads */
+    int kvf16;   /* 16-bit caches (KB = 2) hold f16, not bf16 (model/kv_cache.h) */
     unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
 } att_geo;
 
@@ -135,10 +142,33 @@ __device__ __forceinline__ void load_lane_row(const float *r, bool ok, int lim, 
     }
 }
 
+/* load_lane_row from a bf16 / f16 cache row (f16: f16), each element
+ * widened to fp32 (exact): the values an fp32 cache holding them gives.
+ * vec: 8-byte loads (the rows that allow fp32's 16-byte loads allow them). */
+template <int L, int NPL>
+__device__ __forceinline__ void load_lane_row16(const uint16_t *r, bool ok, int lim, int li, bool vec, bool f16,
+                                                float e[NPL]) {
+#pragma unroll
+    for (int c = 0; c < NPL / 4; c++) {
+        const int d0 = lane_dim<L>(li, 4 * c);
+        uint32_t u[4];
+        if (vec) {
+            const uint2 x = ok && d0 < lim ? *(const uint2 *)(r + d0) : make_uint2(0u, 0u);
+            u[0] = x.x & 0xffffu, u[1] = x.x >> 16, u[2] = x.y & 0xffffu, u[3] = x.y >> 16;
+        } else {
+#pragma unroll
+            for (int v = 0; v < 4; v++) u[v] = ok && d0 + v < lim ? r[d0 + v] : 0u;
+        }
+#pragma unroll
+        for (int v = 0; v < 4; v++) e[4 * c + v] = ds_cu_from16(u[v], f16);
+    }
+}
+
 /* Key j's (zeros past j1) elements of kv head kvh in lane_dim order. FRESH:
  * keys from position f0 on are the step's, normed and rotated in fk, their
- * values in QKV's output. PAGED: key j's cache row is srow[j - j0]. */
-template <int L, int NPL, bool FRESH, bool PAGED = false>
+ * values in QKV's output. PAGED: key j's cache row is srow[j - j0]. KB: the
+ * caches' element bytes (4: fp32; 2: bf16 / f16, widened as read). */
+template <int L, int NPL, bool FRESH, bool PAGED = false, int KB = 4>
 __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh, int li, float kv[NPL],
                                         float vv[NPL], const fresh_arg &fa, int f0,
                                         const float (*fk)[ATT_FRESH_DIM], const int32_t *srow = nullptr,
@@ -150,6 +180,12 @@ __device__ __forceinline__ void load_kv(const att_geo &g, int j, int j1, int kvh
         return;
     }
     const int64_t row = PAGED ? (valid ? (int64_t)srow[j - j0] : 0) : g.ring > 0 ? j % g.ring : j;
+    if constexpr (KB == 2) {
+        const uint16_t *k16 = (const uint16_t *)(const void *)g.k, *v16 = (const uint16_t *)(const void *)g.v;
+        load_lane_row16<L, NPL>(k16 + row * g.ks + (int64_t)kvh * g.D, valid, g.D, li, g.vec, g.kvf16, kv);
+        load_lane_row16<L, NPL>(v16 + row * g.vs + (int64_t)kvh * g.Dv, valid, g.Dv, li, g.vec, g.kvf16, vv);
+        return;
+    }
     load_lane_row<L, NPL>(g.k + row * g.ks + (int64_t)kvh * g.D, valid, g.D, li, g.vec, kv);
     load_lane_row<L, NPL>(g.v + row * g.vs + (int64_t)kvh * g.Dv, valid, g.Dv, li, g.vec, vv);
 }
@@ -318,10 +354,11 @@ __device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s
  * and value is loaded once for the R heads, which a block per head would
  * each load again (verify of 8 rows at GQA 4 read every key 32 times).
  * Every head's arithmetic is the same, in the same order, as with R = 1. */
-template <int L, int NPL, int R, bool FRESH, int A = 1, bool PAGED = false>
+template <int L, int NPL, int R, bool FRESH, int A = 1, bool PAGED = false, int KB = 4>
 __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_arg pa, fresh_arg fa,
                                                                  page_arg<PAGED> pg) {
     static_assert(!(FRESH && PAGED), "the fused step stores into a contiguous cache");
+    static_assert(!(FRESH && KB != 4), "the fused step stores into an fp32 cache (16-bit ones take the two ops)");
     /* The next kernel (o_proj) is let in only once this block has its keys:
      * scheduled at the wait, its blocks' weight streams took HBM from these
      * latency-bound key loads (the AR step ~2 % slower at the Qwen3-8B shape). */
@@ -390,19 +427,20 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
         for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
     }
-    if (!early) load_kv<L, NPL, FRESH, PAGED>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk, srow, j0);
+    if (!early) load_kv<L, NPL, FRESH, PAGED, KB>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk, srow, j0);
     /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
      * registers; decode at prompt 64 is three groups of keys, each a round
      * trip to memory when one ahead). */
     float k2[A > 1 ? NPL : 1], v2[A > 1 ? NPL : 1];
-    if constexpr (A > 1) load_kv<L, NPL, FRESH, PAGED>(g, j0 + grp + G, j1, kvh, li, k2, v2, fa, f0, s_fk, srow, j0);
+    if constexpr (A > 1)
+        load_kv<L, NPL, FRESH, PAGED, KB>(g, j0 + grp + G, j1, kvh, li, k2, v2, fa, f0, s_fk, srow, j0);
     att_stamp(g, RT_FIRST);
     /* Every lane runs the same trip count (the shuffles need the whole warp). */
     for (int jb = j0; jb < j1; jb += G) {
         const int j = jb + grp;
         const bool valid = j < j1;
         float kn[NPL], vn[NPL];
-        load_kv<L, NPL, FRESH, PAGED>(g, j + A * G, j1, kvh, li, kn, vn, fa, f0, s_fk, srow, j0);
+        load_kv<L, NPL, FRESH, PAGED, KB>(g, j + A * G, j1, kvh, li, kn, vn, fa, f0, s_fk, srow, j0);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float s = 0.0f;
@@ -520,12 +558,18 @@ static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
 
 /* The chunk kernel for heads up to 128 with R heads a block (1, 2 or 4),
  * fused or not (never both fused and paged); ahead2 (R = 1): keys two
- * groups ahead. */
-template <int L, int NPL, bool P>
+ * groups ahead. KB: the caches' element bytes (2: bf16 / f16 caches, never
+ * fused). */
+template <int L, int NPL, bool P, int KB>
 static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, bool ahead2, const att_geo &g,
                           const pos_arg &pa, const fresh_arg &f, const page_arg<P> &pg) {
     const cudaStream_t s = cb->stream;
-    if constexpr (!P) {
+    if constexpr (KB == 2) {
+        if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2, P, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, false, 1, P, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else if (R == 2) ds_cu_launch(attn_chunk_kernel<L, NPL, 2, false, 1, P, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+        else ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 1, P, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
+    } else if constexpr (!P) {
         if (ahead2 && fresh) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, true, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
         else if (ahead2) ds_cu_launch(attn_chunk_kernel<L, NPL, 1, false, 2>, grid, ATT_THREADS, s, g, pa, f, pg);
         else if (fresh && R == 4) ds_cu_launch(attn_chunk_kernel<L, NPL, 4, true>, grid, ATT_THREADS, s, g, pa, f, pg);
@@ -544,15 +588,16 @@ static void launch_chunks(ds_cuda_backend *cb, dim3 grid, int R, bool fresh, boo
 
 /* The chunk kernel for the head size (the lanes a key and the elements a
  * lane depend on it alone: rows stay invariant). */
-template <bool P>
+template <bool P, int KB>
 static void launch_for_heads(ds_cuda_backend *cb, int dmax, dim3 grid, int R, bool fresh, bool ahead2,
                              const att_geo &g, const pos_arg &pa, const fresh_arg &f, const page_arg<P> &pg) {
     const cudaStream_t s = cb->stream;
-    if (dmax <= 32) launch_chunks<4, 8, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
-    else if (dmax <= 64) launch_chunks<4, 16, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
-    else if (dmax <= 128) launch_chunks<8, 16, P>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
-    else if (dmax <= 256) ds_cu_launch(attn_chunk_kernel<16, 16, 1, false, 1, P>, grid, ATT_THREADS, s, g, pa, f, pg);
-    else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false, 1, P>, grid, ATT_THREADS, s, g, pa, f, pg);
+    if (dmax <= 32) launch_chunks<4, 8, P, KB>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 64) launch_chunks<4, 16, P, KB>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 128) launch_chunks<8, 16, P, KB>(cb, grid, R, fresh, ahead2, g, pa, f, pg);
+    else if (dmax <= 256)
+        ds_cu_launch(attn_chunk_kernel<16, 16, 1, false, 1, P, KB>, grid, ATT_THREADS, s, g, pa, f, pg);
+    else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false, 1, P, KB>, grid, ATT_THREADS, s, g, pa, f, pg);
 }
 
 /* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
@@ -571,7 +616,15 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         ds_cu_fail(cb, "attention", "head sizes %d / %d (1..512 supported)", p->head_dim, p->v_head_dim);
         return;
     }
+    /* The caches' dtype (model/kv_cache.h): fp32, or bf16 / f16 widened as read (KB 2; never fused). */
+    if (!ds_cu_kv_dtype_ok(k.dtype) || v.dtype != k.dtype || (fa && k.dtype != DS_F32)) {
+        ds_cu_fail(cb, "attention", "K/V caches of %s / %s (one of fp32, bf16, f16; fp32 when fused)",
+                   ds_dtype_name(k.dtype), ds_dtype_name(v.dtype));
+        return;
+    }
+    const int kb = k.dtype == DS_F32 ? 4 : 2;
     att_geo g = {};
+    g.kvf16 = k.dtype == DS_F16;
     g.q = (const float *)q.data;
     g.k = (const float *)k.data;
     g.v = (const float *)v.data;
@@ -671,9 +724,12 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
             pg.tab = pages->tab;
             pg.page_rows = pages->page_rows;
             for (int i = 0; i < n; i++) pg.base[i] = pages->base[r0 + i];
-            launch_for_heads<true>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+            if (kb == 2) launch_for_heads<true, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+            else launch_for_heads<true, 4>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+        } else if (kb == 2) {
+            launch_for_heads<false, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, page_arg<false>{});
         } else {
-            launch_for_heads<false>(cb, dmax, grid, R, fa != NULL, ahead2, g, pa, f, page_arg<false>{});
+            launch_for_heads<false, 4>(cb, dmax, grid, R, fa != NULL, ahead2, g, pa, f, page_arg<false>{});
         }
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {

@@ -207,15 +207,21 @@ typedef struct {
 } store_rows;
 
 /* Row i of k and of v (blockIdx.y 0 and 1) to cache row dst.row[i]: a copy, the bits the row copies of
- * ds_store_rows_paged leave. */
+ * ds_store_rows_paged leave; into bf16 / f16 caches (cdt, model/kv_cache.h) each value rounded as the copy op
+ * rounds it (ds_cu_to16). */
 __global__ void paged_store_kernel(const float *k, int64_t ks, const float *v, int64_t vs, float *kc, int64_t kcs,
-                                   float *vc, int64_t vcs, int kcols, int vcols, store_rows dst) {
+                                   float *vc, int64_t vcs, int kcols, int vcols, store_rows dst, int cdt) {
     ds_cu_grid_wait();
     const int i = blockIdx.x;
     const bool val = blockIdx.y == 1;
     const float *src = val ? v + i * vs : k + i * ks;
-    float *d = val ? vc + dst.row[i] * vcs : kc + dst.row[i] * kcs;
     const int n = val ? vcols : kcols;
+    if (cdt != DS_F32) {
+        uint16_t *d16 = val ? (uint16_t *)(void *)vc + dst.row[i] * vcs : (uint16_t *)(void *)kc + dst.row[i] * kcs;
+        for (int c = threadIdx.x; c < n; c += blockDim.x) d16[c] = ds_cu_to16(src[c], cdt == DS_F16);
+        return;
+    }
+    float *d = val ? vc + dst.row[i] * vcs : kc + dst.row[i] * kcs;
     for (int c = threadIdx.x; c < n; c += blockDim.x) d[c] = src[c];
 }
 
@@ -224,8 +230,10 @@ static void store_paged(ds_cuda_backend *cb, ds_tensor k, ds_tensor v, ds_tensor
                         const ds_kv_pages *pg) {
     const char *op = "qk_norm_rope_attention";
     if (k.rows != v.rows || k.cols != kc.cols || v.cols != vc.cols || k.dtype != DS_F32 || v.dtype != DS_F32 ||
-        kc.dtype != DS_F32 || vc.dtype != DS_F32) {
-        ds_cu_fail(cb, op, "K/V rows [%lld, %lld] / [%lld, %lld] do not match their caches' [%lld] / [%lld] (fp32)",
+        !ds_cu_kv_dtype_ok(kc.dtype) || vc.dtype != kc.dtype) {
+        ds_cu_fail(cb, op,
+                   "K/V rows [%lld, %lld] / [%lld, %lld] do not match their caches' [%lld] / [%lld] (fp32 rows; "
+                   "caches of one dtype, fp32 / bf16 / f16)",
                    (long long)k.rows, (long long)k.cols, (long long)v.rows, (long long)v.cols, (long long)kc.cols,
                    (long long)vc.cols);
         return;
@@ -249,7 +257,7 @@ static void store_paged(ds_cuda_backend *cb, ds_tensor k, ds_tensor v, ds_tensor
         }
         ds_cu_launch(paged_store_kernel, dim3((unsigned)n, 2), 128, cb->stream, (const float *)k.data + r0 * k.stride,
                      k.stride, (const float *)v.data + r0 * v.stride, v.stride, (float *)kc.data, kc.stride,
-                     (float *)vc.data, vc.stride, (int)k.cols, (int)v.cols, dst);
+                     (float *)vc.data, vc.stride, (int)k.cols, (int)v.cols, dst, (int)kc.dtype);
         if (!ds_cu_launched(cb, op)) return;
     }
 }

@@ -22,6 +22,10 @@
  * between a verify (up to DS_CU_NARROW_M rows) and decode, which both run
  * attention.cu (DS_CU_PREFILL_ROWS).
  *
+ * bf16 / f16 caches (the model's dtype, model/kv_cache.h): KB = 2 widens
+ * each key and value as a tile is brought into shared memory; the rest is
+ * the fp32 kernel's arithmetic.
+ *
  * Paged caches (one sequence's run of rows, attention_paged.cu): PAGED
  * looks each tile's key rows up in the page table (thread i < KT: key
  * k0 + i, into shared memory, the next tile's requested while this one
@@ -45,7 +49,15 @@ typedef struct {
     float scale;
     const int32_t *tab; /* paged: the device page table, the rows' list start in it, rows a page */
     int tbase, page_rows;
+    int kvf16; /* KB = 2: the caches hold f16, not bf16 */
 } pa_geo;
+
+/* Element i of a cache row as fp32: KB 4, an fp32 cache's; KB 2, a bf16 / f16 one's widened (exact). */
+template <int KB>
+__device__ __forceinline__ float pa_kv(const float *base, int64_t i, bool f16) {
+    if constexpr (KB == 4) return base[i];
+    else return ds_cu_from16(((const uint16_t *)(const void *)base)[i], f16);
+}
 
 /* Row m's keys [lo, hi) (its position pos0 + m). */
 __device__ __forceinline__ void pa_range(const pa_geo &g, int m, int *lo, int *hi) {
@@ -71,7 +83,7 @@ static size_t pa_smem_bytes(int D, int Dv) {
     return (size_t)(QT * (D + 1) + KT * (D + 1) + KT * Dv + QT * (KT + 1)) * sizeof(float);
 }
 
-template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED>
+template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED, int KB = 4>
 __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
     static_assert((QT / RPT) * LANES == PA_THREADS && LANES <= 32 && KT % LANES == 0 && DMAX % LANES == 0, "tiling");
     ds_cu_grid_wait();
@@ -131,12 +143,12 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
         for (int e = threadIdx.x; e < KT * g.D; e += PA_THREADS) {
             const int i = e / g.D, d = e % g.D, j = k0 + i;
             const int64_t row = PAGED ? s_rows[i] : g.ring > 0 ? j % g.ring : j;
-            sk[i * kstr + d] = j < span_hi ? g.k[row * g.ks + (int64_t)kvh * g.D + d] : 0.0f;
+            sk[i * kstr + d] = j < span_hi ? pa_kv<KB>(g.k, row * g.ks + (int64_t)kvh * g.D + d, g.kvf16) : 0.0f;
         }
         for (int e = threadIdx.x; e < KT * g.Dv; e += PA_THREADS) {
             const int i = e / g.Dv, d = e % g.Dv, j = k0 + i;
             const int64_t row = PAGED ? s_rows[i] : g.ring > 0 ? j % g.ring : j;
-            sv[i * g.Dv + d] = j < span_hi ? g.v[row * g.vs + (int64_t)kvh * g.Dv + d] : 0.0f;
+            sv[i * g.Dv + d] = j < span_hi ? pa_kv<KB>(g.v, row * g.vs + (int64_t)kvh * g.Dv + d, g.kvf16) : 0.0f;
         }
         __syncthreads();
         /* Scores: rows RPT rg + a, keys c + LANES b. */
@@ -219,9 +231,9 @@ __global__ void __launch_bounds__(PA_THREADS) attn_prefill_kernel(pa_geo g) {
 }
 
 /* One tiling's launch (its shared memory allowed once per instantiation). */
-template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED>
+template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED, int KB = 4>
 static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
-    auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX, PAGED>;
+    auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX, PAGED, KB>;
     const size_t smem = pa_smem_bytes<QT, KT>(g.D, g.Dv);
     static size_t allowed = 0;
     if (smem > allowed) {
@@ -244,8 +256,8 @@ bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor
     const int64_t M = q.rows;
     if (M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
         p->v_head_dim > PA_DMAX || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads ||
-        M > INT32_MAX / 2)
-        return false;
+        M > INT32_MAX / 2 || !ds_cu_kv_dtype_ok(k.dtype) || v.dtype != k.dtype)
+        return false; /* (other cache dtypes: the chunk kernel names them) */
     if (!ds_cu_consecutive(p->q_pos, M)) return false; /* row m at pos0 + m */
     pa_geo g = {};
     g.q = (const float *)q.data, g.k = (const float *)k.data, g.v = (const float *)v.data;
@@ -255,8 +267,16 @@ bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor
     g.D = p->head_dim, g.Dv = p->v_head_dim, g.n_keys = p->n_keys, g.causal = p->causal;
     g.window = p->window, g.ring = p->ring_size, g.pos0 = p->q_pos[0], g.scale = p->scale;
     const int dmax = g.D > g.Dv ? g.D : g.Dv;
-    if (pg) {
-        g.tab = pg->tab, g.tbase = pg->base[0], g.page_rows = pg->page_rows, g.ring = 0;
+    g.kvf16 = k.dtype == DS_F16;
+    if (pg) g.tab = pg->tab, g.tbase = pg->base[0], g.page_rows = pg->page_rows, g.ring = 0;
+    if (k.dtype != DS_F32) { /* bf16 / f16 caches (model/kv_cache.h), widened into shared memory */
+        if (pg && dmax <= 128) pa_launch<64, 4, 16, 64, 128, true, 2>(cb, g);
+        else if (pg && dmax <= 256) pa_launch<32, 4, 32, 64, 256, true, 2>(cb, g);
+        else if (pg) pa_launch<16, 2, 32, 32, 512, true, 2>(cb, g);
+        else if (dmax <= 128) pa_launch<64, 4, 16, 64, 128, false, 2>(cb, g);
+        else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256, false, 2>(cb, g);
+        else pa_launch<16, 2, 32, 32, 512, false, 2>(cb, g);
+    } else if (pg) {
         if (dmax <= 128) pa_launch<64, 4, 16, 64, 128, true>(cb, g);
         else if (dmax <= 256) pa_launch<32, 4, 32, 64, 256, true>(cb, g);
         else pa_launch<16, 2, 32, 32, 512, true>(cb, g);

@@ -197,6 +197,22 @@ __device__ __forceinline__ float ds_cu_widen(uint32_t bits, int dtype) {
     return __uint_as_float(bits);
 }
 
+/* K/V caches in the model's dtype (model/kv_cache.h): fp32, bf16 or f16.
+ * ds_cu_to16 rounds an fp32 value to nearest even in the 16-bit one
+ * (ds_f32_to_bf16 / ds_f32_to_f16 bit for bit, NaN kept a NaN), ds_cu_from16
+ * widens its bits back (exact); ds_cu_kv_dtype_ok: a dtype a cache may have. */
+__device__ __forceinline__ uint16_t ds_cu_to16(float f, bool f16) {
+    if (f16) return __half_as_ushort(__float2half_rn(f));
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ float ds_cu_from16(uint32_t bits, bool f16) {
+    return f16 ? __half2float(__ushort_as_half((unsigned short)bits)) : __uint_as_float(bits << 16);
+}
+static inline bool ds_cu_kv_dtype_ok(ds_dtype dt) { return dt == DS_F32 || dt == DS_BF16 || dt == DS_F16; }
+
 /* Element i of a fp32 / bf16 / f16 array, as fp32 (exact widening). */
 __device__ __forceinline__ float ds_cu_load(const void *p, int dtype, int64_t i) {
     if (dtype == DS_BF16) return ds_cu_widen(((const uint16_t *)p)[i], DS_BF16);

@@ -54,8 +54,39 @@ void ds_cu_round_bf16(ds_backend *be, ds_tensor x) {
  * step cannot take part in programmatic dependent launch, so the kernel
  * after it waited for the whole chain to drain (the target's tap layers and
  * the drafter's Markov steps copy a row each). */
+/* A copy between dtypes (a K/V cache in the model's dtype, model/kv_cache.h):
+ * each element read as fp32 (exact) and stored rounded to dst's dtype
+ * (ds_cu_to16: the CPU's rounding), so fp32 -> bf16 / f16 rounds, the way
+ * back widens and equal 16-bit dtypes keep their bits. */
+__global__ void copy_cast_kernel(void *o, int odt, int64_t os, const void *a, int adt, int64_t as, int64_t rows,
+                                 int64_t cols) {
+    ds_cu_grid_wait();
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+        const float x = ds_cu_load(a, adt, r * as + c);
+        if (odt == DS_F32) ((float *)o)[r * os + c] = x;
+        else ((uint16_t *)o)[r * os + c] = ds_cu_to16(x, odt == DS_F16);
+    }
+}
+
 void ds_cu_copy_kernel(ds_backend *be, ds_tensor dst, ds_tensor src) {
-    ew(be, "copy", EW_COPY, dst, src, ds_no_tensor(), 0);
+    if (dst.dtype == DS_F32 && src.dtype == DS_F32) {
+        ew(be, "copy", EW_COPY, dst, src, ds_no_tensor(), 0);
+        return;
+    }
+    ds_cuda_backend *cb = ds_cu(be);
+    if (!ds_cu_kv_dtype_ok(dst.dtype) || !ds_cu_kv_dtype_ok(src.dtype)) {
+        ds_cu_fail(cb, "copy", "from %s to %s (fp32, bf16 or f16)", ds_dtype_name(src.dtype),
+                   ds_dtype_name(dst.dtype));
+        return;
+    }
+    if (dst.rows <= 0 || dst.cols <= 0) return;
+    const int threads = 256;
+    dim3 grid((unsigned)((dst.cols + threads - 1) / threads), ds_cu_rows_grid(dst.rows));
+    ds_cu_launch(copy_cast_kernel, grid, threads, cb->stream, dst.data, (int)dst.dtype, dst.stride,
+                 (const void *)src.data, (int)src.dtype, src.stride, dst.rows, dst.cols);
+    ds_cu_launched(cb, "copy");
 }
 
 /* Token ids of one launch, by value. */

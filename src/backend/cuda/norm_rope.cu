@@ -149,7 +149,8 @@ void ds_cu_rope(ds_backend *be, ds_tensor x, int head_dim, const int32_t *pos, c
 
 /* One tensor of heads for rmsnorm_rope_kernel: x rows of `heads` heads
  * (heads 0: none), normed and rotated in place, or into row pos (mod ring)
- * of dst when dst is set (K into its cache). */
+ * of dst when dst is set (K into its cache, of dtype ddt: a bf16 / f16
+ * cache gets each value rounded, ds_cu_to16; ds: its stride in elements). */
 typedef struct {
     float *x;
     int64_t xs;
@@ -157,15 +158,17 @@ typedef struct {
     int wdtype, heads;
     float *dst;
     int64_t ds;
+    int ddt;
 } rope_part;
 
-/* Rows of v copied to rows pos (mod ring) of dst (V into its cache); cols 0: none. */
+/* Rows of v copied to rows pos (mod ring) of dst (V into its cache, of dtype
+ * ddt, rounded as K); cols 0: none. */
 typedef struct {
     const float *v;
     int64_t vs;
     float *dst;
     int64_t ds;
-    int cols;
+    int cols, ddt;
 } copy_part;
 
 /* Row r of a cache written at position pos: pos % ring for a ring; -1 past
@@ -229,6 +232,11 @@ __device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_
         const int64_t dr = cache_row(row_pos(a, dpos, r), ring, cache_rows);
         if (dr < 0) return;
         const float *src = pv.v + (int64_t)r * pv.vs;
+        if (pv.ddt != DS_F32) { /* a bf16 / f16 cache */
+            uint16_t *d16 = (uint16_t *)(void *)pv.dst + dr * pv.ds;
+            for (int i = threadIdx.x; i < pv.cols; i += NORM_THREADS) d16[i] = ds_cu_to16(src[i], pv.ddt == DS_F16);
+            return;
+        }
         float *d = pv.dst + dr * pv.ds;
         for (int i = threadIdx.x; i < pv.cols; i += NORM_THREADS) d[i] = src[i];
         return;
@@ -246,6 +254,19 @@ __device__ __forceinline__ void norm_rope_block(const rope_part &p0, const rope_
     if (dst) {
         const int64_t dr = cache_row(pos, ring, cache_rows);
         if (dr < 0) return;
+        const int ddt = k ? p1.ddt : p0.ddt;
+        if (ddt != DS_F32) { /* a bf16 / f16 cache: the same values, each rounded as it is stored */
+            uint16_t *o16 = (uint16_t *)(void *)dst + dr * ds + (int64_t)h * head_dim;
+            for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
+                float oi, oh;
+                if (i == threadIdx.x)
+                    nr_rotate_wv(v[i], v[i + half], rs, w != NULL, pre.wi, pre.wh, pos, pre.f, &oi, &oh);
+                else nr_rotate(v[i], v[i + half], rs, w, wdtype, i, half, pos, a.inv_freq[i], &oi, &oh);
+                o16[i] = ds_cu_to16(oi, ddt == DS_F16);
+                o16[i + half] = ds_cu_to16(oh, ddt == DS_F16);
+            }
+            return;
+        }
         o = dst + dr * ds + (int64_t)h * head_dim;
     }
     for (int i = threadIdx.x; i < half; i += NORM_THREADS) {
@@ -283,7 +304,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     unsigned long long *tr = threadIdx.x == 0 ? ds_cu_trace_block(trace) : NULL; /* DS_CUDA_RING_TRACE */
     if (tr) tr[RT_ENTRY] = ds_cu_gtimer();
     const int layer = (int)blockIdx.x / per_layer, b = (int)blockIdx.x % per_layer;
-    const rope_part none = {NULL, 0, NULL, 0, 0, NULL, 0}, kp = L.k[layer];
+    const rope_part none = {NULL, 0, NULL, 0, 0, NULL, 0, DS_F32}, kp = L.k[layer];
     const copy_part vp = L.v[layer];
     const rope_pre pre = rope_pre_load(none, kp, rows, head_dim, a, b);
     ds_cu_grid_wait();
@@ -338,8 +359,8 @@ static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, d
         return;
     }
     if (store && (x2.rows != rows || v.rows != rows || kc.cols != x2.cols || vc.cols != v.cols || kc.rows != vc.rows ||
-                  kc.dtype != DS_F32 || vc.dtype != DS_F32 || v.dtype != DS_F32)) {
-        ds_cu_fail(cb, op, "k %lldx%lld, v %lldx%lld do not fit the caches %lldx%lld, %lldx%lld (fp32)",
+                  !ds_cu_kv_dtype_ok(kc.dtype) || vc.dtype != kc.dtype || v.dtype != DS_F32)) {
+        ds_cu_fail(cb, op, "k %lldx%lld, v %lldx%lld do not fit the caches %lldx%lld, %lldx%lld (fp32 / bf16 / f16)",
                    (long long)x2.rows, (long long)x2.cols, (long long)v.rows, (long long)v.cols, (long long)kc.rows,
                    (long long)kc.cols, (long long)vc.rows, (long long)vc.cols);
         return;
@@ -352,14 +373,17 @@ static void norm_rope_launch(ds_cuda_backend *cb, const char *op, ds_tensor x, d
     for (int64_t r0 = 0; r0 < rows; r0 += DS_CU_ROWS) {
         int n = (int)(rows - r0 < DS_CU_ROWS ? rows - r0 : DS_CU_ROWS);
         for (int i = 0; i < n; i++) a.pos[i] = dpos ? 0 : pos[r0 + i];
-        rope_part p0 = {NULL, 0, NULL, 0, 0, NULL, 0}, p1 = {NULL, 0, NULL, 0, 0, NULL, 0};
-        copy_part pv = {NULL, 0, NULL, 0, 0};
+        rope_part p0 = {NULL, 0, NULL, 0, 0, NULL, 0, DS_F32}, p1 = {NULL, 0, NULL, 0, 0, NULL, 0, DS_F32};
+        copy_part pv = {NULL, 0, NULL, 0, 0, DS_F32};
         if (x.rows > 0)
-            p0 = {(float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, (int)(x.cols / head_dim), NULL, 0};
+            p0 = {(float *)x.data + r0 * x.stride, x.stride, w.data, w.dtype, (int)(x.cols / head_dim), NULL, 0,
+                  DS_F32};
         if (x2.rows > 0)
             p1 = {(float *)x2.data + r0 * x2.stride, x2.stride, w2.data, w2.dtype, (int)(x2.cols / head_dim),
-                  store ? (float *)kc.data : NULL, kc.stride};
-        if (store) pv = {(const float *)v.data + r0 * v.stride, v.stride, (float *)vc.data, vc.stride, (int)v.cols};
+                  store ? (float *)kc.data : NULL, kc.stride, store ? (int)kc.dtype : DS_F32};
+        if (store)
+            pv = {(const float *)v.data + r0 * v.stride, v.stride, (float *)vc.data, vc.stride, (int)v.cols,
+                  (int)vc.dtype};
         const unsigned blocks = (unsigned)(n * p0.heads + n * p1.heads + (store ? n : 0));
         ds_cu_launch(rmsnorm_rope_kernel, blocks, NORM_THREADS, cb->stream, p0, p1, pv, n, head_dim, eps, ring,
                      store ? kc.rows : (int64_t)0, a, dpos ? dpos + r0 : NULL,
@@ -409,11 +433,11 @@ void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k,
         }
         if (k[i].rows != rows || v[i].rows != rows || k[i].cols != k[0].cols || v[i].cols != v[0].cols ||
             kc[i].cols != k[i].cols || vc[i].cols != v[i].cols || kc[i].rows != kc[0].rows ||
-            vc[i].rows != kc[0].rows || k[i].dtype != DS_F32 || v[i].dtype != DS_F32 || kc[i].dtype != DS_F32 ||
-            vc[i].dtype != DS_F32) {
+            vc[i].rows != kc[0].rows || k[i].dtype != DS_F32 || v[i].dtype != DS_F32 ||
+            !ds_cu_kv_dtype_ok(kc[i].dtype) || vc[i].dtype != kc[i].dtype) {
             ds_cu_fail(cb, op,
                        "layer %d: k %lldx%lld, v %lldx%lld, caches %lldx%lld, %lldx%lld do not match layer 0's "
-                       "(k %lldx%lld, v %lldx%lld, caches of %lld rows, fp32)",
+                       "(k %lldx%lld, v %lldx%lld, caches of %lld rows; fp32 k, v; caches fp32 / bf16 / f16)",
                        i, (long long)k[i].rows, (long long)k[i].cols, (long long)v[i].rows, (long long)v[i].cols,
                        (long long)kc[i].rows, (long long)kc[i].cols, (long long)vc[i].rows, (long long)vc[i].cols,
                        (long long)rows, (long long)k[0].cols, (long long)rows, (long long)v[0].cols,
@@ -436,9 +460,9 @@ void ds_cu_key_norm_rope_store_layers(ds_backend *be, int n, const ds_tensor *k,
             for (int i = 0; i < nl; i++) {
                 const ds_tensor &ki = k[l0 + i], &vi = v[l0 + i];
                 L.k[i] = {(float *)ki.data + r0 * ki.stride, ki.stride, kw[l0 + i].data, kw[l0 + i].dtype, heads,
-                          (float *)kc[l0 + i].data, kc[l0 + i].stride};
+                          (float *)kc[l0 + i].data, kc[l0 + i].stride, (int)kc[l0 + i].dtype};
                 L.v[i] = {(const float *)vi.data + r0 * vi.stride, vi.stride, (float *)vc[l0 + i].data,
-                          vc[l0 + i].stride, (int)vi.cols};
+                          vc[l0 + i].stride, (int)vi.cols, (int)vc[l0 + i].dtype};
             }
             const unsigned blocks = (unsigned)(nl * per_layer);
             ds_cu_launch(key_layers_kernel, blocks, NORM_THREADS, cb->stream, L, per_layer, nr, head_dim, eps,
