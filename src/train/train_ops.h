@@ -111,5 +111,7 @@ struct ds_train_dev {
 
 /* The CPU device (n_threads <= 0: every core). */
 ds_error *ds_train_dev_cpu(int n_threads, ds_train_dev **out);
+/* CUDA GPU `device` (cuBLAS fp32 GEMMs, no TF32); an error where there is none or the build has no CUDA. */
+ds_error *ds_train_dev_cuda(int device, ds_train_dev **out);
 
 #endif
