@@ -252,7 +252,7 @@ ds_error *ds_train_run(const ds_train_opts *o, ds_train_report *rep) {
                          o->warmup_ratio, o->val_frac);
     run r = {.o = o, .perm_epoch = -1};
     ds_error *e = ds_train_cache_open(o->data_dir, &r.cache);
-    if (!e) e = ds_train_dev_cpu(o->threads, &r.dev);
+    if (!e) e = o->cuda ? ds_train_dev_cuda(0, &r.dev) : ds_train_dev_cpu(o->threads, &r.dev);
     if (!e) {
         e = o->init_dir ? ds_drafter_train_open(r.dev, o->init_dir, o->target_dir, &r.t)
                         : ds_drafter_train_init(r.dev, o->config_path, o->target_dir, o->init_seed, &r.t);

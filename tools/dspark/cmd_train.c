@@ -20,7 +20,7 @@ static void usage(FILE *f) {
             "usage: dspark train [-m TARGET_DIR] (-d INIT_DIR | --config CFG.json) --data CACHE_DIR --out DIR\n"
             "                    [--steps N] [--batch B] [--micro M] [--lr LR] [--warmup R] [--clip C]\n"
             "                    [--anchors A] [--seed S] [--init-seed S] [--val-frac F] [--eval-every N]\n"
-            "                    [--save-every N] [--save-dtype bf16|fp32] [--backend cpu] [--threads N] [--quiet]\n"
+            "                    [--save-every N] [--save-dtype bf16|fp32] [--backend cpu|cuda] [--threads N] [--quiet]\n"
             "\n"
             "Trains a DSpark drafter (Qwen3 backbone, vanilla Markov head, confidence head) by the DeepSpec recipe\n"
             "(SPEC §7): blocks at anchors drawn among the target-generated tokens, the training mask, loss 0.1 CE +\n"
@@ -43,7 +43,7 @@ static void usage(FILE *f) {
             "  --eval-every N  validation every N steps (default 0: at the end)\n"
             "  --save-every N  checkpoint every N steps (default 0: at the end)\n"
             "  --save-dtype T  bf16 (default) or fp32\n"
-            "  --backend B     cpu (the CUDA trainer is not built yet)   --threads N: CPU threads (default all)\n"
+            "  --backend B     cpu (default) or cuda (GPU 0)   --threads N: CPU threads (default all)\n"
             "  --val-prompts F prompts (generate's format) to measure tau on at the end, greedy, with the trained\n"
             "                  drafter (and with -d's, for comparison): printed, in eval.json and on loss.png\n"
             "  --val-max-new N new tokens a validation prompt (default 64)\n"
@@ -121,10 +121,11 @@ static int parse_args(int argc, char **argv, options *o) {
             o->t.save_dtype = !strcmp(optarg, "bf16") ? DS_BF16 : DS_F32;
             break;
         case O_BACKEND:
-            if (strcmp(optarg, "cpu")) {
-                fprintf(stderr, "dspark train: --backend %s: only the CPU trainer is built so far (issue 41)\n", optarg);
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+                fprintf(stderr, "dspark train: --backend %s: expected cpu or cuda\n", optarg);
                 return 2;
             }
+            o->t.cuda = !strcmp(optarg, "cuda");
             break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
@@ -225,9 +226,10 @@ int cmd_train(int argc, char **argv) {
     if (o.val_prompts) {
         train_eval before = {0}, after = {0};
         e = o.t.init_dir ? train_eval_tau(o.t.target_dir, o.t.init_dir, o.val_prompts, o.val_max_new, o.t.threads,
-                                          "cpu", &before)
+                                          o.t.cuda ? "cuda" : "cpu", &before)
                          : NULL;
-        if (!e) e = train_eval_tau(o.t.target_dir, o.t.out_dir, o.val_prompts, o.val_max_new, o.t.threads, "cpu", &after);
+        if (!e) e = train_eval_tau(o.t.target_dir, o.t.out_dir, o.val_prompts, o.val_max_new, o.t.threads,
+                                   o.t.cuda ? "cuda" : "cpu", &after);
         if (e) {
             fprintf(stderr, "dspark train: the validation prompts: %s\n", ds_error_message(e));
             ds_error_free(e);
