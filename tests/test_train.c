@@ -93,14 +93,25 @@ static double jnum(const cJSON *o, const char *k) {
     return v->valuedouble;
 }
 
+/* DS_TRAIN_DEVICE=cuda: the trainer on CUDA GPU 0 (ctest's test_train_cuda), skipped (77) where there is
+ * none or the build has no CUDA; else the CPU, skipped where the build has no OpenBLAS. */
+static bool on_cuda(void) {
+    const char *d = getenv("DS_TRAIN_DEVICE");
+    return d && !strcmp(d, "cuda");
+}
+
 static ds_train_dev *dev_new(void) {
     ds_train_dev *dev = NULL;
-    ds_error *e = ds_train_dev_cpu(0, &dev);
+    ds_error *e = on_cuda() ? ds_train_dev_cuda(0, &dev) : ds_train_dev_cpu(0, &dev);
     if (e) {
-        const bool skip = strstr(ds_error_message(e), "without OpenBLAS") != NULL;
-        printf("%s: %s\n", skip ? "SKIP" : "FAIL", ds_error_message(e));
+        const char *m = ds_error_message(e);
+        const bool skip = strstr(m, "without OpenBLAS") || strstr(m, "without CUDA") || strstr(m, "no CUDA device");
+        printf("%s: %s\n", skip ? "SKIP" : "FAIL", m);
+        fflush(stdout);
+        ds_error_free(e); /* LeakSanitizer would fail the skip */
         exit(skip ? 77 : 1);
     }
+    printf("  training device: %s\n", dev->ops->name);
     return dev;
 }
 
@@ -282,7 +293,7 @@ static ds_train_opts run_opts(const char *cache, const char *out) {
     ds_train_opts o = ds_train_opts_default();
     o.target_dir = TINY, o.init_dir = DRAFTER, o.data_dir = cache, o.out_dir = out;
     o.steps = 6, o.batch = 4, o.micro = 2, o.num_anchors = 4, o.val_frac = 0.2, o.eval_every = 3;
-    o.save_dtype = DS_F32, o.threads = 2, o.seed = 5;
+    o.save_dtype = DS_F32, o.threads = 2, o.seed = 5, o.cuda = on_cuda();
     return o;
 }
 
@@ -375,7 +386,8 @@ static void test_cli(void) {
     char prompts[512];
     path_in(prompts, sizeof prompts, "prompts.jsonl");
     snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --steps 2 --batch 2 --threads 2 --quiet "
-             "--val-prompts %s --val-max-new 12 >/dev/null", DS_CLI, TINY, DRAFTER, cache, out, prompts);
+             "--val-prompts %s --val-max-new 12 --backend %s >/dev/null", DS_CLI, TINY, DRAFTER, cache, out, prompts,
+             on_cuda() ? "cuda" : "cpu");
     CHECK(system(cmd) == 0, "%s", cmd);
     size_t n;
     char *ev = slurp(out, "eval.json", &n);
