@@ -1,11 +1,14 @@
 /* Tensor parallelism (issue 43), emulated by N ranks in one process: the collectives. */
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/comm.h"
 #include "io/checkpoint.h"
 #include "model/qwen3_layer.h"
+#include "model/target.h"
 #include "model/tp_shard.h"
 #include "testlib.h"
 
@@ -126,4 +129,176 @@ static void test_shards(void) {
     be->ops->destroy(be);
 }
 
-RUN_TESTS("tp", test_collectives, test_shards)
+/* ---- the target split over ranks ---- */
+#define NEW 12
+typedef struct {
+    ds_comm *comm; /* NULL: the whole target */
+    const char *dir;
+    const int32_t *prompt;
+    int n_prompt;
+    int32_t tokens[NEW]; /* greedy continuation */
+    float *logits;       /* the prompt's logits [n_prompt, vocab] (rank 0 / single) */
+    int vocab;
+    ds_error *err;
+} tp_run;
+
+static int argmax_row(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Every rank (a thread) opens its shard and decodes greedily, the same calls in the same order. */
+static void *tp_rank(void *p) {
+    tp_run *r = p;
+    ds_backend *be = NULL;
+    ds_target *t = NULL;
+    r->err = ds_backend_cpu_new(1, &be);
+    const ds_target_opts o = {.comm = r->comm, .max_ctx = 128};
+    if (!r->err) r->err = ds_target_open(be, r->dir, &o, &t);
+    if (!r->err) r->err = ds_target_forward(t, r->prompt, r->n_prompt, 0, r->n_prompt);
+    if (!r->err) {
+        r->vocab = t->vocab;
+        r->logits = malloc((size_t)r->n_prompt * t->vocab * sizeof *r->logits);
+        be->ops->download(be, ds_rows(t->logits, 0, r->n_prompt), r->logits);
+        int32_t next = argmax_row(r->logits + (size_t)(r->n_prompt - 1) * t->vocab, t->vocab);
+        float *row = malloc((size_t)t->vocab * sizeof *row);
+        for (int i = 0; i < NEW && !r->err; i++) {
+            r->tokens[i] = next;
+            r->err = ds_target_forward(t, &next, 1, r->n_prompt + i, 1);
+            if (r->err) break;
+            be->ops->download(be, ds_rows(t->logits, 0, 1), row);
+            next = argmax_row(row, t->vocab);
+        }
+        free(row);
+    }
+    ds_target_free(t);
+    if (be) be->ops->destroy(be);
+    return NULL;
+}
+
+/* world ranks against the whole target: logits within tol (the split changes the projections' summation
+ * order, not the math), greedy tokens compared. Returns the tokens that agree. */
+static int compare_split(const char *dir, int world, double tol, const int32_t *prompt, int n) {
+    tp_run one = {.dir = dir, .prompt = prompt, .n_prompt = n};
+    tp_rank(&one);
+    ds_comm ranks[8];
+    ds_comm_group *g = NULL;
+    ds_error *e = one.err ? one.err : ds_comm_group_threads(world, &g, ranks);
+    if (e) {
+        CHECK(0, "%s: %s", dir, ds_error_message(e));
+        ds_error_free(e);
+        free(one.logits);
+        return 0;
+    }
+    tp_run runs[8];
+    pthread_t th[8];
+    for (int r = 0; r < world; r++) {
+        runs[r] = (tp_run){.comm = &ranks[r], .dir = dir, .prompt = prompt, .n_prompt = n};
+        pthread_create(&th[r], NULL, tp_rank, &runs[r]);
+    }
+    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
+    int agree = 0;
+    for (int r = 0; r < world; r++) {
+        if (runs[r].err) {
+            CHECK(0, "%s: rank %d: %s", dir, r, ds_error_message(runs[r].err));
+            ds_error_free(runs[r].err);
+            return 0;
+        }
+        CHECK(!memcmp(runs[r].tokens, runs[0].tokens, sizeof runs[0].tokens) &&
+                  !memcmp(runs[r].logits, runs[0].logits, (size_t)n * runs[0].vocab * sizeof(float)),
+              "%s: rank %d's logits and tokens are rank 0's, bit for bit", dir, r);
+    }
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)n * one.vocab; i++) {
+        const double d = fabs((double)runs[0].logits[i] - one.logits[i]) / fmax(1.0, fabs(one.logits[i]));
+        worst = fmax(worst, d);
+    }
+    for (int i = 0; i < NEW; i++) agree += runs[0].tokens[i] == one.tokens[i];
+    printf("%s, %d ranks: logits within %.2e of one rank's (bound %.0e); greedy tokens %d of %d the same\n", dir,
+           world, worst, tol, agree, NEW);
+    CHECK(worst <= tol, "%s, %d ranks: logits differ by %.3g", dir, world, worst);
+    for (int r = 0; r < world; r++) free(runs[r].logits);
+    free(one.logits);
+    ds_comm_group_free(g);
+    return agree;
+}
+
+static void test_target_split(void) {
+    const int32_t prompt[9] = {5, 17, 300, 42, 99, 7, 256, 8, 111};
+    /* the fp32 fixture (4 heads, 2 KV heads): 2 ranks */
+    CHECK(compare_split(DS_TESTDATA "/fixtures/qwen3-tiny/target", 2, 1e-4, prompt, 9) == NEW,
+          "qwen3-tiny: greedy tokens under 2 ranks");
+    /* the bundled bf16 pico target: x is rounded to bf16 before every projection and the logits to bf16, so
+     * a different summation order flips roundings of 2^-8 relative */
+    const int32_t pp[9] = {785, 1156, 315, 279, 2024, 13, 576, 374, 264};
+    const int agree = compare_split(DS_MODELS "/pico-qwen3", 2, 5e-2, pp, 9);
+    CHECK(agree >= NEW - 2, "pico: %d of %d greedy tokens as one rank's", agree, NEW);
+    ds_comm ranks[3];
+    ds_comm_group *g;
+    CHECK_OK(ds_comm_group_threads(3, &g, ranks));
+    ds_backend *be;
+    CHECK_OK(ds_backend_cpu_new(1, &be));
+    ds_target *t;
+    const ds_target_opts o = {.comm = &ranks[0]};
+    CHECK_ERR(ds_target_open(be, DS_TESTDATA "/fixtures/qwen3-tiny/target", &o, &t),
+              "num_attention_heads = 4 does not divide among 3");
+    be->ops->destroy(be);
+    ds_comm_group_free(g);
+}
+
+/* The engine with tp 2 (ranks as threads on the CPU): greedy drafted == greedy AR under TP (lossless), the
+ * same as one rank's at these prompts, and a caller's stop cuts the output without hanging the ranks. */
+static void gen(ds_engine *e, const int32_t *p, size_t n, bool no_draft, int max_new, ds_output *out) {
+    const ds_generate_opts o = {.max_new = max_new, .no_draft = no_draft};
+    CHECK_OK(ds_engine_generate(e, p, n, &o, NULL, NULL, out));
+}
+
+static bool stop_after_5(void *user, int32_t tok) {
+    (void)tok;
+    return ++*(int *)user < 5;
+}
+
+static void test_engine_tp(void) {
+    const ds_engine_opts o1 = {.model_dir = DS_MODELS "/pico-qwen3", .drafter_dir = DS_MODELS "/pico-qwen3-dspark",
+                               .threads = 2, .no_sts = true};
+    ds_engine_opts o2 = o1;
+    o2.tp = 2;
+    ds_engine *e1, *e2;
+    CHECK_OK(ds_engine_open(&o1, &e1));
+    CHECK_OK(ds_engine_open(&o2, &e2));
+    const int32_t prompts[2][8] = {{785, 1156, 315, 279, 2024, 13, 576, 374}, {40, 1079, 264, 1661, 311, 279, 3283, 11}};
+    int same = 0;
+    for (int i = 0; i < 2; i++) {
+        ds_output ar2, dr2, dr1;
+        gen(e2, prompts[i], 8, true, 32, &ar2);
+        gen(e2, prompts[i], 8, false, 32, &dr2);
+        gen(e1, prompts[i], 8, false, 32, &dr1);
+        CHECK(ar2.n_tokens == dr2.n_tokens && !memcmp(ar2.tokens, dr2.tokens, (size_t)ar2.n_tokens * 4),
+              "prompt %d: drafted == AR under tp 2", i);
+        CHECK(dr2.rounds > 0 && dr2.acceptance_length > 1.0, "prompt %d: drafting under tp 2 (tau %.2f)", i,
+              dr2.acceptance_length);
+        int k = 0;
+        while (k < dr1.n_tokens && k < dr2.n_tokens && dr1.tokens[k] == dr2.tokens[k]) k++;
+        same += k;
+        printf("prompt %d: tp 2 tau %.2f, %d of %d tokens as one rank's\n", i, dr2.acceptance_length, k, dr1.n_tokens);
+        ds_output_free(&ar2);
+        ds_output_free(&dr2);
+        ds_output_free(&dr1);
+    }
+    int calls = 0;
+    ds_output cut;
+    const ds_generate_opts o = {.max_new = 20};
+    CHECK_OK(ds_engine_generate(e2, prompts[0], 8, &o, stop_after_5, &calls, &cut));
+    CHECK(cut.n_tokens == 5 && cut.finish_reason == DS_FINISH_CALLER && calls == 5, "a caller's stop under tp: %d tokens",
+          cut.n_tokens);
+    ds_output_free(&cut);
+    ds_engine_free(e2);
+    ds_engine_free(e1);
+    ds_engine_opts ob = o2;
+    ob.batch = 4, ob.ctx = 256;
+    CHECK_ERR(ds_engine_open(&ob, &e2), "no batch");
+}
+
+RUN_TESTS("tp", test_collectives, test_shards, test_target_split, test_engine_tp)

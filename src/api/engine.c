@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include "dspark.h"
+#include <pthread.h>
+
+#include "backend/comm.h"
 #include "base/clock.h"
 #include "batch/batch.h"
 #include "batch/kv_budget.h"
@@ -31,10 +34,20 @@ struct ds_engine {
     int64_t kv_row[2];   /* bytes a position takes in the target's, the drafter's caches (batched) */
     ds_step_cost *sps;   /* Algorithm 1's step cost (confidence_schedule) */
     ds_batch *live;      /* the batched engine: every request, submitted or generated in a batch */
+    /* Tensor parallel (ds_engine_opts.tp > 1): this engine is rank 0; ranks[r] (r >= 1) hold the other
+     * shards of the target and a copy of the drafter, each on its own backend, and every generation runs
+     * on all of them at once, one thread a rank (SPMD: the same calls, meeting in the target's
+     * collectives; every rank computes the same tokens). */
+    int tp;
+    ds_comm_group *comm_group;
+    ds_comm *comms;
+    struct ds_engine **ranks;
 };
 
 void ds_engine_free(ds_engine *e) {
     if (!e) return;
+    for (int r = 1; e->ranks && r < e->tp; r++) ds_engine_free(e->ranks[r]);
+    free(e->ranks);
     ds_batch_free(e->live);
     ds_tokenizer_free(e->tok);
     ds_step_cost_free(e->sps);
@@ -42,6 +55,8 @@ void ds_engine_free(ds_engine *e) {
     ds_target_free(e->target);
     if (e->be) e->be->ops->destroy(e->be);
     free(e->model_dir);
+    ds_comm_group_free(e->comm_group); /* after every rank's target */
+    free(e->comms);
     free(e);
 }
 
@@ -145,6 +160,56 @@ static ds_error *profile_steps(ds_engine *e, const ds_engine_opts *o) {
     return err;
 }
 
+/* Ranks 1..tp-1: a backend, the target's shard and a drafter each. Opened concurrently: a shard's open
+ * makes no collective call, but they load at once. */
+typedef struct {
+    ds_engine *e;
+    const ds_engine_opts *o;
+    int rank, threads;
+    ds_error *err;
+} rank_open;
+
+static void *open_rank_main(void *p) {
+    rank_open *a = p;
+    const ds_engine_opts *o = a->o;
+    ds_engine *r = calloc(1, sizeof *r);
+    if (!r) {
+        a->err = ds_errorf("out of memory");
+        return NULL;
+    }
+    r->tp = 1;
+    a->e->ranks[a->rank] = r;
+    if (!o->backend || !strcmp(o->backend, "cpu")) a->err = ds_backend_cpu_new(a->threads, &r->be);
+    else a->err = ds_backend_cuda_new(o->device + a->rank, &r->be);
+    const ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx, .comm = &a->e->comms[a->rank]};
+    if (!a->err) a->err = ds_target_open(r->be, o->model_dir, &to, &r->target);
+    const ds_drafter_opts dopts = {0};
+    if (!a->err && o->drafter_dir) a->err = ds_drafter_open(r->be, o->drafter_dir, r->target, &dopts, &r->drafter);
+    if (!a->err) a->err = open_sts(o, r);
+    if (a->err) a->err = ds_error_wrap(a->err, "tensor-parallel rank %d", a->rank);
+    return NULL;
+}
+
+static ds_error *open_ranks(ds_engine *e, const ds_engine_opts *o, int threads) {
+    rank_open args[64];
+    pthread_t th[64];
+    ds_error *err = NULL;
+    int started = 0;
+    for (int r = 1; r < e->tp; r++, started++) {
+        args[r] = (rank_open){.e = e, .o = o, .rank = r, .threads = threads};
+        if (pthread_create(&th[r], NULL, open_rank_main, &args[r])) {
+            err = ds_errorf("tensor parallel: cannot start rank %d's thread", r);
+            break;
+        }
+    }
+    for (int r = 1; r <= started; r++) {
+        pthread_join(th[r], NULL);
+        if (args[r].err && !err) err = args[r].err;
+        else if (args[r].err) ds_error_free(args[r].err);
+    }
+    return err;
+}
+
 ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!out) return ds_errorf("ds_engine_open: out is NULL");
     *out = NULL;
@@ -159,10 +224,27 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = o->threads > 0 ? o->threads : cpus > 0 ? (int)cpus : 1;
     ds_error *err = NULL;
-    if (!o->backend || !strcmp(o->backend, "cpu")) err = ds_backend_cpu_new(threads, &e->be);
-    else if (!strcmp(o->backend, "cuda")) err = ds_backend_cuda_new(o->device, &e->be);
-    else err = ds_errorf("ds_engine_open: unknown backend \"%s\" (cpu or cuda)", o->backend);
-    ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx}; /* prefill: the backend's rows */
+    e->tp = o->tp > 1 ? o->tp : 1;
+    if (o->tp < 0 || o->tp > 64) err = ds_errorf("ds_engine_open: tp must be in 0..64, got %d", o->tp);
+    if (!err && e->tp > 1 && o->batch > 0)
+        err = ds_errorf("ds_engine_open: tensor parallel (tp %d) runs one generation at a time so far: no batch", e->tp);
+    if (!err && e->tp > 1) { /* rank 0 opens first, in this thread; open_rank the others */
+        e->comms = calloc((size_t)e->tp, sizeof *e->comms);
+        e->ranks = calloc((size_t)e->tp, sizeof *e->ranks);
+        err = e->comms && e->ranks ? ds_comm_group_threads(e->tp, &e->comm_group, e->comms) : ds_errorf("out of memory");
+    }
+    /* Under TP on the CPU the ranks share the cores; on CUDA rank r takes GPU device + r. */
+    const int rank_threads = threads / e->tp > 0 ? threads / e->tp : 1;
+    if (err) {
+    } else if (!o->backend || !strcmp(o->backend, "cpu")) {
+        err = ds_backend_cpu_new(rank_threads, &e->be);
+    } else if (!strcmp(o->backend, "cuda")) {
+        err = ds_backend_cuda_new(o->device, &e->be);
+    } else {
+        err = ds_errorf("ds_engine_open: unknown backend \"%s\" (cpu or cuda)", o->backend);
+    }
+    ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx, /* prefill: the backend's rows */
+                         .comm = e->comms ? &e->comms[0] : NULL};
     ds_drafter_opts dopts = {0};
     if (!err && (o->batch < 0 || o->ctx < 0)) err = ds_errorf("ds_engine_open: batch and ctx must be >= 0");
     if (!err && o->kv_mem < 0)
@@ -176,6 +258,7 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!err && o->batch > 0 && o->confidence_schedule) err = profile_steps(e, o);
     if (!err && o->batch > 0) err = ds_batch_new(e->target, e->drafter, &e->bo, &e->live);
     if (!err) err = open_tokenizer(o, &e->tok);
+    if (!err && e->tp > 1) err = open_ranks(e, o, rank_threads);
     if (err) {
         ds_engine_free(e);
         return err;
@@ -421,6 +504,74 @@ static ds_gen_result result_view(const ds_output *o) {
                            .draft_s = o->draft_s, .verify_s = o->verify_s, .total_s = o->total_s};
 }
 
+/* Tensor parallel: the same generation on every rank at once. A caller's stop (on_token false) cannot end
+ * rank 0's loop alone (the others would wait in a collective): its tokens stop reaching the caller and the
+ * output is cut there, while every rank runs to the common end. */
+typedef struct {
+    ds_engine *e;
+    const ds_gen_params *p;
+    const int32_t *prompt;
+    int n_prompt;
+    bool no_draft;
+    ds_gen_result r;
+    ds_error *err;
+} rank_gen;
+
+static void *rank_gen_main(void *arg) {
+    rank_gen *g = arg;
+    g->err = ds_generate(g->e->target, g->no_draft ? NULL : g->e->drafter, g->prompt, g->n_prompt, g->p, NULL, NULL,
+                         &g->r);
+    return NULL;
+}
+
+typedef struct {
+    ds_on_token fn;
+    void *user;
+    int delivered;
+    bool stopped;
+} tp_tokens;
+
+static bool tp_on_token(void *user, int32_t token) {
+    tp_tokens *t = user;
+    if (t->stopped || !t->fn) return true;
+    if (!t->fn(t->user, token)) t->stopped = true;
+    t->delivered++;
+    return true;
+}
+
+static ds_error *generate_tp(ds_engine *e, const ds_generate_opts *o, const ds_gen_params *p, const int32_t *prompt,
+                             int n_prompt, ds_on_token on_token, void *user, ds_gen_result *out) {
+    rank_gen g[64];
+    pthread_t th[64];
+    int started = 1;
+    for (int r = 1; r < e->tp; r++, started++) {
+        g[r] = (rank_gen){.e = e->ranks[r], .p = p, .prompt = prompt, .n_prompt = n_prompt, .no_draft = o->no_draft};
+        if (pthread_create(&th[r], NULL, rank_gen_main, &g[r])) abort(); /* the started ranks would wait forever */
+    }
+    tp_tokens tt = {.fn = on_token, .user = user};
+    ds_error *const e0 = ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, n_prompt, p, tp_on_token, &tt, out);
+    ds_error *err = e0;
+    for (int r = 1; r < started; r++) pthread_join(th[r], NULL);
+    for (int r = 1; r < e->tp; r++) {
+        if (!err && g[r].err) err = ds_error_wrap(g[r].err, "tensor-parallel rank %d", r);
+        else if (g[r].err) ds_error_free(g[r].err);
+        else if (!e0 && (g[r].r.n_tokens != out->n_tokens ||
+                          memcmp(g[r].r.tokens, out->tokens, (size_t)out->n_tokens * sizeof *out->tokens)))
+            err = ds_errorf("tensor parallel: rank %d generated other tokens than rank 0 (the ranks must compute the "
+                            "same logits bit for bit)", r);
+        if (!g[r].err) ds_gen_result_free(&g[r].r);
+    }
+    if (err) {
+        if (!e0) ds_gen_result_free(out); /* rank 0's, when it has one */
+        return err;
+    }
+    if (tt.stopped && tt.delivered < out->n_tokens) { /* the caller stopped here */
+        out->n_tokens = tt.delivered;
+        out->stop_reason = DS_STOP_CALLER;
+    }
+    return NULL;
+}
+
 ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_prompt, const ds_generate_opts *o,
                              ds_on_token on_token, void *user, ds_output *out) {
     memset(out, 0, sizeof *out);
@@ -437,7 +588,8 @@ ds_error *ds_engine_generate(ds_engine *e, const int32_t *prompt, size_t n_promp
     }
     ds_gen_params p = gen_params(o);
     ds_gen_result r;
-    DS_TRY(ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, (int)n_prompt, &p, on_token, user, &r));
+    if (e->tp > 1) DS_TRY(generate_tp(e, o, &p, prompt, (int)n_prompt, on_token, user, &r));
+    else DS_TRY(ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, (int)n_prompt, &p, on_token, user, &r));
     *out = (ds_output){.tokens = r.tokens, .n_tokens = r.n_tokens, .stopped = r.stopped,
                        .finish_reason = finish_reason(r.stop_reason), .rounds = r.rounds, .accepted = r.accepted,
                        .proposed = r.proposed, .accept_len = r.accept_len, .prefill_s = r.prefill_s,

@@ -284,7 +284,8 @@ ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts
     ds_target *t = &g->base;
     ds_target_init_common(t, be, ck, opts);
     const char *prefix = ck->name_prefix;
-    ds_error *e = gemma4_init(g, ck);
+    ds_error *e = t->comm ? ds_errorf("%s: tensor parallel runs Qwen3 targets so far, not Gemma 4", ck->dir)
+                          : gemma4_init(g, ck);
     if (e) {
         ck->name_prefix = prefix; /* the caller still owns ck */
         be->ops->release(be, &t->logits);

@@ -81,6 +81,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
     ds_target_init_common(t, be, ck, opts);
     ds_qwen3_config *c = &q->c;
     ds_error *e = ds_qwen3_config_read(ck->config, ck->dir, c);
+    if (!e) e = ds_qwen3_config_split(c, t->comm, ck->dir);
     if (!e) {
         t->ops = &qwen3_ops;
         t->model_type = "qwen3";
@@ -88,12 +89,16 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
         t->hidden = c->hidden;
         t->n_layers = c->n_layers;
         ds_target_limit_ctx(t, c->max_pos);
-        t->graph_safe = true;
+        t->graph_safe = !t->comm; /* a collective waits on the host: no recording */
     }
     const int H = c->hidden;
     if (!e) e = ds_load_weight(be, ck, "model.embed_tokens.weight", c->vocab, H, &q->embed);
     if (!e) e = ds_load_vector(be, ck, "model.norm.weight", H, &q->final_norm);
-    if (!e) {
+    if (!e && t->comm) { /* vocabulary-parallel: this rank's rows of the LM head (of the embeddings when tied) */
+        const ds_tp tp = {t->comm->rank, t->comm->world};
+        e = ds_load_weight_split(be, ck, c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", c->vocab,
+                                 H, tp, DS_SPLIT_ROWS, &q->st.keep, &q->lm_head);
+    } else if (!e) {
         if (c->tie_embeddings) {
             q->lm_head = q->embed;
             q->lm_head.owned = false;
@@ -107,6 +112,7 @@ ds_error *ds_qwen3_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts 
     if (!e) e = ds_qwen3_scratch_alloc(be, c, t->max_rows, t->max_rows, &q->s);
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits);
     if (!e) e = be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden);
+    if (!e) e = ds_target_tp_alloc(t);
     if (e) {
         be->ops->release(be, &t->logits);
         be->ops->release(be, &t->final_hidden);

@@ -69,6 +69,23 @@ ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_con
     return ds_rope_default_inv_freq(cfg, where, c->head_dim, &c->inv_freq);
 }
 
+ds_error *ds_qwen3_config_split(ds_qwen3_config *c, ds_comm *comm, const char *where) {
+    c->comm = comm;
+    const int w = ds_qwen3_world(c);
+    if (w == 1) return NULL;
+    const struct {
+        const char *field;
+        int *v;
+    } f[] = {{"num_attention_heads", &c->n_heads}, {"num_key_value_heads", &c->n_kv_heads},
+             {"intermediate_size", &c->inter}, {"vocab_size", &c->vocab}};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (*f[i].v % w)
+            return ds_errorf("%s: config field %s = %d does not divide among %d tensor-parallel ranks", where,
+                             f[i].field, *f[i].v, w);
+    c->n_heads /= w, c->n_kv_heads /= w, c->inter /= w; /* the vocabulary stays whole: the LM head splits it */
+    return NULL;
+}
+
 void ds_qwen3_config_free(ds_qwen3_config *c) {
     free(c->inv_freq);
     c->inv_freq = NULL;
@@ -92,35 +109,46 @@ ds_error *ds_load_vector(ds_backend *be, const ds_checkpoint *ck, const char *na
 }
 
 ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
-                              ds_qwen3_layer *L) {
+                              ds_shard_keep *keep, ds_qwen3_layer *L) {
     char n[256];
+    /* Under tensor parallelism c holds this rank's heads and MLP width; the checkpoint's tensors are w
+     * times wider along the split dimension. */
+    const int w = ds_qwen3_world(c);
+    const ds_tp tp = {c->comm ? c->comm->rank : 0, w};
     const int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
     *L = (ds_qwen3_layer){0};
-#define W(field, suffix, r, cols) \
-    snprintf(n, sizeof n, "%s%s", prefix, suffix); \
-    DS_TRY(ds_load_weight(be, ck, n, r, cols, &L->field));
+#define W(field, suffix, r, cols, split)                                                                  \
+    snprintf(n, sizeof n, "%s%s", prefix, suffix);                                                     \
+    DS_TRY(w == 1 ? ds_load_weight(be, ck, n, r, cols, &L->field)                                      \
+                  : ds_load_weight_split(be, ck, n, (split) == DS_SPLIT_ROWS ? (int64_t)(r) * w : (r), \
+                                         (split) == DS_SPLIT_COLS ? (int64_t)(cols) * w : (cols), tp, split, keep, &L->field));
 #define V(field, suffix, len) \
     snprintf(n, sizeof n, "%s%s", prefix, suffix); \
     DS_TRY(ds_load_vector(be, ck, n, len, &L->field));
+#define VS(field, suffix, len) \
+    snprintf(n, sizeof n, "%s%s", prefix, suffix); \
+    DS_TRY(w == 1 ? ds_load_vector(be, ck, n, len, &L->field) : ds_load_vector_split(be, ck, n, (int64_t)(len) * w, tp, &L->field));
     V(in_norm, "input_layernorm.weight", H);
     V(post_norm, "post_attention_layernorm.weight", H);
     V(q_norm, "self_attn.q_norm.weight", c->head_dim);
     V(k_norm, "self_attn.k_norm.weight", c->head_dim);
-    W(q_proj, "self_attn.q_proj.weight", qd, H);
-    W(k_proj, "self_attn.k_proj.weight", kvd, H);
-    W(v_proj, "self_attn.v_proj.weight", kvd, H);
-    W(o_proj, "self_attn.o_proj.weight", H, qd);
+    /* column-parallel: whole heads; row-parallel: o_proj and down, their partial sums all-reduced */
+    W(q_proj, "self_attn.q_proj.weight", qd, H, DS_SPLIT_ROWS);
+    W(k_proj, "self_attn.k_proj.weight", kvd, H, DS_SPLIT_ROWS);
+    W(v_proj, "self_attn.v_proj.weight", kvd, H, DS_SPLIT_ROWS);
+    W(o_proj, "self_attn.o_proj.weight", H, qd, DS_SPLIT_COLS);
     if (c->attention_bias) {
-        V(q_bias, "self_attn.q_proj.bias", qd);
-        V(k_bias, "self_attn.k_proj.bias", kvd);
-        V(v_bias, "self_attn.v_proj.bias", kvd);
-        V(o_bias, "self_attn.o_proj.bias", H);
+        VS(q_bias, "self_attn.q_proj.bias", qd);
+        VS(k_bias, "self_attn.k_proj.bias", kvd);
+        VS(v_bias, "self_attn.v_proj.bias", kvd);
+        if (tp.rank == 0) { V(o_bias, "self_attn.o_proj.bias", H); } /* added once, by rank 0 */
     }
-    W(gate, "mlp.gate_proj.weight", c->inter, H);
-    W(up, "mlp.up_proj.weight", c->inter, H);
-    W(down, "mlp.down_proj.weight", H, c->inter);
+    W(gate, "mlp.gate_proj.weight", c->inter, H, DS_SPLIT_ROWS);
+    W(up, "mlp.up_proj.weight", c->inter, H, DS_SPLIT_ROWS);
+    W(down, "mlp.down_proj.weight", H, c->inter, DS_SPLIT_COLS);
 #undef W
 #undef V
+#undef VS
     return NULL;
 }
 
@@ -148,7 +176,7 @@ ds_error *ds_qwen3_stack_load(ds_backend *be, const ds_checkpoint *ck, const cha
     const int kvd = c->n_kv_heads * c->head_dim;
     for (int l = 0; l < st->n; l++) {
         snprintf(name, sizeof name, "%s%d.", prefix, l);
-        DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->layers[l]));
+        DS_TRY(ds_qwen3_layer_load(be, ck, name, c, &st->keep, &st->layers[l]));
         DS_TRY(be->ops->alloc(be, c->kv_dtype, cache_rows, kvd, &st->k[l]));
         DS_TRY(be->ops->alloc(be, c->kv_dtype, cache_rows, kvd, &st->v[l]));
     }
@@ -171,6 +199,7 @@ void ds_qwen3_stack_release(ds_backend *be, ds_qwen3_stack *st) {
     free(st->layers);
     free(st->k);
     free(st->v);
+    ds_shard_keep_free(&st->keep); /* after the weights that map them */
     *st = (ds_qwen3_stack){0};
 }
 
@@ -237,6 +266,17 @@ void ds_qwen3_output_and_mlp(ds_backend *be, const ds_qwen3_config *c, const ds_
                              ds_qwen3_scratch *s, int rows) {
     ds_tensor attn = ds_rows(s->attn, 0, rows), tmp = ds_rows(s->tmp, 0, rows), xn = ds_rows(s->xn, 0, rows);
     ds_tensor gate = ds_rows(s->gate, 0, rows), up = ds_rows(s->up, 0, rows);
+    if (ds_qwen3_world(c) > 1) {
+        /* Row-parallel o_proj and down: each rank's partial product, summed over the ranks, then the residual. */
+        be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
+        c->comm->ops->all_reduce(c->comm, be, tmp);
+        be->ops->add(be, x, x, tmp);
+        ds_rmsnorm_linear_swiglu(be, gate, x, L->post_norm, c->eps, L->gate, L->up, xn, up);
+        be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
+        c->comm->ops->all_reduce(c->comm, be, tmp);
+        be->ops->add(be, x, x, tmp);
+        return;
+    }
     ds_linear_residual(be, x, attn, L->o_proj, L->o_bias, x, tmp);
     ds_rmsnorm_linear_swiglu(be, gate, x, L->post_norm, c->eps, L->gate, L->up, xn, up);
     ds_linear_residual(be, x, gate, L->down, ds_no_tensor(), x, tmp);

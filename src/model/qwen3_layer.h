@@ -5,6 +5,8 @@
 #define DS_QWEN3_LAYER_H
 
 #include "backend/backend.h"
+#include "backend/comm.h"
+#include "model/tp_shard.h"
 #include "io/checkpoint.h"
 
 typedef struct {
@@ -13,6 +15,10 @@ typedef struct {
     bool attention_bias, tie_embeddings;
     ds_dtype kv_dtype; /* the K/V caches' (model/kv_cache.h: the model's dtype) */
     float *inv_freq; /* [head_dim/2], malloc'd */
+    /* Tensor parallel (issue 43): this rank's share; NULL or a world of 1: the whole model. With a comm,
+     * n_heads, n_kv_heads and inter are the rank's (ds_qwen3_config_split), the layers' weights its shards,
+     * and o_proj's and down's partial products meet in an all-reduce. */
+    ds_comm *comm;
 } ds_qwen3_config;
 
 typedef struct {
@@ -27,6 +33,7 @@ typedef struct {
     int n;
     ds_qwen3_layer *layers;
     ds_tensor *k, *v;
+    ds_shard_keep keep; /* host buffers behind column-split shards (tensor parallel) */
 } ds_qwen3_stack;
 
 /* Loads layers "<prefix>N." for N < c->n_layers (prefix e.g. "model.layers."). */
@@ -45,12 +52,17 @@ typedef struct {
 } ds_qwen3_scratch;
 
 ds_error *ds_qwen3_config_read(const cJSON *cfg, const char *where, ds_qwen3_config *c);
+/* This rank's share of c under comm (world > 1): heads, KV heads and the MLP width divided; an error
+ * naming the field that does not divide. */
+ds_error *ds_qwen3_config_split(ds_qwen3_config *c, ds_comm *comm, const char *where);
+static inline int ds_qwen3_world(const ds_qwen3_config *c) { return c->comm ? c->comm->world : 1; }
 void ds_qwen3_config_free(ds_qwen3_config *c);
 /* RoPE inverse frequencies from rope_theta / rope_parameters (default type). */
 ds_error *ds_rope_default_inv_freq(const cJSON *cfg, const char *where, int head_dim, float **out);
 
+/* keep: where column-split shards' host buffers go (tensor parallel; unused with a world of 1). */
 ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_qwen3_config *c,
-                              ds_qwen3_layer *L);
+                              ds_shard_keep *keep, ds_qwen3_layer *L);
 void ds_qwen3_layer_release(ds_backend *be, ds_qwen3_layer *L);
 ds_error *ds_qwen3_scratch_alloc(ds_backend *be, const ds_qwen3_config *c, int rows, int kv_rows,
                                  ds_qwen3_scratch *s);

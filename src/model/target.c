@@ -56,6 +56,42 @@ void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, cons
     t->opt_max_ctx = opts ? opts->max_ctx : 0;
     t->cache_rows = opts ? opts->cache_rows : 0;
     t->paged_cache = t->cache_rows > 0;
+    t->comm = opts && opts->comm && opts->comm->world > 1 ? opts->comm : NULL;
+}
+
+ds_error *ds_target_tp_alloc(ds_target *t) {
+    if (!t->comm) return NULL;
+    const int w = t->comm->world;
+    if (t->vocab % w) return ds_errorf("%s: vocab_size %d does not divide among %d ranks", t->ck->dir, t->vocab, w);
+    DS_TRY(t->be->ops->alloc(t->be, DS_F32, t->max_logit_rows, t->vocab / w, &t->logits_local));
+    t->gather_host = malloc((size_t)t->max_logit_rows * (size_t)t->vocab * 2 * sizeof *t->gather_host);
+    return t->gather_host ? NULL : ds_errorf("out of memory");
+}
+
+/* Tensor parallel: the ranks' vocabulary slices of n rows of logits into t->logits (every rank gets all). */
+static void gather_logits(ds_target *t, ds_tensor lg, int n) {
+    ds_backend *be = t->be;
+    const int w = t->comm->world;
+    const int64_t vl = t->vocab / w, m = (int64_t)n * vl;
+    float *mine = t->gather_host, *all = t->gather_host + (size_t)t->max_logit_rows * t->vocab;
+    be->ops->download(be, ds_rows(t->logits_local, 0, n), mine);
+    t->comm->ops->all_gather_host(t->comm, mine, m, all);
+    /* all: rank r's [n, vl] block at r * m; the full rows side by side into mine */
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < w; r++)
+            memcpy(mine + (size_t)i * t->vocab + (size_t)r * vl, all + (size_t)r * m + (size_t)i * vl,
+                   (size_t)vl * sizeof *mine);
+    be->ops->upload(be, lg, mine);
+}
+
+/* The LM head over rows x into lg: the whole vocabulary, or under tensor parallelism this rank's slice
+ * (lm_head holds it) gathered from every rank. */
+static void lm_head_rows(ds_target *t, ds_tensor lg, ds_tensor x, ds_tensor lm_head, int n) {
+    ds_backend *be = t->be;
+    ds_tensor out = t->comm ? ds_rows(t->logits_local, 0, n) : lg;
+    be->ops->linear(be, out, x, lm_head, ds_no_tensor());
+    if (t->logits_bf16) be->ops->round_bf16(be, out);
+    if (t->comm) gather_logits(t, lg, n);
 }
 
 void ds_target_limit_ctx(ds_target *t, int config_max_ctx) {
@@ -84,6 +120,8 @@ void ds_target_free(ds_target *t) {
     be->ops->release(be, &t->taps);
     be->ops->release(be, &t->final_hidden);
     be->ops->release(be, &t->gathered);
+    be->ops->release(be, &t->logits_local);
+    free(t->gather_host);
     ds_checkpoint *ck = t->ck;
     free(t->step.ids);
     free(t->step.pos);
@@ -169,10 +207,7 @@ ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
     ds_backend *be = t->be;
     ds_tensor fh = ds_rows(t->final_hidden, 0, n), lg = ds_rows(t->logits, 0, n_logits);
     be->ops->rmsnorm(be, fh, x, final_norm, t->hidden, eps);
-    if (n_logits > 0) {
-        be->ops->linear(be, lg, ds_rows(fh, n - n_logits, n_logits), lm_head, ds_no_tensor());
-        if (t->logits_bf16) be->ops->round_bf16(be, lg);
-    }
+    if (n_logits > 0) lm_head_rows(t, lg, ds_rows(fh, n - n_logits, n_logits), lm_head, n_logits);
     return lg;
 }
 
@@ -219,7 +254,5 @@ void ds_target_head_rows(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
         be->ops->copy(be, ds_rows(t->gathered, i, k), ds_rows(fh, logit_rows[i], k));
         i += k;
     }
-    ds_tensor lg = ds_rows(t->logits, 0, n_logits);
-    be->ops->linear(be, lg, ds_rows(t->gathered, 0, n_logits), lm_head, ds_no_tensor());
-    if (t->logits_bf16) be->ops->round_bf16(be, lg);
+    lm_head_rows(t, ds_rows(t->logits, 0, n_logits), ds_rows(t->gathered, 0, n_logits), lm_head, n_logits);
 }

@@ -7,6 +7,7 @@
 #define DS_TARGET_H
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "io/checkpoint.h"
 
 #define DS_MAX_TAPS 16
@@ -64,6 +65,11 @@ struct ds_target {
      * weights they are rounded to bf16 (argmax ties then go to the lowest id,
      * as torch.argmax does). Greedy decisions follow it. */
     bool logits_bf16;
+    /* Tensor parallel: the rank's vocabulary slice of the logits [max_logit_rows, vocab / world], gathered
+     * into logits by every forward (a full-logit gather; the distributed argmax that needs none is next). */
+    ds_comm *comm;
+    ds_tensor logits_local;
+    float *gather_host; /* [max_logit_rows * vocab] x 2: the local slice, then every rank's */
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
     ds_tensor taps;         /* [max_rows, n_taps*hidden] */
     ds_tensor final_hidden; /* [max_rows, hidden]: final-normed states of the last forward */
@@ -87,6 +93,9 @@ typedef struct {
     int max_ctx;        /* 0 = the config's max_position_embeddings; else at most that (--ctx) */
     int cache_rows;     /* rows of each layer's K/V cache: 0 = max_ctx (one sequence); a batched engine's pool of
                            pages asks for pages x page rows */
+    /* Tensor parallel (issue 43): this rank of comm's world holds its shard of the target and runs the same
+     * calls as the other ranks, each in its own thread (NULL: the whole target). Qwen3 only so far. */
+    ds_comm *comm;
 } ds_target_opts;
 
 /* Opens a Hugging Face target directory (architecture from config.json).
@@ -147,6 +156,8 @@ ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
  * (ds_target first), call ds_target_init_common, take ownership of ck only
  * on success. */
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
+/* Under tensor parallelism (t->comm), after vocab is known: the local logits and the gather's buffers. */
+ds_error *ds_target_tp_alloc(ds_target *t);
 /* For constructors: max_ctx = the config's context, cut to opts.max_ctx;
  * cache_rows = opts.cache_rows, or max_ctx. */
 void ds_target_limit_ctx(ds_target *t, int config_max_ctx);

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/qwen3_layer.h"
 
 void ds_shard_keep_free(ds_shard_keep *k) {
     for (int i = 0; i < k->n; i++) free(k->bufs[i]);
@@ -24,7 +23,6 @@ static ds_error *keep_add(ds_shard_keep *k, void *p) {
 
 ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                                ds_tp tp, ds_split split, ds_shard_keep *keep, ds_tensor *out) {
-    if (tp.world == 1) return ds_load_weight(be, ck, name, rows, cols, out);
     const int64_t dim = split == DS_SPLIT_ROWS ? rows : cols;
     if (dim % tp.world)
         return ds_errorf("tensor %s: its %s (%lld) do not divide among %d ranks", name,
@@ -64,7 +62,6 @@ ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const ch
 
 ds_error *ds_load_vector_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tp tp,
                                ds_tensor *out) {
-    if (tp.world == 1) return ds_load_vector(be, ck, name, n, out);
     if (n % tp.world) return ds_errorf("tensor %s: its %lld values do not divide among %d ranks", name, (long long)n, tp.world);
     const ds_st_tensor *t;
     const int64_t shape[1] = {n};

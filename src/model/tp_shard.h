@@ -30,7 +30,8 @@ typedef enum { DS_SPLIT_ROWS, DS_SPLIT_COLS } ds_split;
 
 /* Rank tp.rank's shard of checkpoint weight `name` (logical shape [rows, cols]): [rows / world, cols] or
  * [rows, cols / world]. The split dimension must divide by world (an error naming the tensor otherwise);
- * quantized weights are not split yet (an error naming it). world 1: ds_load_weight. */
+ * quantized weights are not split yet (an error naming it). world 1: the whole (dense) tensor; a model loads
+ * its unsplit weights with ds_load_weight (quantized ones included) instead. */
 ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                                ds_tp tp, ds_split split, ds_shard_keep *keep, ds_tensor *out);
 /* A vector's slice [rank * n / world, ...) (a column-parallel projection's bias). */
