@@ -22,6 +22,7 @@ typedef struct {
     bool gamma_given; /* --gamma checked against the drafter's block size once it is open */
     int threads;
     int batch, ctx;           /* --batch N (the batched engine), --ctx N */
+    int tp;                   /* --tp N: the target split across N ranks */
     int64_t kv_mem;           /* --kv-mem SIZE: the KV pool from a byte budget (0: batch x ctx) */
     bool schedule_confidence; /* --schedule confidence: Algorithm 1 */
     const char *sps_cache;
@@ -68,7 +69,10 @@ static void usage(FILE *f) {
             "                   8G, 1.5GiB (powers of 1024): as many pages as it holds, up to N x --ctx;\n"
             "                   short of one request of --ctx tokens is an error (the pool: on stderr)\n"
             "  --schedule S     with --batch: fixed (each proposal whole) or confidence (SPEC §6 Algorithm 1:\n"
-            "                   the target's step cost is profiled first; --sps-cache FILE keeps it)\n");
+            "                   the target's step cost is profiled first; --sps-cache FILE keeps it)\n"
+            "  --tp N           tensor parallel: the target (Qwen3) split across N ranks, one thread each (CUDA:\n"
+            "                   GPUs 0..N-1; CPU: the threads shared out), the drafter on every rank; not with\n"
+            "                   --batch\n");
 }
 
 /* An int option; out of int range leaves *end on the text so it is refused. */
@@ -99,6 +103,8 @@ static int check_ranges(const options *o) {
     else if (!(o->ctx >= 0)) snprintf(bad, sizeof bad, "--ctx must be >= 1, got %d", o->ctx);
     else if (o->schedule_confidence && !o->batch) snprintf(bad, sizeof bad, "--schedule needs --batch");
     else if (o->kv_mem && !o->batch) snprintf(bad, sizeof bad, "--kv-mem needs --batch");
+    else if (!(o->tp >= 0 && o->tp <= 64)) snprintf(bad, sizeof bad, "--tp must be in 1..64, got %d", o->tp);
+    else if (o->tp > 1 && o->batch) snprintf(bad, sizeof bad, "--tp runs one generation at a time: not with --batch");
     if (!*bad) return 0;
     fprintf(stderr, "dspark generate: %s\n", bad);
     return 2;
@@ -107,7 +113,7 @@ static int check_ranges(const options *o) {
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_PROMPT_FILE, O_TEMP, O_TOP_K, O_TOP_P, O_SEED, O_THRESHOLD, O_GAMMA, O_THREADS,
            O_JSON, O_IGNORE_EOS, O_BACKEND, O_CHAT, O_TOKENIZER, O_STS, O_NO_STS, O_BATCH, O_CTX, O_SCHEDULE,
-           O_SPS_CACHE, O_KV_MEM };
+           O_SPS_CACHE, O_KV_MEM, O_TP };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"prompt", required_argument, 0, 'p'}, {"max-new", required_argument, 0, 'n'},
@@ -121,7 +127,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sts", required_argument, 0, O_STS}, {"no-sts", no_argument, 0, O_NO_STS},
         {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
         {"schedule", required_argument, 0, O_SCHEDULE}, {"sps-cache", required_argument, 0, O_SPS_CACHE},
-        {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"kv-mem", required_argument, 0, O_KV_MEM}, {"tp", required_argument, 0, O_TP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     o->gen.max_new = 128;
     o->gen.top_p = 1.0f;
@@ -164,6 +170,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_NO_STS: o->no_sts = true; break;
         case O_BATCH: NUM(o->batch, int_arg(optarg, &end), "--batch"); break;
         case O_CTX: NUM(o->ctx, int_arg(optarg, &end), "--ctx"); break;
+        case O_TP: NUM(o->tp, int_arg(optarg, &end), "--tp"); break;
         case O_SPS_CACHE: o->sps_cache = optarg; break;
         case O_KV_MEM: {
             ds_error *e = ds_size_arg("--kv-mem", optarg, &o->kv_mem);
@@ -332,7 +339,7 @@ static ds_error *open_session(const options *o, session *s) {
                          .threads = o->threads, .tokenizer = o->tokenizer, .sts = o->sts,
                          .no_sts = o->no_sts || o->no_draft, .batch = o->batch,
                          .ctx = o->ctx ? o->ctx : o->batch ? 2048 : 0, .kv_mem = o->kv_mem,
-                         .confidence_schedule = o->schedule_confidence, .sps_cache = o->sps_cache};
+                         .confidence_schedule = o->schedule_confidence, .sps_cache = o->sps_cache, .tp = o->tp};
     DS_TRY(ds_engine_open(&eo, &s->engine));
     ds_engine_get_info(s->engine, &s->info);
     if (s->info.kv_pages) {
