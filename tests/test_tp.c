@@ -154,7 +154,7 @@ static void *tp_rank(void *p) {
     tp_run *r = p;
     ds_backend *be = NULL;
     ds_target *t = NULL;
-    r->err = ds_backend_cpu_new(1, &be);
+    r->err = test_backend_new(&be); /* DS_BACKEND=cuda: every rank a CUDA backend on the one GPU */
     const ds_target_opts o = {.comm = r->comm, .max_ctx = 128};
     if (!r->err) r->err = ds_target_open(be, r->dir, &o, &t);
     if (!r->err) r->err = ds_target_forward(t, r->prompt, r->n_prompt, 0, r->n_prompt);
@@ -301,4 +301,53 @@ static void test_engine_tp(void) {
     CHECK_ERR(ds_engine_open(&ob, &e2), "no batch");
 }
 
-RUN_TESTS("tp", test_collectives, test_shards, test_target_split, test_engine_tp)
+typedef struct {
+    ds_comm *c;
+    ds_backend *be;
+    float got[6];
+} nccl_arg;
+
+static void *nccl_rank(void *p) {
+    nccl_arg *a = p;
+    ds_tensor x;
+    ds_error *e = a->be->ops->alloc(a->be, DS_F32, 2, 3, &x);
+    if (e) {
+        ds_error_free(e);
+        return NULL;
+    }
+    float v[6];
+    for (int i = 0; i < 6; i++) v[i] = (float)(i + 1) * (float)(a->c->rank + 1);
+    a->be->ops->upload(a->be, x, v);
+    a->c->ops->all_reduce(a->c, a->be, x);
+    a->be->ops->download(a->be, x, a->got);
+    a->be->ops->release(a->be, &x);
+    return NULL;
+}
+
+/* Two GPUs or more: the NCCL group's all-reduce gives every rank the same sum (the multi-GPU path). */
+static void test_nccl(void) {
+    ds_comm ranks[2];
+    ds_comm_group *g = NULL;
+    const int devices[2] = {0, 1};
+    ds_error *e = ds_comm_group_nccl(2, devices, &g, ranks);
+    if (e) {
+        printf("not run (needs 2 GPUs and NCCL): %s\n", ds_error_message(e));
+        ds_error_free(e);
+        return;
+    }
+    ds_backend *be[2];
+    CHECK_OK(ds_backend_cuda_new(0, &be[0]));
+    CHECK_OK(ds_backend_cuda_new(1, &be[1]));
+    /* the all-reduce is SPMD: the two ranks' calls from two threads */
+    nccl_arg a[2] = {{&ranks[0], be[0], {0}}, {&ranks[1], be[1], {0}}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, nccl_rank, &a[r]);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int i = 0; i < 6; i++)
+        CHECK(a[0].got[i] == (float)(i + 1) * 3.0f && a[1].got[i] == a[0].got[i], "NCCL sum at %d: %g, %g", i,
+              a[0].got[i], a[1].got[i]);
+    for (int r = 0; r < 2; r++) be[r]->ops->destroy(be[r]);
+    ds_comm_group_free(g);
+}
+
+RUN_TESTS("tp", test_collectives, test_shards, test_target_split, test_engine_tp, test_nccl)

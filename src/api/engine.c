@@ -231,7 +231,13 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!err && e->tp > 1) { /* rank 0 opens first, in this thread; open_rank the others */
         e->comms = calloc((size_t)e->tp, sizeof *e->comms);
         e->ranks = calloc((size_t)e->tp, sizeof *e->ranks);
-        err = e->comms && e->ranks ? ds_comm_group_threads(e->tp, &e->comm_group, e->comms) : ds_errorf("out of memory");
+        const bool cuda = o->backend && !strcmp(o->backend, "cuda");
+        int devices[64];
+        for (int r = 0; r < e->tp; r++) devices[r] = o->device + r;
+        /* GPUs: NCCL between them; the CPU: rank threads meeting in memory */
+        err = !e->comms || !e->ranks ? ds_errorf("out of memory")
+              : cuda                 ? ds_comm_group_nccl(e->tp, devices, &e->comm_group, e->comms)
+                                     : ds_comm_group_threads(e->tp, &e->comm_group, e->comms);
     }
     /* Under TP on the CPU the ranks share the cores; on CUDA rank r takes GPU device + r. */
     const int rank_threads = threads / e->tp > 0 ? threads / e->tp : 1;

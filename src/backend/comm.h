@@ -41,6 +41,17 @@ typedef struct ds_comm_group ds_comm_group;
 
 /* A group of world ranks in this process; ranks[r] is rank r's handle (for its thread). */
 ds_error *ds_comm_group_threads(int world, ds_comm_group **out, ds_comm *ranks);
+/* The same over one GPU a rank (CUDA backends on devices[0..world), all distinct): the all-reduce on NCCL
+ * (ring all-reduce: every rank gets the same bits, run after run), in place on each rank's stream; host
+ * gathers and barriers as the threads group's. An error (naming NCCL's) where the build has no CUDA or
+ * NCCL cannot start. */
+ds_error *ds_comm_group_nccl(int world, const int *devices, ds_comm_group **out, ds_comm *ranks);
 void ds_comm_group_free(ds_comm_group *g);
+
+/* For the NCCL group (backend/cuda/comm_nccl.cu): the threads group's table, and a hook to free what it
+ * adds (called by ds_comm_group_free before the group's own state). */
+const ds_comm_ops *ds_comm_threads_ops(void);
+void ds_comm_group_set_ext(ds_comm_group *g, void *ext, void (*ext_free)(void *ext));
+void *ds_comm_group_ext(const ds_comm_group *g);
 
 #endif

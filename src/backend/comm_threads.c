@@ -14,7 +14,12 @@ struct ds_comm_group {
     pthread_barrier_t bar;
     float **stage, **sum; /* per rank, grown by their owner (between barriers) */
     int64_t *cap;
+    void *ext; /* what a group built on this one adds (NCCL's communicators) */
+    void (*ext_free)(void *ext);
 };
+
+void ds_comm_group_set_ext(ds_comm_group *g, void *ext, void (*ext_free)(void *ext)) { g->ext = ext, g->ext_free = ext_free; }
+void *ds_comm_group_ext(const ds_comm_group *g) { return g->ext; }
 
 static ds_comm_group *G(ds_comm *c) { return c->group; }
 
@@ -54,9 +59,11 @@ static void all_gather_host(ds_comm *c, const float *in, int64_t n, float *out) 
 }
 
 static const ds_comm_ops threads_ops = {.all_reduce = all_reduce, .all_gather_host = all_gather_host, .barrier = barrier};
+const ds_comm_ops *ds_comm_threads_ops(void) { return &threads_ops; }
 
 void ds_comm_group_free(ds_comm_group *g) {
     if (!g) return;
+    if (g->ext_free) g->ext_free(g->ext);
     for (int r = 0; r < g->world; r++) free(g->stage[r]), free(g->sum[r]);
     free(g->stage), free(g->sum), free(g->cap);
     pthread_barrier_destroy(&g->bar);

@@ -17,3 +17,4 @@ ds_cuda_config *ds_cuda_config_of(ds_backend *be) {
     (void)be;
     return NULL;
 }
+
