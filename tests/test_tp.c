@@ -138,6 +138,7 @@ typedef struct {
     int n_prompt;
     int32_t tokens[NEW]; /* greedy continuation */
     float *logits;       /* the prompt's logits [n_prompt, vocab] (rank 0 / single) */
+    int argmax_mismatch; /* rows where ds_target_argmax differs from the argmax of the gathered logits */
     int vocab;
     ds_error *err;
 } tp_run;
@@ -161,6 +162,7 @@ static void *tp_rank(void *p) {
     if (!r->err) {
         r->vocab = t->vocab;
         r->logits = malloc((size_t)r->n_prompt * t->vocab * sizeof *r->logits);
+        ds_target_logits_sync(t); /* under TP: the ranks' slices gathered */
         be->ops->download(be, ds_rows(t->logits, 0, r->n_prompt), r->logits);
         int32_t next = argmax_row(r->logits + (size_t)(r->n_prompt - 1) * t->vocab, t->vocab);
         float *row = malloc((size_t)t->vocab * sizeof *row);
@@ -168,8 +170,12 @@ static void *tp_rank(void *p) {
             r->tokens[i] = next;
             r->err = ds_target_forward(t, &next, 1, r->n_prompt + i, 1);
             if (r->err) break;
+            int32_t best;
+            ds_target_argmax(t, 1, &best); /* the distributed argmax: no gather */
+            ds_target_logits_sync(t);
             be->ops->download(be, ds_rows(t->logits, 0, 1), row);
             next = argmax_row(row, t->vocab);
+            if (best != next) r->argmax_mismatch++;
         }
         free(row);
     }
@@ -200,6 +206,8 @@ static int compare_split(const char *dir, int world, double tol, const int32_t *
     }
     for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
     int agree = 0;
+    for (int r = 0; r < world; r++) CHECK(runs[r].argmax_mismatch == 0, "%s: rank %d: the distributed argmax differs "
+                                          "from the gathered logits' at %d rows", dir, r, runs[r].argmax_mismatch);
     for (int r = 0; r < world; r++) {
         if (runs[r].err) {
             CHECK(0, "%s: rank %d: %s", dir, r, ds_error_message(runs[r].err));

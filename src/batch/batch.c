@@ -552,6 +552,7 @@ static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
         int unused;
         return ds_round_verify_sample(t, l, NULL, 0, ds_no_tensor(), &s->p.sampling, &s->rng, &unused, out);
     }
+    ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, l, 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
     ds_probs_from_logits(b->logits_host, t->vocab, &s->p.sampling, b->scratch);
@@ -577,6 +578,7 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
     }
     if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample)
         return ds_round_verify_sample(t, l, x, n, s->prop.probs_dev, &s->p.sampling, &s->rng, accepted, next);
+    ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, l, n + 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
     *accepted = ds_verify(b->logits_host, t->vocab, x, n, s->prop.probs, &s->p.sampling, &s->rng, b->scratch, next);
@@ -818,7 +820,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     const ds_target_rows tr = {.n = n, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,
                                .logit_rows = b->logit_rows};
     DS_TRY(ds_target_forward_rows(t, &tr));
-    if (n_logits) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, n_logits), b->best);
+    if (n_logits) ds_target_argmax(t, n_logits, b->best);
     DS_TRY(ds_backend_check(t->be));
     b->stats.steps++;
     b->stats.rows += n;
@@ -863,7 +865,7 @@ static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
                                .logit_rows = b->logit_rows};
     const double t0 = ds_now_s();
     ds_error *e = ds_target_forward_rows(t, &tr);
-    if (!e) t->be->ops->argmax(t->be, ds_rows(t->logits, 0, n_logits), b->best);
+    if (!e) ds_target_argmax(t, n_logits, b->best);
     if (!e) e = ds_backend_check(t->be);
     *seconds = ds_now_s() - t0;
     ds_page_list_release(&b->tpool, &pl);

@@ -2,6 +2,8 @@
  * cropping, argument checks on forward (the dispatch: target_archs.c). */
 #include "model/target.h"
 
+#include "base/argmax.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +72,7 @@ ds_error *ds_target_tp_alloc(ds_target *t) {
 
 /* Tensor parallel: the ranks' vocabulary slices of n rows of logits into t->logits (every rank gets all). */
 static void gather_logits(ds_target *t, ds_tensor lg, int n) {
+    t->pending_rows = 0;
     ds_backend *be = t->be;
     const int w = t->comm->world;
     const int64_t vl = t->vocab / w, m = (int64_t)n * vl;
@@ -91,7 +94,42 @@ static void lm_head_rows(ds_target *t, ds_tensor lg, ds_tensor x, ds_tensor lm_h
     ds_tensor out = t->comm ? ds_rows(t->logits_local, 0, n) : lg;
     be->ops->linear(be, out, x, lm_head, ds_no_tensor());
     if (t->logits_bf16) be->ops->round_bf16(be, out);
-    if (t->comm) gather_logits(t, lg, n);
+    if (t->comm) t->pending_rows = n; /* gathered when asked (ds_target_logits_sync): greedy needs only argmaxes */
+}
+
+void ds_target_logits_sync(ds_target *t) {
+    if (t->comm && t->pending_rows > 0) gather_logits(t, ds_rows(t->logits, 0, t->pending_rows), t->pending_rows);
+}
+
+void ds_target_argmax(ds_target *t, int rows, int32_t *out) {
+    ds_backend *be = t->be;
+    if (!t->comm || t->pending_rows < rows) {
+        ds_target_logits_sync(t);
+        be->ops->argmax(be, ds_rows(t->logits, 0, rows), out);
+        return;
+    }
+    /* Each rank's best of its slice, then the best of the ranks' (ties: the lowest id, as over the whole
+     * row, since a lower rank holds lower ids): only 2 values a row cross between ranks. */
+    const int w = t->comm->world;
+    const int64_t vl = t->vocab / w;
+    float *local = t->gather_host;
+    float mine[2 * 64], all[2 * 64 * 64];
+    for (int r0 = 0; r0 < rows; r0 += 64) {
+        const int n = rows - r0 < 64 ? rows - r0 : 64;
+        be->ops->download(be, ds_rows(t->logits_local, r0, n), local);
+        for (int i = 0; i < n; i++) {
+            const int64_t k = ds_argmax_f32(local + (size_t)i * vl, vl);
+            mine[2 * i] = local[(size_t)i * vl + k];
+            mine[2 * i + 1] = (float)k; /* < 2^24: exact */
+        }
+        t->comm->ops->all_gather_host(t->comm, mine, 2 * n, all);
+        for (int i = 0; i < n; i++) {
+            int best = 0;
+            for (int q = 1; q < w; q++)
+                if (all[(size_t)q * 2 * n + 2 * i] > all[(size_t)best * 2 * n + 2 * i]) best = q;
+            out[r0 + i] = (int32_t)(best * vl + (int64_t)all[(size_t)best * 2 * n + 2 * i + 1]);
+        }
+    }
 }
 
 void ds_target_limit_ctx(ds_target *t, int config_max_ctx) {
@@ -177,7 +215,7 @@ ds_error *ds_target_forward_argmax(ds_target *t, const int32_t *ids, int n, int 
     ds_error *e = NULL;
     if (!t->graph_safe || ds_region_begin(be, &key, st)) {
         e = t->ops->forward(t, st->ids, n, pos0, n_logits);
-        if (!e && best) be->ops->argmax(be, ds_rows(t->logits, 0, n_logits), st->out);
+        if (!e && best) ds_target_argmax(t, n_logits, st->out);
     }
     if (t->graph_safe) ds_region_end(be);
     if (e) return e;

@@ -68,6 +68,7 @@ struct ds_target {
     /* Tensor parallel: the rank's vocabulary slice of the logits [max_logit_rows, vocab / world], gathered
      * into logits by every forward (a full-logit gather; the distributed argmax that needs none is next). */
     ds_comm *comm;
+    int pending_rows;   /* rows of logits_local not yet gathered into logits */
     ds_tensor logits_local;
     float *gather_host; /* [max_logit_rows * vocab] x 2: the local slice, then every rank's */
     ds_tensor logits;       /* [max_logit_rows, vocab] fp32 */
@@ -158,6 +159,12 @@ ds_tensor ds_target_head(ds_target *t, ds_tensor x, ds_tensor final_norm, float 
 void ds_target_init_common(ds_target *t, ds_backend *be, ds_checkpoint *ck, const ds_target_opts *opts);
 /* Under tensor parallelism (t->comm), after vocab is known: the local logits and the gather's buffers. */
 ds_error *ds_target_tp_alloc(ds_target *t);
+/* The last forward's logits rows in t->logits: under tensor parallelism the ranks' slices are gathered
+ * here, on first need (a no-op otherwise). Call before reading t->logits. */
+void ds_target_logits_sync(ds_target *t);
+/* Each of the first `rows` logits rows' argmax (ties: the lowest id) into out (host). Under tensor
+ * parallelism from the ranks' slices, without gathering the logits: 2 values a row cross. */
+void ds_target_argmax(ds_target *t, int rows, int32_t *out);
 /* For constructors: max_ctx = the config's context, cut to opts.max_ctx;
  * cache_rows = opts.cache_rows, or max_ctx. */
 void ds_target_limit_ctx(ds_target *t, int config_max_ctx);

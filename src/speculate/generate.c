@@ -44,7 +44,7 @@ static int32_t pick(const float *logits, int V, const ds_sampling *s, ds_rng *rn
 /* Greedy decisions need only each row's argmax, computed where the logits
  * are (on a GPU only the indices cross to the host). */
 static ds_error *fetch_argmax(ds_target *t, int rows, int32_t *out) {
-    t->be->ops->argmax(t->be, ds_rows(t->logits, 0, rows), out);
+    ds_target_argmax(t, rows, out);
     return ds_backend_check(t->be);
 }
 

@@ -5,6 +5,7 @@
 #include "base/clock.h"
 
 ds_error *ds_round_fetch_logits(ds_target *t, int rows, float *logits) {
+    ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, 0, rows), logits);
     return ds_backend_check(t->be);
 }
@@ -17,6 +18,7 @@ ds_error *ds_round_verify_sample(ds_target *t, int64_t row0, const int32_t *draf
     double u[DS_VERIFY_MAX_DRAFT + 1];
     for (int i = 0; i <= n; i++) u[i] = ds_rng_uniform(rng);
     int32_t res[2];
+    ds_target_logits_sync(t);
     ds_spec(t->be)->verify_sample(t->be, ds_rows(t->logits, row0, n + 1), draft, n,
                               n > 0 ? ds_rows(draft_probs, 0, n) : ds_no_tensor(), s, u, res);
     DS_TRY(ds_backend_check(t->be));
@@ -73,7 +75,7 @@ ds_error *ds_round_verify_greedy(ds_target *t, int32_t anchor, const ds_proposal
     if (!t->graph_safe || ds_region_begin(be, &key, st)) {
         e = t->ops->forward(t, st->ids, rows, pos0, rows);
         if (!e) {
-            be->ops->argmax(be, ds_rows(t->logits, 0, rows), st->out);
+            ds_target_argmax(t, rows, st->out);
             ds_accept_prefix(be, st->ids + 1, st->out, cap, st->ids + gamma + 1, st->out + rows);
         }
     }
