@@ -407,6 +407,9 @@ static void test_cli(void) {
     CHECK(system(cmd) == 0, "--steps 0 refused");
     snprintf(cmd, sizeof cmd, "%s train -m %s --data %s --out %s 2>&1 | grep -q 'give one of -d'", DS_CLI, TINY, cache, out);
     CHECK(system(cmd) == 0, "no -d / --config refused");
+    snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --save-dtype fp8 2>&1 | "
+             "grep -q -- \"--save-dtype expects bf16 or fp32, got 'fp8'\"", DS_CLI, TINY, DRAFTER, cache, out);
+    CHECK(system(cmd) == 0, "--save-dtype fp8 refused, naming the choices");
 }
 
 static void cleanup(void) {

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_choice.h"
 #include "commands.h"
 #include "draft/drafter.h"
 #include "io/checkpoint.h"
@@ -88,13 +89,12 @@ static int parse_args(int argc, char **argv, options *o) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'd': o->drafter = optarg; break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark bench: --backend expects cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        case O_BACKEND: {
+            const int b = cli_choice("bench", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case O_PROMPT_LEN:
         case O_DECODE:
         case O_REPS:

@@ -16,6 +16,7 @@
 
 #include "batch/batch.h"
 #include "batch/kv_budget.h"
+#include "cli_choice.h"
 #include "commands.h"
 #include "io/checkpoint.h"
 #include "size_arg.h"
@@ -91,13 +92,12 @@ static int parse_args(int argc, char **argv, options *o) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'd': o->drafter = optarg; break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark bench: --backend must be cpu or cuda, not \"%s\"\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        case O_BACKEND: {
+            const int b = cli_choice("bench", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case O_PROMPT_LEN: o->prompt_len = (int)strtol(optarg, &end, 10); break;
         case O_DECODE: o->decode = (int)strtol(optarg, &end, 10); break;
         case O_PAGE: o->page_rows = (int)strtol(optarg, &end, 10); break;

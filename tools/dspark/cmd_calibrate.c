@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_choice.h"
 #include "commands.h"
 #include "draft/sts_file.h"
 #include "dspark.h"
@@ -98,13 +99,12 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_THREADS: NUM(o->threads, int_arg(optarg, &end), "--threads"); break;
         case O_JSON: o->json = true; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark calibrate: --backend expects cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        case O_BACKEND: {
+            const int b = cli_choice("calibrate", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

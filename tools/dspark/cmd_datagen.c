@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_choice.h"
 #include "commands.h"
 #include "io/config.h"
 #include "io/json_file.h"
@@ -114,13 +115,12 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_IGNORE_EOS: o->ignore_eos = true; break;
         case O_BATCH: NUM(v, strtol(optarg, &end, 10), "--batch"); o->batch = v < 0 || v > 4096 ? -1 : (int)v; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark datagen: --backend expects cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        case O_BACKEND: {
+            const int b = cli_choice("datagen", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

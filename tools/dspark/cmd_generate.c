@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_choice.h"
 #include "commands.h"
 #include "dspark.h"
 #include "io/checkpoint.h"
@@ -181,20 +182,18 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             break;
         }
-        case O_SCHEDULE:
-            if (strcmp(optarg, "fixed") && strcmp(optarg, "confidence")) {
-                fprintf(stderr, "dspark generate: --schedule expects fixed or confidence, got '%s'\n", optarg);
-                return 2;
-            }
-            o->schedule_confidence = !strcmp(optarg, "confidence");
+        case O_SCHEDULE: {
+            const int c = cli_choice("generate", "--schedule", optarg, (const char *const[]){"fixed", "confidence", NULL});
+            if (c < 0) return 2;
+            o->schedule_confidence = c == 1;
             break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark generate: --backend expects cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        }
+        case O_BACKEND: {
+            const int b = cli_choice("generate", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "cli_choice.h"
 #include "commands.h"
 #include "dspark.h"
 #include "serve/serve.h"
@@ -143,20 +144,18 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             break;
         }
-        case O_SCHEDULE:
-            if (strcmp(optarg, "fixed") && strcmp(optarg, "confidence")) {
-                fprintf(stderr, "dspark serve: --schedule expects fixed or confidence, got '%s'\n", optarg);
-                return 2;
-            }
-            o->schedule_confidence = !strcmp(optarg, "confidence");
+        case O_SCHEDULE: {
+            const int c = cli_choice("serve", "--schedule", optarg, (const char *const[]){"fixed", "confidence", NULL});
+            if (c < 0) return 2;
+            o->schedule_confidence = c == 1;
             break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark serve: --backend expects cpu or cuda, got '%s'\n", optarg);
-                return 2;
-            }
-            o->cuda = !strcmp(optarg, "cuda");
+        }
+        case O_BACKEND: {
+            const int b = cli_choice("serve", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->cuda = b == 1;
             break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }

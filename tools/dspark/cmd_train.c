@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_choice.h"
 #include "commands.h"
 #include "train_eval.h"
 #include "train_plot.h"
@@ -113,20 +114,18 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_QUIET: o->quiet = true; break;
         case O_VAL_PROMPTS: o->val_prompts = optarg; break;
         case O_VAL_MAX_NEW: NUM(v, strtoll(optarg, &end, 10), "--val-max-new"); o->val_max_new = v < 1 || v > 1 << 20 ? -1 : (int)v; break;
-        case O_DTYPE:
-            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) {
-                fprintf(stderr, "dspark train: --save-dtype expects bf16 or fp32, got '%s'\n", optarg);
-                return 2;
-            }
-            o->t.save_dtype = !strcmp(optarg, "bf16") ? DS_BF16 : DS_F32;
+        case O_DTYPE: {
+            const int d = cli_choice("train", "--save-dtype", optarg, (const char *const[]){"bf16", "fp32", NULL});
+            if (d < 0) return 2;
+            o->t.save_dtype = d == 0 ? DS_BF16 : DS_F32;
             break;
-        case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
-                fprintf(stderr, "dspark train: --backend %s: expected cpu or cuda\n", optarg);
-                return 2;
-            }
-            o->t.cuda = !strcmp(optarg, "cuda");
+        }
+        case O_BACKEND: {
+            const int b = cli_choice("train", "--backend", optarg, CLI_BACKENDS);
+            if (b < 0) return 2;
+            o->t.cuda = b == 1;
             break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
