@@ -28,6 +28,11 @@ DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
   -R '^test_(dspark|dspark_gemma4|qwen3|gemma4|gemma4_unified|markov_heads|stop|sample_ops|round_ops|engine_api|pico|lossless_sampling)$' \
   >"$OUT/ctest_on_cuda.log" 2>&1
 t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=0|agree" "$OUT/ctest_on_cuda.log"
+# Tensor parallel emulated on the one GPU: every rank a CUDA backend, the collectives through the host.
+DS_BACKEND=cuda timeout 300 ./$B/tests/test_tp >"$OUT/test_tp_cuda.log" 2>&1
+t "test_tp on CUDA backends rc=$?"; grep -E "ranks|tokens|FAIL|passed" "$OUT/test_tp_cuda.log" | head -8
+# SKIP_BENCH=1: the tests only (a call that must leave time for another)
+[ -n "${SKIP_BENCH:-}" ] && { t "done (SKIP_BENCH)"; exit 0; }
 if [ -f .devdata/base.tar.xz ]; then
   mkdir -p /tmp/base/tests /tmp/base/bench && tar -xJf .devdata/base.tar.xz -C /tmp/base &&
     : >/tmp/base/tests/CMakeLists.txt && : >/tmp/base/bench/CMakeLists.txt &&
