@@ -373,8 +373,8 @@ static void plan(const ds_drafter_train *t, const ds_train_batch *b, carve *c, s
     s->L = L;
     s->hL = TAKE_F(c, Rq * H), s->fin_rs = TAKE_F(c, Rq), s->hid = TAKE_F(c, Rq * H);
     s->w1p = TAKE_F(c, Rq * r), s->conf = TAKE_F(c, Rq), s->dconf = TAKE_F(c, Rq), s->ones = TAKE_F(c, Rq);
-    /* Logits a chunk of rows at a time: two [chunk, V] buffers of at most 64 MiB together. */
-    int64_t ch = ((int64_t)8 << 20) / V;
+    /* Logits a chunk of rows at a time: two [chunk, V] buffers of the device's logit_values together. */
+    int64_t ch = t->o->logit_values / 2 / V;
     ch = ch < 1 ? 1 : ch > Rq ? Rq : ch;
     s->chunk = (int)(ch > 0 ? ch : 1);
     s->Z = TAKE_F(c, (int64_t)s->chunk * V), s->T = TAKE_F(c, (int64_t)s->chunk * V);

@@ -43,6 +43,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
+    /* Logit values a training step keeps at once (two [rows, vocab] buffers together): the chunk of rows
+     * the loss runs on. A GPU wants wide chunks (its LM-head GEMMs and loss blocks fill the device); a
+     * CPU's stay cache-sized. */
+    int64_t logit_values;
     void (*destroy)(ds_train_dev *dev);
     /* Memory (zero-filled), host <-> device copies, zeroing. */
     ds_error *(*alloc)(ds_train_dev *dev, size_t bytes, void **out);

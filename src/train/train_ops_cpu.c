@@ -429,6 +429,7 @@ static void cpu_adamw(ds_train_dev *d, size_t n, float *p, const float *g, float
 
 static const ds_train_ops cpu_ops = {
     .name = "cpu",
+    .logit_values = (int64_t)16 << 20, /* 64 MiB */
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

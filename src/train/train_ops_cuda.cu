@@ -1017,6 +1017,7 @@ static void cu_adamw(ds_train_dev *dv, size_t n, float *p, const float *g, float
 
 static const ds_train_ops cuda_ops = {
     /* .name = */ "cuda",
+    /* .logit_values = */ (int64_t)256 << 20, /* 1 GiB: chunks of hundreds to thousands of rows */
     /* .destroy = */ cu_destroy,
     /* .alloc = */ cu_alloc,
     /* .free = */ cu_free,
