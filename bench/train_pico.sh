@@ -6,14 +6,15 @@
 #   device: bash bench/train_pico.sh   (carry gpu_check.sh's .devdata files + train_prompts_6k.jsonl.xz)
 # Knobs (env): PROMPTS (sequences, default 4096), NEW (tokens a continuation, 192), TEMP (datagen temperature,
 # default 0: the greedy continuations the T=0 evaluation follows), STEPS (1500), BATCH (64), MICRO (8),
-# ANCHORS (64), LR (6e-4). Phases timed; the sum is the GPU-minutes figure.
+# ANCHORS (64), LR (6e-4), TF32 (1: --tf32). Phases timed; the sum is the GPU-minutes figure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .devdata/devenv.sh
 OUT=${OUT:-/tmp/train_pico}
 mkdir -p "$OUT"
 PROMPTS=${PROMPTS:-4096} NEW=${NEW:-192} TEMP=${TEMP:-0} STEPS=${STEPS:-1500} BATCH=${BATCH:-64} MICRO=${MICRO:-8}
-ANCHORS=${ANCHORS:-64} LR=${LR:-6e-4}
+ANCHORS=${ANCHORS:-64} LR=${LR:-6e-4} TF32=${TF32:-1}
+PREC=(); [ "$TF32" = 1 ] && PREC=(--tf32)
 T0=$(date +%s)
 t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -33,7 +34,7 @@ t "datagen rc=$? $(tail -1 "$OUT/datagen.log")"
 G1=$(date +%s)
 D=/tmp/pico_drafter; rm -rf $D
 ./$B/dspark train --backend cuda --config models/pico-qwen3-dspark/config.json --data $C --out $D --steps "$STEPS" \
-  --batch "$BATCH" --micro "$MICRO" --anchors "$ANCHORS" --lr "$LR" --val-frac 0.01 --eval-every 250 --quiet \
+  --batch "$BATCH" --micro "$MICRO" --anchors "$ANCHORS" --lr "$LR" --val-frac 0.01 --eval-every 250 --quiet "${PREC[@]}" \
   >"$OUT/train.log" 2>&1
 t "train rc=$? $(grep -h trained "$OUT/train.log")"
 G2=$(date +%s)

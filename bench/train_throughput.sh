@@ -46,6 +46,7 @@ theirs() { # label, extra args
 }
 ours micro1 --micro 1
 ours batch --micro $BATCH
+ours micro1_tf32 --micro 1 --tf32
 theirs local1 --local 1
 theirs local1_compile --local 1 --compile
 theirs batch --local $BATCH

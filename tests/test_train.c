@@ -410,6 +410,11 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s --save-dtype fp8 2>&1 | "
              "grep -q -- \"--save-dtype expects bf16 or fp32, got 'fp8'\"", DS_CLI, TINY, DRAFTER, cache, out);
     CHECK(system(cmd) == 0, "--save-dtype fp8 refused, naming the choices");
+    if (!on_cuda()) {
+        snprintf(cmd, sizeof cmd, "%s train -m %s -d %s --data %s --out %s/tf32 --tf32 2>&1 | grep -q \"TF32 is a GPU's\"",
+                 DS_CLI, TINY, DRAFTER, cache, tmp_root);
+        CHECK(system(cmd) == 0, "--tf32 on the CPU refused");
+    }
 }
 
 static void cleanup(void) {

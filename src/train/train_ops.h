@@ -47,6 +47,9 @@ typedef struct {
      * the loss runs on. A GPU wants wide chunks (its LM-head GEMMs and loss blocks fill the device); a
      * CPU's stay cache-sized. */
     int64_t logit_values;
+    /* GEMMs on TF32 tensor cores (10-bit mantissas: ~1e-3 relative, several times faster) instead of fp32;
+     * NULL: the device has no such mode (the CPU). */
+    ds_error *(*set_tf32)(ds_train_dev *dev, bool on);
     void (*destroy)(ds_train_dev *dev);
     /* Memory (zero-filled), host <-> device copies, zeroing. */
     ds_error *(*alloc)(ds_train_dev *dev, size_t bytes, void **out);

@@ -1015,9 +1015,17 @@ static void cu_adamw(ds_train_dev *dv, size_t n, float *p, const float *g, float
     launched(d, "adamw");
 }
 
+static ds_error *cu_set_tf32(ds_train_dev *dev, bool on) {
+    cu_dev *d = (cu_dev *)dev;
+    if (cublasSetMathMode(d->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS)
+        return ds_errorf("cuda trainer: cannot set cuBLAS's math mode (TF32 %s)", on ? "on" : "off");
+    return NULL;
+}
+
 static const ds_train_ops cuda_ops = {
     /* .name = */ "cuda",
     /* .logit_values = */ (int64_t)256 << 20, /* 1 GiB: chunks of hundreds to thousands of rows */
+    /* .set_tf32 = */ cu_set_tf32,
     /* .destroy = */ cu_destroy,
     /* .alloc = */ cu_alloc,
     /* .free = */ cu_free,

@@ -134,6 +134,7 @@ static cJSON *run_identity(const ds_train_opts *o, const ds_train_cache *c) {
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddNumberToObject(j, "init_seed", (double)o->init_seed);
     cJSON_AddNumberToObject(j, "val_frac", o->val_frac);
+    cJSON_AddBoolToObject(j, "tf32", o->tf32);
     return j;
 }
 
@@ -253,6 +254,9 @@ ds_error *ds_train_run(const ds_train_opts *o, ds_train_report *rep) {
     run r = {.o = o, .perm_epoch = -1};
     ds_error *e = ds_train_cache_open(o->data_dir, &r.cache);
     if (!e) e = o->cuda ? ds_train_dev_cuda(0, &r.dev) : ds_train_dev_cpu(o->threads, &r.dev);
+    if (!e && o->tf32)
+        e = r.dev->ops->set_tf32 ? r.dev->ops->set_tf32(r.dev, true)
+                                 : ds_errorf("train: TF32 is a GPU's mode: the %s trainer computes in fp32", r.dev->ops->name);
     if (!e) {
         e = o->init_dir ? ds_drafter_train_open(r.dev, o->init_dir, o->target_dir, &r.t)
                         : ds_drafter_train_init(r.dev, o->config_path, o->target_dir, o->init_seed, &r.t);

@@ -45,6 +45,7 @@ typedef struct {
     double val_frac;        /* the cache's last sequences held out for validation (0: none) */
     ds_dtype save_dtype;    /* DS_BF16 or DS_F32 */
     int threads;            /* CPU threads (0: all) */
+    bool tf32;              /* CUDA: GEMMs on TF32 tensor cores (faster; ~1e-3 relative instead of fp32's) */
     bool cuda;              /* train on CUDA GPU 0 (train_ops_cuda.cu) instead of the CPU */
     void (*progress)(void *user, const ds_train_progress *p);
     void *user;
