@@ -317,6 +317,7 @@ typedef struct {
 
 static void *nccl_rank(void *p) {
     nccl_arg *a = p;
+    a->be->ops->bind_thread(a->be); /* created in the main thread: this thread's device is its GPU */
     ds_tensor x;
     ds_error *e = a->be->ops->alloc(a->be, DS_F32, 2, 3, &x);
     if (e) {

@@ -525,6 +525,7 @@ typedef struct {
 
 static void *rank_gen_main(void *arg) {
     rank_gen *g = arg;
+    if (g->e->be->ops->bind_thread) g->e->be->ops->bind_thread(g->e->be); /* its GPU, in this thread */
     g->err = ds_generate(g->e->target, g->no_draft ? NULL : g->e->drafter, g->prompt, g->n_prompt, g->p, NULL, NULL,
                          &g->r);
     return NULL;
@@ -555,6 +556,7 @@ static ds_error *generate_tp(ds_engine *e, const ds_generate_opts *o, const ds_g
         if (pthread_create(&th[r], NULL, rank_gen_main, &g[r])) abort(); /* the started ranks would wait forever */
     }
     tp_tokens tt = {.fn = on_token, .user = user};
+    if (e->be->ops->bind_thread) e->be->ops->bind_thread(e->be);
     ds_error *const e0 = ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, n_prompt, p, tp_on_token, &tt, out);
     ds_error *err = e0;
     for (int r = 1; r < started; r++) pthread_join(th[r], NULL);

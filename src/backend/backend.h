@@ -181,6 +181,9 @@ typedef struct {
      * rows a chunk amortize it; the CPU's chunks stay cache-sized. */
     int prefill_rows;
     void (*destroy)(ds_backend *be);
+    /* Makes the calling thread use this backend's device (CUDA: cudaSetDevice, a per-thread setting), for a
+     * thread other than the one that created it: a tensor-parallel rank's. NULL: nothing to do (the CPU). */
+    void (*bind_thread)(ds_backend *be);
     /* Memory. alloc zero-fills. weight() makes a tensor from a checkpoint
      * tensor (the CPU maps it in place; a GPU copies it to device memory). */
     ds_error *(*alloc)(ds_backend *be, ds_dtype dtype, int64_t rows, int64_t cols, ds_tensor *out);

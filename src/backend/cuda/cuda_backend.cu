@@ -181,6 +181,13 @@ static ds_error *cu_check(ds_backend *be) {
     return e;
 }
 
+static void cu_bind_thread(ds_backend *be) {
+    ds_cuda_backend *cb = (ds_cuda_backend *)be;
+    const cudaError_t e = cudaSetDevice(cb->device);
+    if (e != cudaSuccess && !cb->err)
+        cb->err = ds_errorf("cuda backend: cannot use device %d from this thread: %s", cb->device, cudaGetErrorString(e));
+}
+
 static void cu_destroy(ds_backend *be) {
     ds_cuda_backend *cb = ds_cu(be);
     if (cb->reg.capturing) { /* a region left open: end its recording */
@@ -221,6 +228,7 @@ static const ds_backend_ops cuda_ops = {
     .name = "cuda",
     .prefill_rows = 512, /* 8B at 64 rows a chunk: every 64 prompt tokens re-read 16 GB of weights (3.8 ms) */
     .destroy = cu_destroy,
+    .bind_thread = cu_bind_thread,
     .alloc = cu_alloc,
     .weight = cu_weight,
     .weight_quant = ds_cu_weight_quant, /* refuses unless DS_CUDA_QUANT=1 (matmul_quant.cu) */
