@@ -295,6 +295,16 @@ static void test_engine_tp(void) {
         ds_output_free(&dr2);
         ds_output_free(&dr1);
     }
+    /* T > 0: every rank draws the same tokens (the same seed over the same gathered logits; a divergence would
+     * be an error), drafting and verifying by the rejection rule */
+    const ds_generate_opts hot = {.max_new = 24, .temperature = 0.8f, .seed = 7};
+    ds_output s1, s2;
+    CHECK_OK(ds_engine_generate(e2, prompts[1], 8, &hot, NULL, NULL, &s1));
+    CHECK_OK(ds_engine_generate(e2, prompts[1], 8, &hot, NULL, NULL, &s2));
+    CHECK(s1.n_tokens == 24 && s2.n_tokens == 24 && !memcmp(s1.tokens, s2.tokens, 24 * sizeof(int32_t)) && s1.rounds > 0,
+          "T=0.8 under tp 2: 24 tokens, the same for the same seed, drafted (%d rounds)", s1.rounds);
+    ds_output_free(&s1);
+    ds_output_free(&s2);
     int calls = 0;
     ds_output cut;
     const ds_generate_opts o = {.max_new = 20};
