@@ -238,11 +238,27 @@ static void test_target_split(void) {
     /* the fp32 fixture (4 heads, 2 KV heads): 2 ranks */
     CHECK(compare_split(DS_TESTDATA "/fixtures/qwen3-tiny/target", 2, 1e-4, prompt, 9) == NEW,
           "qwen3-tiny: greedy tokens under 2 ranks");
+    /* Gemma 4 (fp32 fixture): sliding and full layers, one global KV head replicated on both ranks, K = V,
+     * tied and soft-capped logits */
+    CHECK(compare_split(DS_TESTDATA "/fixtures/gemma4-tiny/target", 2, 1e-4, prompt, 9) == NEW,
+          "gemma4-tiny: greedy tokens under 2 ranks");
     /* the bundled bf16 pico target: x is rounded to bf16 before every projection and the logits to bf16, so
      * a different summation order flips roundings of 2^-8 relative */
     const int32_t pp[9] = {785, 1156, 315, 279, 2024, 13, 576, 374, 264};
     const int agree = compare_split(DS_MODELS "/pico-qwen3", 2, 5e-2, pp, 9);
     CHECK(agree >= NEW - 2, "pico: %d of %d greedy tokens as one rank's", agree, NEW);
+    {
+        ds_comm two[2];
+        ds_comm_group *g2;
+        CHECK_OK(ds_comm_group_threads(2, &g2, two));
+        ds_backend *b2;
+        CHECK_OK(ds_backend_cpu_new(1, &b2));
+        ds_target *t2;
+        const ds_target_opts o2 = {.comm = &two[0]};
+        CHECK_ERR(ds_target_open(b2, DS_TESTDATA "/fixtures/gemma4-e-tiny/target", &o2, &t2), "per-layer inputs");
+        b2->ops->destroy(b2);
+        ds_comm_group_free(g2);
+    }
     ds_comm ranks[3];
     ds_comm_group *g;
     CHECK_OK(ds_comm_group_threads(3, &g, ranks));

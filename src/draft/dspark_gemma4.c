@@ -128,7 +128,7 @@ static ds_error *load_layers(gemma4_drafter *g) {
         ds_gemma4_config lc = *c; /* shallow: only the MLP width differs */
         if (first_doubled > 0 && l >= first_doubled) lc.inter = 2 * c->inter;
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
-        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->st.layers[l]));
+        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, &lc, l, &g->st.keep, &g->st.layers[l]));
         DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, d->cache_rows, g->c.kv_dtype));
     }
     return NULL;

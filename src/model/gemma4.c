@@ -149,7 +149,8 @@ static ds_tensor gemma4_layers(gemma4_target *g, const int32_t *ids, int n, cons
 static void softcap_logits(gemma4_target *g, int n_logits) {
     ds_target *t = &g->base;
     if (n_logits <= 0 || g->c.softcap <= 0) return;
-    ds_tensor lg = ds_rows(t->logits, 0, n_logits);
+    /* under tensor parallelism the rank's slice, before any gather (an element-wise cap) */
+    ds_tensor lg = ds_rows(t->comm ? t->logits_local : t->logits, 0, n_logits);
     t->be->ops->softcap(t->be, lg, g->c.softcap);
     if (t->logits_bf16) t->be->ops->round_bf16(t->be, lg);
 }
@@ -194,7 +195,15 @@ static ds_error *load_embeddings(gemma4_target *g, ds_checkpoint *ck) {
     DS_TRY(ds_load_weight(be, ck, "embed_tokens.weight", c->vocab, H, &g->embed));
     g->embed_scale = ds_gemma4_embed_scale(g->embed.dtype, H);
     DS_TRY(ds_load_vector(be, ck, "norm.weight", H, &g->final_norm));
-    if (c->tie_embeddings) {
+    if (c->comm) { /* vocabulary-parallel: this rank's rows of the LM head (of the embeddings when tied) */
+        const int64_t rows = c->vocab / c->comm->world, r0 = (int64_t)c->comm->rank * rows;
+        const char *prefix = ck->name_prefix;
+        if (!c->tie_embeddings) ck->name_prefix = ""; /* lm_head sits outside the text model's prefix */
+        ds_error *e = ds_load_weight_rows(be, ck, c->tie_embeddings ? "embed_tokens.weight" : "lm_head.weight",
+                                          c->vocab, H, r0, rows, &g->lm_head);
+        ck->name_prefix = prefix;
+        DS_TRY(e);
+    } else if (c->tie_embeddings) {
         g->lm_head = g->embed;
         g->lm_head.owned = false;
     } else {
@@ -225,7 +234,7 @@ static ds_error *load_layers(gemma4_target *g, ds_checkpoint *ck) {
     for (int l = 0; l < c->n_layers; l++) {
         snprintf(prefix, sizeof prefix, "layers.%d.", l);
         ds_gemma4_layer *L = &g->st.layers[l];
-        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, L));
+        DS_TRY(ds_gemma4_layer_load(be, ck, prefix, c, l, &g->st.keep, L));
         if (!L->has_kv) continue;
         g->ring[l] = L->type == DS_G4_SLIDING ? g->ring_size : 0;
         DS_TRY(ds_gemma4_stack_cache(be, &g->st, l, g->ring[l] ? g->ring[l] : g->base.cache_rows, c->kv_dtype));
@@ -246,6 +255,7 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     ds_gemma4_config *c = &g->c;
     DS_TRY(ds_gemma4_config_read_as(lay.text, ck->dir, true, lay.unified, c));
     DS_TRY(ds_kv_dtype_read(ck->config, lay.text, ck->dir, &c->kv_dtype)); /* a wrapper names it at its top */
+    DS_TRY(ds_gemma4_config_split(c, t->comm, ck->dir));
     ck->name_prefix = lay.prefix;
     t->ops = &gemma4_ops;
     /* The family a drafter checks: the unified wrapper holds the same text model. */
@@ -274,7 +284,8 @@ static ds_error *gemma4_init(gemma4_target *g, ds_checkpoint *ck) {
     DS_TRY(ds_gemma4_scratch_alloc(be, c, t->max_rows, t->max_rows, &g->s));
     DS_TRY(be->ops->alloc(be, DS_F32, t->max_logit_rows, c->vocab, &t->logits));
     DS_TRY(be->ops->alloc(be, DS_F32, t->max_rows, H, &t->final_hidden));
-    t->graph_safe = true;
+    DS_TRY(ds_target_tp_alloc(t));
+    t->graph_safe = !t->comm; /* a collective waits on the host: no recording */
     return NULL;
 }
 
@@ -284,8 +295,7 @@ ds_error *ds_gemma4_open(ds_backend *be, ds_checkpoint *ck, const ds_target_opts
     ds_target *t = &g->base;
     ds_target_init_common(t, be, ck, opts);
     const char *prefix = ck->name_prefix;
-    ds_error *e = t->comm ? ds_errorf("%s: tensor parallel runs Qwen3 targets so far, not Gemma 4", ck->dir)
-                          : gemma4_init(g, ck);
+    ds_error *e = gemma4_init(g, ck);
     if (e) {
         ck->name_prefix = prefix; /* the caller still owns ck */
         be->ops->release(be, &t->logits);

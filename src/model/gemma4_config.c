@@ -302,3 +302,36 @@ void ds_gemma4_config_free(ds_gemma4_config *c) {
     free(c->kv_source);
     *c = (ds_gemma4_config){0};
 }
+
+ds_error *ds_gemma4_config_split(ds_gemma4_config *c, ds_comm *comm, const char *where) {
+    c->comm = comm && comm->world > 1 ? comm : NULL;
+    c->n_heads_all = c->n_heads, c->inter_all = c->inter;
+    for (int t = 0; t < DS_G4_N_TYPES; t++) c->kv_all[t] = c->geom[t].n_kv_heads, c->kv_first[t] = 0;
+    if (!c->comm) return NULL;
+    const int w = comm->world, r = comm->rank;
+    if (c->ple_dim)
+        return ds_errorf("%s: per-layer inputs (hidden_size_per_layer_input, the E-series) are not split across "
+                         "tensor-parallel ranks", where);
+    if (c->n_heads % w) return ds_errorf("%s: num_attention_heads = %d does not divide among %d ranks", where, c->n_heads, w);
+    if (c->inter % w) return ds_errorf("%s: intermediate_size = %d does not divide among %d ranks", where, c->inter, w);
+    if (c->vocab % w) return ds_errorf("%s: vocab_size = %d does not divide among %d ranks", where, c->vocab, w);
+    const int h = c->n_heads / w;
+    for (int t = 0; t < DS_G4_N_TYPES; t++) {
+        ds_gemma4_attn_geom *g = &c->geom[t];
+        if (!g->used) continue;
+        const int kv = g->n_kv_heads;
+        if (kv % w == 0) { /* the rank's slice of the KV heads */
+            g->n_kv_heads = kv / w;
+            c->kv_first[t] = r * (kv / w);
+        } else if (w % kv == 0) { /* fewer KV heads than ranks: the one this rank's query heads share */
+            g->n_kv_heads = 1;
+            c->kv_first[t] = (r * h) / (c->n_heads / kv);
+        } else {
+            return ds_errorf("%s: %s layers' %d KV heads neither divide among nor replicate over %d ranks", where,
+                             t == DS_G4_FULL ? "full" : "sliding", kv, w);
+        }
+    }
+    c->n_heads = h;
+    c->inter /= w;
+    return NULL;
+}

@@ -24,7 +24,7 @@ static ds_error *read_layer_scalar(const ds_checkpoint *ck, const char *prefix, 
 }
 
 ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_gemma4_config *c,
-                               int index, ds_gemma4_layer *L) {
+                               int index, ds_shard_keep *keep, ds_gemma4_layer *L) {
     char n[256];
     *L = (ds_gemma4_layer){0};
     L->type = c->layer_type[index];
@@ -37,44 +37,72 @@ ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const ch
     /* The reference doubles the MLP only on KV-shared layers. */
     L->inter = c->inter * (c->double_wide && !L->has_kv ? 2 : 1);
     const int H = c->hidden, qd = c->n_heads * L->head_dim, kvd = L->n_kv_heads * L->head_dim;
-#define W(field, suffix, r, cols)                                                                                      \
+    /* Tensor parallel: c holds this rank's heads, KV heads (from kv_first) and MLP width; the checkpoint's
+     * tensors are the whole model's. */
+    const int rank = c->comm ? c->comm->rank : 0, world = c->comm ? c->comm->world : 1;
+    const int64_t q0 = (int64_t)rank * qd, kv0 = (int64_t)c->kv_first[L->type] * L->head_dim;
+    const int64_t qd_all = (int64_t)c->n_heads_all * L->head_dim, kvd_all = (int64_t)c->kv_all[L->type] * L->head_dim;
+    const int64_t inter_all = (int64_t)L->inter * world, i0 = (int64_t)rank * L->inter;
+#define NAME(suffix) snprintf(n, sizeof n, "%s%s", prefix, suffix)
+/* rows [first, first + r) of a [all, cols] weight (all == r: the whole) */
+#define WR(field, suffix, r, cols, first, all)                                                                         \
     do {                                                                                                               \
-        snprintf(n, sizeof n, "%s%s", prefix, suffix);                                                                 \
-        DS_TRY(ds_load_weight(be, ck, n, r, cols, &L->field));                                                         \
+        NAME(suffix);                                                                                                  \
+        DS_TRY(!c->comm ? ds_load_weight(be, ck, n, r, cols, &L->field)                                               \
+                        : ds_load_weight_rows(be, ck, n, all, cols, first, r, &L->field));                             \
     } while (0)
+/* the rank's column slice of a row-parallel [rows, cols * world] weight */
+#define WC(field, suffix, rows, cols)                                                                                  \
+    do {                                                                                                               \
+        NAME(suffix);                                                                                                  \
+        DS_TRY(!c->comm ? ds_load_weight(be, ck, n, rows, cols, &L->field)                                            \
+                        : ds_load_weight_split(be, ck, n, rows, (int64_t)(cols) * world,                               \
+                                               (ds_tp){rank, world}, DS_SPLIT_COLS, keep, &L->field));               \
+    } while (0)
+#define W(field, suffix, r, cols) WR(field, suffix, r, cols, 0, r)
 #define V(field, suffix, len)                                                                                          \
     do {                                                                                                               \
-        snprintf(n, sizeof n, "%s%s", prefix, suffix);                                                                 \
+        NAME(suffix);                                                                                                  \
         DS_TRY(ds_load_vector(be, ck, n, len, &L->field));                                                             \
+    } while (0)
+#define VR(field, suffix, len, first, all)                                                                             \
+    do {                                                                                                               \
+        NAME(suffix);                                                                                                  \
+        DS_TRY(!c->comm ? ds_load_vector(be, ck, n, len, &L->field)                                                   \
+                        : ds_load_vector_range(be, ck, n, all, first, len, &L->field));                               \
     } while (0)
     V(in_norm, "input_layernorm.weight", H);
     V(post_attn_norm, "post_attention_layernorm.weight", H);
     V(pre_ff_norm, "pre_feedforward_layernorm.weight", H);
     V(post_ff_norm, "post_feedforward_layernorm.weight", H);
     V(q_norm, "self_attn.q_norm.weight", L->head_dim);
-    W(q_proj, "self_attn.q_proj.weight", qd, H);
-    W(o_proj, "self_attn.o_proj.weight", H, qd);
+    WR(q_proj, "self_attn.q_proj.weight", qd, H, q0, qd_all);
+    WC(o_proj, "self_attn.o_proj.weight", H, qd);
     if (c->attention_bias) {
-        V(q_bias, "self_attn.q_proj.bias", qd);
-        V(o_bias, "self_attn.o_proj.bias", H);
+        VR(q_bias, "self_attn.q_proj.bias", qd, q0, qd_all);
+        if (rank == 0) V(o_bias, "self_attn.o_proj.bias", H); /* added once, by rank 0 */
     }
     if (L->has_kv) {
         V(k_norm, "self_attn.k_norm.weight", L->head_dim);
-        W(k_proj, "self_attn.k_proj.weight", kvd, H);
-        if (c->attention_bias) V(k_bias, "self_attn.k_proj.bias", kvd);
+        WR(k_proj, "self_attn.k_proj.weight", kvd, H, kv0, kvd_all);
+        if (c->attention_bias) VR(k_bias, "self_attn.k_proj.bias", kvd, kv0, kvd_all);
         if (L->has_v_proj) {
-            W(v_proj, "self_attn.v_proj.weight", kvd, H);
-            if (c->attention_bias) V(v_bias, "self_attn.v_proj.bias", kvd);
+            WR(v_proj, "self_attn.v_proj.weight", kvd, H, kv0, kvd_all);
+            if (c->attention_bias) VR(v_bias, "self_attn.v_proj.bias", kvd, kv0, kvd_all);
         }
     }
-    W(gate, "mlp.gate_proj.weight", L->inter, H);
-    W(up, "mlp.up_proj.weight", L->inter, H);
-    W(down, "mlp.down_proj.weight", H, L->inter);
+    WR(gate, "mlp.gate_proj.weight", L->inter, H, i0, inter_all);
+    WR(up, "mlp.up_proj.weight", L->inter, H, i0, inter_all);
+    WC(down, "mlp.down_proj.weight", H, L->inter);
     if (c->ple_dim) {
         W(ple_gate, "per_layer_input_gate.weight", c->ple_dim, H);
         W(ple_proj, "per_layer_projection.weight", H, c->ple_dim);
         V(ple_post_norm, "post_per_layer_input_norm.weight", H);
     }
+#undef NAME
+#undef WR
+#undef WC
+#undef VR
 #undef W
 #undef V
     return read_layer_scalar(ck, prefix, &L->layer_scalar);
@@ -124,6 +152,7 @@ void ds_gemma4_stack_release(ds_backend *be, ds_gemma4_stack *st) {
     free(st->layers);
     free(st->k);
     free(st->v);
+    ds_shard_keep_free(&st->keep); /* after the weights that map them */
     *st = (ds_gemma4_stack){0};
 }
 
@@ -200,10 +229,12 @@ void ds_gemma4_output_and_mlp(ds_backend *be, const ds_gemma4_config *c, const d
               up = ds_rows(ds_cols(s->up, 0, L->inter), 0, rows);
     const bool with_ple = ple.data && L->ple_gate.data;
     be->ops->linear(be, tmp, attn, L->o_proj, L->o_bias);
+    if (c->comm) c->comm->ops->all_reduce(c->comm, be, tmp); /* row-parallel: the ranks' partial sums */
     ds_rmsnorm_add(be, x, x, tmp, L->post_attn_norm, c->eps, 1.0f);
     /* pre_ff_norm, gate, up and GeGLU in one launch where the backend fuses them */
     ds_rmsnorm_linear_geglu(be, gate, x, L->pre_ff_norm, c->eps, L->gate, L->up, xn, up);
     be->ops->linear(be, tmp, gate, L->down, ds_no_tensor());
+    if (c->comm) c->comm->ops->all_reduce(c->comm, be, tmp);
     /* the layer scalar with the last residual add (the same rounding as a separate scale) */
     ds_rmsnorm_add(be, x, x, tmp, L->post_ff_norm, c->eps, with_ple ? 1.0f : L->layer_scalar);
     if (with_ple) {

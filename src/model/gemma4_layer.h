@@ -9,7 +9,9 @@
 #define DS_GEMMA4_LAYER_H
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "io/checkpoint.h"
+#include "model/tp_shard.h"
 
 typedef enum { DS_G4_SLIDING = 0, DS_G4_FULL = 1, DS_G4_N_TYPES } ds_gemma4_type;
 
@@ -33,6 +35,12 @@ typedef struct {
     ds_gemma4_type *layer_type; /* [n_layers] */
     int *kv_source;             /* [n_layers]: the layer whose K/V layer l attends to (l unless KV-shared) */
     ds_dtype kv_dtype;          /* the K/V caches' (model/kv_cache.h); a wrapper's reader sets it from the top level */
+    /* Tensor parallel (issue 43; NULL: the whole model): n_heads, inter and each geometry's n_kv_heads are this
+     * rank's (ds_gemma4_config_split); kv_first[type] is the first KV head it holds (with fewer KV heads than
+     * ranks, each rank holds the one KV head its query heads read: replicated); n_heads_all, inter_all,
+     * kv_all[type] are the checkpoint's. */
+    ds_comm *comm;
+    int n_heads_all, inter_all, kv_first[DS_G4_N_TYPES], kv_all[DS_G4_N_TYPES];
 } ds_gemma4_config;
 
 typedef struct {
@@ -55,6 +63,7 @@ typedef struct {
     int n;
     ds_gemma4_layer *layers;
     ds_tensor *k, *v;
+    ds_shard_keep keep; /* host buffers behind column-split shards (tensor parallel) */
 } ds_gemma4_stack;
 
 /* Room for n layers (nothing loaded yet). */
@@ -84,6 +93,9 @@ ds_error *ds_gemma4_config_read(const cJSON *cfg, const char *where, bool share_
 ds_error *ds_gemma4_config_read_as(const cJSON *cfg, const char *where, bool share_kv, bool unified,
                                    ds_gemma4_config *c);
 void ds_gemma4_config_free(ds_gemma4_config *c);
+/* This rank's share of c under comm (world > 1); errors name the field that does not divide. Per-layer
+ * inputs (the E-series) are not split (an error). */
+ds_error *ds_gemma4_config_split(ds_gemma4_config *c, ds_comm *comm, const char *where);
 /* RoPE inverse frequencies of one layer type (rope_parameters.<type>, with
  * rope_type default or proportional) for a head of dimension head_dim. */
 ds_error *ds_gemma4_inv_freq(const cJSON *cfg, const char *where, ds_gemma4_type type, int head_dim, float **out);
@@ -93,7 +105,7 @@ float ds_gemma4_embed_scale(ds_dtype weight_dtype, int n);
 
 /* Loads layer `index` (prefix e.g. "layers.3.", relative to ck's name prefix). */
 ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const char *prefix, const ds_gemma4_config *c,
-                               int index, ds_gemma4_layer *L);
+                               int index, ds_shard_keep *keep, ds_gemma4_layer *L);
 void ds_gemma4_layer_release(ds_backend *be, ds_gemma4_layer *L);
 ds_error *ds_gemma4_scratch_alloc(ds_backend *be, const ds_gemma4_config *c, int rows, int kv_rows,
                                   ds_gemma4_scratch *s);

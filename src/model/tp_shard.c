@@ -60,6 +60,37 @@ ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const ch
     return e;
 }
 
+ds_error *ds_load_weight_rows(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                              int64_t r0, int64_t n, ds_tensor *out) {
+    if (r0 < 0 || n < 1 || r0 + n > rows) return ds_errorf("tensor %s: rows %lld..%lld of %lld", name, (long long)r0,
+                                                          (long long)(r0 + n), (long long)rows);
+    ds_quant_src q;
+    DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
+    if (q.w) return ds_errorf("tensor %s: quantized weights are not split across ranks yet", name);
+    const ds_st_tensor *t;
+    const int64_t shape[2] = {rows, cols};
+    DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));
+    const size_t es = ds_dtype_size(t->dtype);
+    ds_st_tensor part = *t;
+    part.data = (const char *)t->data + (size_t)(r0 * cols) * es;
+    part.nbytes = (size_t)(n * cols) * es;
+    part.shape[0] = n;
+    return be->ops->weight(be, &part, n, cols, out);
+}
+
+ds_error *ds_load_vector_range(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t len, int64_t i0,
+                               int64_t n, ds_tensor *out) {
+    if (i0 < 0 || n < 1 || i0 + n > len) return ds_errorf("tensor %s: values %lld..%lld of %lld", name, (long long)i0,
+                                                         (long long)(i0 + n), (long long)len);
+    const ds_st_tensor *t;
+    DS_TRY(ds_checkpoint_tensor(ck, name, 1, &len, &t));
+    ds_st_tensor part = *t;
+    part.data = (const char *)t->data + (size_t)i0 * ds_dtype_size(t->dtype);
+    part.nbytes = (size_t)n * ds_dtype_size(t->dtype);
+    part.shape[0] = n;
+    return be->ops->weight(be, &part, 1, n, out);
+}
+
 ds_error *ds_load_vector_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tp tp,
                                ds_tensor *out) {
     if (n % tp.world) return ds_errorf("tensor %s: its %lld values do not divide among %d ranks", name, (long long)n, tp.world);

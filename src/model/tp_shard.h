@@ -34,6 +34,13 @@ typedef enum { DS_SPLIT_ROWS, DS_SPLIT_COLS } ds_split;
  * its unsplit weights with ds_load_weight (quantized ones included) instead. */
 ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                                ds_tp tp, ds_split split, ds_shard_keep *keep, ds_tensor *out);
+/* Rows [r0, r0 + n) of checkpoint weight `name` ([rows, cols]) as a view into the mapping (dense only): a
+ * KV head replicated across ranks (fewer KV heads than ranks) is its own rows, not the rank's slice. */
+ds_error *ds_load_weight_rows(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                              int64_t r0, int64_t n, ds_tensor *out);
+/* Values [i0, i0 + n) of vector `name` ([len]). */
+ds_error *ds_load_vector_range(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t len, int64_t i0,
+                               int64_t n, ds_tensor *out);
 /* A vector's slice [rank * n / world, ...) (a column-parallel projection's bias). */
 ds_error *ds_load_vector_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t n, ds_tp tp,
                                ds_tensor *out);
