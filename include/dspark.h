@@ -75,7 +75,8 @@ typedef struct {
     /* The batched engine (ds_engine_generate_batch): */
     int tp;                  /* tensor parallel: the target split across tp ranks (0, 1: none), one thread and one
                                 backend a rank (CUDA: GPUs device .. device + tp - 1), the drafter on each. One
-                                generation at a time (no batch); Qwen3 targets */
+                                generation at a time (no batch); Qwen3 and Gemma 4 targets
+                                (not the E-series) */
     int batch;               /* > 0: up to `batch` requests at once, one target forward a step over all of
                                 them, KV caches a pool of pages; 0: one generation at a time */
     int ctx;                 /* tokens a request may hold, prompt and output (0: the model's context);

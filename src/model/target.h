@@ -95,7 +95,7 @@ typedef struct {
     int cache_rows;     /* rows of each layer's K/V cache: 0 = max_ctx (one sequence); a batched engine's pool of
                            pages asks for pages x page rows */
     /* Tensor parallel (issue 43): this rank of comm's world holds its shard of the target and runs the same
-     * calls as the other ranks, each in its own thread (NULL: the whole target). Qwen3 only so far. */
+     * calls as the other ranks, each in its own thread (NULL: the whole target). Qwen3 and Gemma 4 (not its per-layer-input E-series). */
     ds_comm *comm;
 } ds_target_opts;
 

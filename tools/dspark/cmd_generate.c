@@ -71,7 +71,7 @@ static void usage(FILE *f) {
             "                   short of one request of --ctx tokens is an error (the pool: on stderr)\n"
             "  --schedule S     with --batch: fixed (each proposal whole) or confidence (SPEC §6 Algorithm 1:\n"
             "                   the target's step cost is profiled first; --sps-cache FILE keeps it)\n"
-            "  --tp N           tensor parallel: the target (Qwen3) split across N ranks, one thread each (CUDA:\n"
+            "  --tp N           tensor parallel: the target (Qwen3, Gemma 4) split across N ranks, one thread each (CUDA:\n"
             "                   GPUs 0..N-1; CPU: the threads shared out), the drafter on every rank; not with\n"
             "                   --batch\n");
 }
