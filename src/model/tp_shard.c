@@ -27,6 +27,8 @@ ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const ch
     if (dim % tp.world)
         return ds_errorf("tensor %s: its %s (%lld) do not divide among %d ranks", name,
                          split == DS_SPLIT_ROWS ? "rows" : "columns", (long long)dim, tp.world);
+    if (split == DS_SPLIT_ROWS) /* whole rows: a view into the mapping */
+        return ds_load_weight_rows(be, ck, name, rows, cols, tp.rank * (rows / tp.world), rows / tp.world, out);
     ds_quant_src q;
     DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
     if (q.w) return ds_errorf("tensor %s: quantized weights are not split across ranks yet", name);
@@ -35,13 +37,6 @@ ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const ch
     DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));
     const size_t es = ds_dtype_size(t->dtype);
     ds_st_tensor part = *t;
-    if (split == DS_SPLIT_ROWS) { /* whole rows: a view into the mapping */
-        const int64_t n = rows / tp.world;
-        part.data = (const char *)t->data + (size_t)(tp.rank * n * cols) * es;
-        part.nbytes = (size_t)(n * cols) * es;
-        part.shape[0] = n;
-        return be->ops->weight(be, &part, n, cols, out);
-    }
     const int64_t n = cols / tp.world;
     char *buf = malloc((size_t)(rows * n) * es);
     if (!buf) return ds_errorf("tensor %s: out of memory for rank %d's columns", name, tp.rank);

@@ -15,6 +15,7 @@
 
 #include "cli_choice.h"
 #include "commands.h"
+#include "prompt_ids.h"
 #include "draft/sts_file.h"
 #include "dspark.h"
 #include "io/prompt_file.h"
@@ -128,22 +129,6 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* A prompt's ids: as given, through the chat template, or through the tokenizer. */
-static ds_error *prompt_ids(ds_engine *eng, const ds_prompt *p, int32_t **ids, size_t *n) {
-    switch (p->kind) {
-    case DS_PROMPT_IDS:
-        *n = p->n_ids;
-        if (!(*ids = malloc((*n ? *n : 1) * sizeof **ids))) return ds_errorf("out of memory");
-        memcpy(*ids, p->ids, *n * sizeof **ids);
-        return NULL;
-    case DS_PROMPT_MESSAGES: return ds_engine_chat_encode(eng, p->messages, p->n_messages, ids, n);
-    case DS_PROMPT_TEXT: break;
-    }
-    const ds_tokenizer *tok = ds_engine_tokenizer(eng);
-    if (!tok) return ds_errorf("a text prompt needs a tokenizer: give --tokenizer PATH or input_ids");
-    return ds_tokenizer_encode(tok, p->text, strlen(p->text), false, ids, n);
-}
-
 /* Every prompt of list through drafted decoding; every round into r.
  * Prompt i samples (--temp > 0) with seed seed0 + i: one random stream a
  * prompt, so that prompts' acceptances are not drawn from the same uniforms. */
@@ -154,7 +139,7 @@ static ds_error *collect(ds_engine *eng, const options *o, const char *name, con
         gen.seed = seed0 + i;
         int32_t *ids;
         size_t n;
-        DS_TRY(ds_error_wrap(prompt_ids(eng, &list->items[i], &ids, &n), "%s:%d", name, list->items[i].line));
+        DS_TRY(ds_error_wrap(cli_prompt_ids(eng, &list->items[i], &ids, &n), "%s:%d", name, list->items[i].line));
         ds_output out;
         ds_error *e = ds_engine_generate(eng, ids, n, &gen, NULL, NULL, &out);
         free(ids);

@@ -4,21 +4,7 @@
 #include <string.h>
 
 #include "io/prompt_file.h"
-
-static ds_error *ids_of(ds_engine *e, const ds_prompt *p, int32_t **ids, size_t *n) {
-    switch (p->kind) {
-    case DS_PROMPT_IDS:
-        *n = p->n_ids;
-        if (!(*ids = malloc((*n ? *n : 1) * sizeof **ids))) return ds_errorf("out of memory");
-        memcpy(*ids, p->ids, *n * sizeof **ids);
-        return NULL;
-    case DS_PROMPT_MESSAGES: return ds_engine_chat_encode(e, p->messages, p->n_messages, ids, n);
-    case DS_PROMPT_TEXT: break;
-    }
-    const ds_tokenizer *tok = ds_engine_tokenizer(e);
-    if (!tok) return ds_errorf("a text prompt needs the target's tokenizer.json");
-    return ds_tokenizer_encode(tok, p->text, strlen(p->text), false, ids, n);
-}
+#include "prompt_ids.h"
 
 ds_error *train_eval_tau(const char *target_dir, const char *drafter_dir, const char *prompt_file, int max_new,
                          int threads, const char *backend, train_eval *out) {
@@ -35,7 +21,7 @@ ds_error *train_eval_tau(const char *target_dir, const char *drafter_dir, const 
     for (size_t i = 0; i < list.n && !err; i++) {
         int32_t *ids = NULL;
         size_t n = 0;
-        err = ids_of(e, &list.items[i], &ids, &n);
+        err = cli_prompt_ids(e, &list.items[i], &ids, &n);
         ds_output r;
         if (!err) err = ds_engine_generate(e, ids, n, &go, NULL, NULL, &r);
         if (err) err = ds_error_wrap(err, "%s:%d", prompt_file, list.items[i].line);
