@@ -60,7 +60,7 @@ def main():
     from deepspec.utils.optim import BF16Optimizer
 
     dev = torch.device("cuda")
-    model = dsm.Qwen3DSparkModel.from_pretrained(a.drafter, dtype=torch.bfloat16)
+    model = dsm.Qwen3DSparkModel.from_pretrained(a.drafter, dtype=torch.bfloat16, attn_implementation="flex_attention")
     if a.anchors:
         model.num_anchors = a.anchors  # read from the config at construction
     model = model.to(dev)
