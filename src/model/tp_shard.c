@@ -21,6 +21,16 @@ static ds_error *keep_add(ds_shard_keep *k, void *p) {
     return NULL;
 }
 
+/* A [rows, cols] checkpoint weight that is not quantized (quantized ones are not split yet). */
+static ds_error *dense_tensor(const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
+                              const ds_st_tensor **t) {
+    ds_quant_src q;
+    DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
+    if (q.w) return ds_errorf("tensor %s: quantized weights are not split across ranks yet", name);
+    const int64_t shape[2] = {rows, cols};
+    return ds_checkpoint_tensor(ck, name, 2, shape, t);
+}
+
 ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const char *name, int64_t rows, int64_t cols,
                                ds_tp tp, ds_split split, ds_shard_keep *keep, ds_tensor *out) {
     const int64_t dim = split == DS_SPLIT_ROWS ? rows : cols;
@@ -29,12 +39,8 @@ ds_error *ds_load_weight_split(ds_backend *be, const ds_checkpoint *ck, const ch
                          split == DS_SPLIT_ROWS ? "rows" : "columns", (long long)dim, tp.world);
     if (split == DS_SPLIT_ROWS) /* whole rows: a view into the mapping */
         return ds_load_weight_rows(be, ck, name, rows, cols, tp.rank * (rows / tp.world), rows / tp.world, out);
-    ds_quant_src q;
-    DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
-    if (q.w) return ds_errorf("tensor %s: quantized weights are not split across ranks yet", name);
     const ds_st_tensor *t;
-    const int64_t shape[2] = {rows, cols};
-    DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));
+    DS_TRY(dense_tensor(ck, name, rows, cols, &t));
     const size_t es = ds_dtype_size(t->dtype);
     ds_st_tensor part = *t;
     const int64_t n = cols / tp.world;
@@ -59,12 +65,8 @@ ds_error *ds_load_weight_rows(ds_backend *be, const ds_checkpoint *ck, const cha
                               int64_t r0, int64_t n, ds_tensor *out) {
     if (r0 < 0 || n < 1 || r0 + n > rows) return ds_errorf("tensor %s: rows %lld..%lld of %lld", name, (long long)r0,
                                                           (long long)(r0 + n), (long long)rows);
-    ds_quant_src q;
-    DS_TRY(ds_checkpoint_quant(ck, name, rows, cols, &q));
-    if (q.w) return ds_errorf("tensor %s: quantized weights are not split across ranks yet", name);
     const ds_st_tensor *t;
-    const int64_t shape[2] = {rows, cols};
-    DS_TRY(ds_checkpoint_tensor(ck, name, 2, shape, &t));
+    DS_TRY(dense_tensor(ck, name, rows, cols, &t));
     const size_t es = ds_dtype_size(t->dtype);
     ds_st_tensor part = *t;
     part.data = (const char *)t->data + (size_t)(r0 * cols) * es;
