@@ -22,6 +22,8 @@ cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTU
   -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
 rc=$?; t "build rc=$rc (serve $DS_SERVE)"; grep -E "warning|error" "$OUT/build.log" | grep -v "^--" | head -20
 [ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+# SKIP_TESTS=1: the bench part only (a second call on a warm machine, after one with SKIP_BENCH=1)
+if [ -z "${SKIP_TESTS:-}" ]; then
 ctest --test-dir $B -j4 -R 'cuda' --output-on-failure >"$OUT/ctest_cuda.log" 2>&1
 t "GPU tests rc=$?"; grep -E "Test +#|tests passed|FAIL" "$OUT/ctest_cuda.log"
 DS_BACKEND=cuda ctest --test-dir $B -j4 --output-on-failure \
@@ -31,6 +33,7 @@ t "CPU-golden tests on the GPU rc=$?"; grep -E "Test +#|tests passed|FAIL|tau T=
 # Tensor parallel emulated on the one GPU: every rank a CUDA backend, the collectives through the host.
 DS_BACKEND=cuda timeout 300 ./$B/tests/test_tp >"$OUT/test_tp_cuda.log" 2>&1
 t "test_tp on CUDA backends rc=$?"; grep -E "ranks|tokens|FAIL|passed" "$OUT/test_tp_cuda.log" | head -8
+fi
 # SKIP_BENCH=1: the tests only (a call that must leave time for another)
 [ -n "${SKIP_BENCH:-}" ] && { t "done (SKIP_BENCH)"; exit 0; }
 if [ -f .devdata/base.tar.xz ]; then
@@ -42,6 +45,7 @@ if [ -f .devdata/base.tar.xz ]; then
   t "base build rc=$?"
 fi
 M=/tmp/synth-qwen3-8b
+[ -f $M/config.json ] && [ -f $M-dspark/config.json ] ||
 timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
 t "synth rc=$?"
 bench() { # tree label

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_config.h"
 #include "cuda_vs_cpu.h"
 
 /* ---- linear ------------------------------------------------------------- */
@@ -153,10 +154,10 @@ static void test_fused_linear(void) {
     fused_case(DS_BF16, 4, 1000); /* K % 32 != 0: fallback for bf16 too */
 }
 
-/* Fused ops keep rows invariant too: rows of an M-row call == 1-row calls. */
-static void test_fused_row_invariance(void) {
+/* Fused ops keep rows invariant too: rows of an MAXM-row call == 1-row calls. */
+static void fused_row_invariance(int64_t MAXM) {
     /* N = 288: as o_proj's K, at least one ring box (256) and a partial ring stage (288 of 512). */
-    const int64_t N = 288, K = 4096, MAXM = 17;
+    const int64_t N = 288, K = 4096;
     pair wg = weight(DS_BF16, N, K), wu = weight(DS_BF16, N, K), wo = weight(DS_BF16, K, N);
     pair x = act_rand(MAXM, K, 1.0f), att = act_rand(MAXM, N, 1.0f);
     pair h1 = act(MAXM, N, NULL), hm = act(MAXM, N, NULL), r1 = act_rand(MAXM, K, 1.0f), rm = act(MAXM, K, NULL);
@@ -178,18 +179,21 @@ static void test_fused_row_invariance(void) {
         gpu->ops->rmsnorm_linear_swiglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
     gpu->ops->rmsnorm_linear_swiglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
     float *e1 = fetch(gpu, n1.g), *em = fetch(gpu, nm.g);
-    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a 17-row call differ from 1-row calls");
+    CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4), "rmsnorm_linear_swiglu: rows of a %lld-row call differ from 1-row calls",
+          (long long)MAXM);
     free(e1), free(em);
     for (int64_t i = 0; i < MAXM; i++)
         gpu->ops->rmsnorm_linear_geglu(gpu, ds_rows(n1.g, i, 1), ds_rows(x.g, i, 1), nw.g, 1e-6f, wg.g, wu.g);
     gpu->ops->rmsnorm_linear_geglu(gpu, nm.g, x.g, nw.g, 1e-6f, wg.g, wu.g);
     e1 = fetch(gpu, n1.g), em = fetch(gpu, nm.g);
     CHECK(!memcmp(e1, em, (size_t)(MAXM * N) * 4),
-          "rmsnorm_linear_geglu: rows of a 17-row call differ from 1-row calls");
+          "rmsnorm_linear_geglu: rows of a %lld-row call differ from 1-row calls", (long long)MAXM);
     free(e1), free(em);
     float *a = fetch(gpu, h1.g), *b = fetch(gpu, hm.g), *c = fetch(gpu, r1.g), *d = fetch(gpu, rm.g);
-    CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a 17-row call differ from 1-row calls");
-    CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a 17-row call differ from 1-row calls");
+    CHECK(!memcmp(a, b, (size_t)(MAXM * N) * 4), "linear_swiglu: rows of a %lld-row call differ from 1-row calls",
+          (long long)MAXM);
+    CHECK(!memcmp(c, d, (size_t)(MAXM * K) * 4), "linear_residual: rows of a %lld-row call differ from 1-row calls",
+          (long long)MAXM);
     float *e8 = fetch(gpu, r8.g);
     CHECK(!memcmp(c, e8, (size_t)(13 * K) * 4), "linear_residual: rows of 8- and 5-row calls differ from 1-row calls");
     free(e8);
@@ -204,16 +208,64 @@ static void test_fused_row_invariance(void) {
     float *q1[2] = {fetch(gpu, n1.g), fetch(gpu, h1.g)}, *qm[2] = {fetch(gpu, nm.g), fetch(gpu, hm.g)};
     for (int o = 0; o < 2; o++) {
         CHECK(!memcmp(q1[o], qm[o], (size_t)(MAXM * N) * 4),
-              "rmsnorm_linear_multi output %d: rows of a 17-row call differ from 1-row calls", o);
+              "rmsnorm_linear_multi output %d: rows of a %lld-row call differ from 1-row calls", o, (long long)MAXM);
         free(q1[o]), free(qm[o]);
     }
     release(&nw), release(&n1), release(&nm);
     printf("  linear_swiglu, linear_residual, rmsnorm_linear_swiglu / _geglu, rmsnorm_linear_multi bf16: rows of a "
-           "17-row call == 1-row calls, bitwise (linear_residual: of 8- and 5-row calls too)\n");
+           "%lld-row call == 1-row calls, bitwise (linear_residual: of 8- and 5-row calls too)\n",
+           (long long)MAXM);
     free(a), free(b), free(c), free(d);
     check_gpu_ok("fused row invariance");
     pair *all[] = {&wg, &wu, &wo, &x, &att, &h1, &hm, &r1, &rm};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) release(all[i]);
+}
+
+static void test_fused_row_invariance(void) { fused_row_invariance(17); }
+
+/* cfg.invariant: rows past the narrow kernels (DS_CU_NARROW_M) take the row-invariant wide product
+ * (matmul_invariant.cu) in one call; every row equals the same row computed alone (the narrow kernels), bit for
+ * bit, whatever the tile shape the row count picks. K = 96 leaves 13 of the 16 chunk classes empty, K = 1120 ends
+ * the classes unevenly, 4000 weight rows fill the big tiles' grid. The fused ops through it at 100 rows. */
+static void test_wide_row_invariance(void) {
+    if (!DS_X_BF16_ON) {
+        printf("  (the fp32-x build: wide rows run as slabs through the narrow kernels, test_batch checks them)\n");
+        return;
+    }
+    ds_cuda_config *cfg = ds_cuda_config_of(gpu);
+    const bool was = cfg->invariant;
+    cfg->invariant = true;
+    const int64_t Ks[] = {2048, 96, 1120, 4096}, Ns[] = {515, 300, 4000, 130};
+    const int64_t MAXM = 300;
+    for (int t = 0; t < 4; t++) {
+        const int64_t K = Ks[t], N = Ns[t];
+        pair w = weight(DS_BF16, N, K), b = weight(DS_BF16, 1, N);
+        pair x = act_rand(MAXM, K, 1.0f), ref = act(MAXM, N, NULL), out = act(MAXM, N, NULL);
+        for (int64_t i = 0; i < MAXM; i++)
+            gpu->ops->linear(gpu, ds_rows(ref.g, i, 1), ds_rows(x.g, i, 1), w.g, b.g);
+        float *want = fetch(gpu, ref.g);
+        const int64_t Ms[] = {33, 64, 100, 257, 300};
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int64_t M = Ms[mi], r0 = MAXM - M; /* the last M rows: tiles start at another row */
+            gpu->ops->linear(gpu, ds_rows(out.g, r0, M), ds_rows(x.g, r0, M), w.g, b.g);
+            float *got = fetch(gpu, ds_rows(out.g, r0, M));
+            int64_t bad = -1, nbad = 0;
+            for (int64_t i = 0; i < M * N; i++)
+                if (memcmp(&got[i], &want[r0 * N + i], 4)) bad = bad < 0 ? i : bad, nbad++;
+            CHECK(nbad == 0, "invariant linear N=%lld K=%lld: %lld values of an M=%lld call differ from 1-row calls "
+                  "(first: row %lld, col %lld: %.9g vs %.9g)", (long long)N, (long long)K, (long long)nbad,
+                  (long long)M, (long long)(bad / N), (long long)(bad % N), bad < 0 ? 0.0 : got[bad],
+                  bad < 0 ? 0.0 : want[r0 * N + bad]);
+            free(got);
+        }
+        printf("  invariant linear bf16 N=%lld K=%lld: rows of M=33..300 calls == 1-row calls, bitwise\n", (long long)N,
+               (long long)K);
+        check_gpu_ok("invariant linear");
+        free(want);
+        release(&w), release(&b), release(&x), release(&ref), release(&out);
+    }
+    fused_row_invariance(100);
+    cfg->invariant = was;
 }
 
 /* DS_X_BF16: a fused norm computes the same bits on every path (the ring at 1 and 8 rows, the per-tile kernel at
@@ -259,4 +311,4 @@ static void test_normed_x_paths(void) {
 }
 
 RUN_CUDA_TESTS("cuda_matmul", test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,
-               test_fused_row_invariance, test_normed_x_paths)
+               test_fused_row_invariance, test_wide_row_invariance, test_normed_x_paths)

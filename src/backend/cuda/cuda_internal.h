@@ -47,9 +47,11 @@ static inline unsigned ds_cu_rows_grid(int64_t rows) { return (unsigned)(rows < 
 #define DS_CU_PREFILL_ROWS (DS_CU_NARROW_M + 1)
 /* cfg.invariant: a call of more than DS_CU_NARROW_M rows runs as slabs of
  * DS_CU_NARROW_M rows through the same op (row-wise ops: the same bits a
- * row gets in a call of its own slab). */
-#define DS_CU_SLABS(cb, M, r0, n, CALL)                                              \
-    if ((cb)->cfg.invariant && (M) > DS_CU_NARROW_M) {                               \
+ * row gets in a call of its own slab), unless WIDE_OK: its weights take the
+ * row-invariant wide product (matmul_invariant.h), which gives those bits
+ * in one call. */
+#define DS_CU_SLABS(cb, M, WIDE_OK, r0, n, CALL)                                     \
+    if ((cb)->cfg.invariant && (M) > DS_CU_NARROW_M && !(WIDE_OK)) {                 \
         for (int64_t r0 = 0, n; r0 < (M) && (n = (M) - r0 < DS_CU_NARROW_M ? (M) - r0 : DS_CU_NARROW_M, 1); \
              r0 += DS_CU_NARROW_M)                                                   \
             CALL;                                                                    \

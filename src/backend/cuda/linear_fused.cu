@@ -5,6 +5,7 @@
  * Otherwise (fp32/f16 weights, prefill-sized M) they run the unfused
  * sequence, so every weight type and size still works. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/matmul_invariant.h"
 #include "backend/cuda/matmul_mma.h"
 #include "backend/cuda/matmul_mma_frag.cuh"
 
@@ -41,6 +42,16 @@ static bool multi_plan(ds_cuda_backend *cb, const char *op, int n, const ds_tens
     return fused;
 }
 
+/* Whether every one of the n weights takes the row-invariant wide product (DS_CU_SLABS's WIDE_OK). */
+static bool wide_inv(ds_cuda_backend *cb, int n, const ds_tensor *ws) {
+    for (int i = 0; i < n; i++)
+        if (!ds_cu_wide_invariant_ok(cb, ws[i])) return false;
+    return n > 0;
+}
+static bool wide_inv2(ds_cuda_backend *cb, ds_tensor a, ds_tensor b) {
+    return ds_cu_wide_invariant_ok(cb, a) && ds_cu_wide_invariant_ok(cb, b);
+}
+
 /* outs[i] rows [r0, r0 + n), for the slabs of cfg.invariant. */
 static void rows_of(int k, const ds_tensor *outs, int64_t r0, int64_t n, ds_tensor *dst) {
     for (int i = 0; i < k; i++) dst[i] = ds_rows(outs[i], r0, n);
@@ -50,8 +61,8 @@ void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor 
                         const ds_tensor *biases) {
     ds_cuda_backend *cb = ds_cu(be);
     ds_tensor so[DS_LINEAR_MULTI_MAX];
-    DS_CU_SLABS(cb, x.rows, r0, m, (rows_of(n, outs, r0, m, so), ds_cu_linear_multi(be, n, so, ds_rows(x, r0, m), ws,
-                                                                                     biases)));
+    DS_CU_SLABS(cb, x.rows, wide_inv(cb, n, ws), r0, m,
+                (rows_of(n, outs, r0, m, so), ds_cu_linear_multi(be, n, so, ds_rows(x, r0, m), ws, biases)));
     bool ok;
     ds_mma_args a;
     if (multi_plan(cb, "linear_multi", n, outs, x, ws, biases, &ok, &a)) {
@@ -64,7 +75,7 @@ void ds_cu_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds_tensor 
 
 void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias, ds_tensor res) {
     ds_cuda_backend *cb = ds_cu(be);
-    DS_CU_SLABS(cb, x.rows, r0, n,
+    DS_CU_SLABS(cb, x.rows, ds_cu_wide_invariant_ok(cb, w), r0, n,
                 ds_cu_linear_residual(be, ds_rows(out, r0, n), ds_rows(x, r0, n), w, bias, ds_rows(res, r0, n)));
     if (x.rows <= 0 || w.rows <= 0) return;
     if (!ds_cu_linear_ok(cb, "linear_residual", out, x, w, bias)) return;
@@ -124,7 +135,8 @@ static void linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, d
 }
 
 void ds_cu_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor wg, ds_tensor wu) {
-    DS_CU_SLABS(ds_cu(be), x.rows, r0, n, ds_cu_linear_swiglu(be, ds_rows(out, r0, n), ds_rows(x, r0, n), wg, wu));
+    DS_CU_SLABS(ds_cu(be), x.rows, wide_inv2(ds_cu(be), wg, wu), r0, n,
+                ds_cu_linear_swiglu(be, ds_rows(out, r0, n), ds_rows(x, r0, n), wg, wu));
     linear_glu(be, "linear_swiglu", DS_GLU_SILU, out, x, wg, wu);
 }
 
@@ -287,7 +299,7 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
                                 const ds_tensor *ws, const ds_tensor *biases) {
     ds_cuda_backend *cb = ds_cu(be);
     ds_tensor so[DS_LINEAR_MULTI_MAX];
-    DS_CU_SLABS(cb, x.rows, r0, m,
+    DS_CU_SLABS(cb, x.rows, wide_inv(cb, n, ws), r0, m,
                 (rows_of(n, outs, r0, m, so), ds_cu_rmsnorm_linear_multi(be, n, so, ds_rows(x, r0, m), nw, eps, ws,
                                                                          biases)));
     if (x.rows <= 0 || !norm_ok(cb, "rmsnorm_linear_multi", x, nw)) return;
@@ -366,14 +378,14 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
                                  ds_tensor wu) {
-    DS_CU_SLABS(ds_cu(be), x.rows, r0, n,
+    DS_CU_SLABS(ds_cu(be), x.rows, wide_inv2(ds_cu(be), wg, wu), r0, n,
                 ds_cu_rmsnorm_linear_swiglu(be, ds_rows(out, r0, n), ds_rows(x, r0, n), nw, eps, wg, wu));
     rmsnorm_linear_glu(be, "rmsnorm_linear_swiglu", DS_GLU_SILU, out, x, nw, eps, wg, wu);
 }
 
 void ds_cu_rmsnorm_linear_geglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
                                 ds_tensor wu) {
-    DS_CU_SLABS(ds_cu(be), x.rows, r0, n,
+    DS_CU_SLABS(ds_cu(be), x.rows, wide_inv2(ds_cu(be), wg, wu), r0, n,
                 ds_cu_rmsnorm_linear_geglu(be, ds_rows(out, r0, n), ds_rows(x, r0, n), nw, eps, wg, wu));
     rmsnorm_linear_glu(be, "rmsnorm_linear_geglu", DS_GLU_GELU_TANH, out, x, nw, eps, wg, wu);
 }

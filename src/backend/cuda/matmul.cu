@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/matmul_invariant.h"
 #include "backend/cuda/matmul_mma.h"
 
 #define MV_THREADS 128
@@ -200,9 +201,11 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
  * narrow kernel (~16 mantissa bits kept), out = W hi + W lo with fp32
  * accumulation, two cuBLAS bf16 GEMMs instead of widening every weight to
  * fp32 for sgemm (which read the weights three times and ran on the CUDA
- * cores). */
+ * cores). With cfg.invariant (DS_X_BF16: hi alone) the row-invariant GEMM
+ * instead (matmul_invariant.cu). */
 static bool gemm_bf16(ds_cuda_backend *cb, const char *op, ds_tensor out, const void *hi, const void *lo, int64_t M,
                       int64_t K, ds_tensor w) {
+    if (!lo && ds_cu_wide_invariant_ok(cb, w)) return ds_cu_gemm_invariant(cb, op, out, (const uint16_t *)hi, M, w);
     const int64_t N = w.rows;
     const float one = 1.0f, zero = 0.0f;
     for (int part = 0; part < (lo ? 2 : 1); part++) {
@@ -308,7 +311,8 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
     ds_cuda_backend *cb = ds_cu(be);
     const int64_t M = x.rows, K = x.cols, N = w.rows;
     if (M <= 0 || N <= 0) return;
-    DS_CU_SLABS(cb, M, r0, n, ds_cu_linear(be, ds_rows(out, r0, n), ds_rows(x, r0, n), w, bias));
+    DS_CU_SLABS(cb, M, ds_cu_wide_invariant_ok(cb, w), r0, n,
+                ds_cu_linear(be, ds_rows(out, r0, n), ds_rows(x, r0, n), w, bias));
     if (!ds_cu_linear_ok(cb, "linear", out, x, w, bias)) return;
     if (w.q.bits) { /* quantized (matmul_quant.cu): before any test of the dtype, which is its scales' */
         ds_cu_linear_quant(cb, "linear", out, x, w, bias);
