@@ -184,7 +184,7 @@ void ds_cu_attention_paged(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_t
     for (int64_t a = 0; a < M && !cb->err;) {
         int64_t b = a + 1;
         while (b < M && same_run(p, a, b) && p->q_pos[b] == p->q_pos[a] + (b - a)) b++;
-        if (b - a >= DS_CU_PREFILL_ROWS && !cb->cfg.invariant) {
+        if (b - a >= DS_CU_PREFILL_ROWS) { /* (cfg.invariant: the prefill kernel refuses) */
             ds_attn_params pr_ = *p;
             pr_.pages = NULL;
             pr_.q_pos = p->q_pos + a;

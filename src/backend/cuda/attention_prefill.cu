@@ -254,7 +254,9 @@ bool ds_cu_attention_prefill(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
 bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                                    const ds_attn_params *p, const ds_cu_pages *pg) {
     const int64_t M = q.rows;
-    if (M < DS_CU_PREFILL_ROWS || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
+    /* cfg.invariant: a prompt's rows take the decode kernel, as they would one at a time (the tiled kernel's
+     * sums are not a decode row's), whether the prompt is prefilled whole or in chunks, paged or not. */
+    if (M < DS_CU_PREFILL_ROWS || cb->cfg.invariant || cb->reg.active || !p->q_pos || p->head_dim > PA_DMAX ||
         p->v_head_dim > PA_DMAX || p->n_heads <= 0 || p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads ||
         M > INT32_MAX / 2 || !ds_cu_kv_dtype_ok(k.dtype) || v.dtype != k.dtype)
         return false; /* (other cache dtypes: the chunk kernel names them) */
