@@ -72,11 +72,12 @@ typedef struct {
     const char *sts;         /* STS temperatures for the drafter's confidence (`dspark calibrate`'s file);
                                 NULL: the drafter directory's sts.json when there is one */
     bool no_sts;             /* read no temperature file: the confidence head as it is */
-    /* The batched engine (ds_engine_generate_batch): */
     int tp;                  /* tensor parallel: the target split across tp ranks (0, 1: none), one thread and one
-                                backend a rank (CUDA: GPUs device .. device + tp - 1), the drafter on each. One
-                                generation at a time (no batch); Qwen3 and Gemma 4 targets
+                                backend a rank (CUDA: GPUs device .. device + tp - 1), the drafter on each; every
+                                generation, and with batch every step of the batched engine, runs on all ranks
+                                (the calls below go to rank 0, the others follow); Qwen3 and Gemma 4 targets
                                 (not the E-series) */
+    /* The batched engine (ds_engine_generate_batch): */
     int batch;               /* > 0: up to `batch` requests at once, one target forward a step over all of
                                 them, KV caches a pool of pages; 0: one generation at a time */
     int ctx;                 /* tokens a request may hold, prompt and output (0: the model's context);

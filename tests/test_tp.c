@@ -329,10 +329,7 @@ static void test_engine_tp(void) {
           cut.n_tokens);
     ds_output_free(&cut);
     ds_engine_free(e2);
-    ds_engine_free(e1);
-    ds_engine_opts ob = o2;
-    ob.batch = 4, ob.ctx = 256;
-    CHECK_ERR(ds_engine_open(&ob, &e2), "no batch");
+    ds_engine_free(e1); /* the batched engine under tp: test_tp_batch */
 }
 
 typedef struct {

@@ -12,7 +12,7 @@
 
 #include "backend/comm.h"
 #include "base/clock.h"
-#include "batch/batch.h"
+#include "batch/batch_tp.h"
 #include "batch/kv_budget.h"
 #include "draft/drafter.h"
 #include "draft/sts_file.h"
@@ -33,7 +33,8 @@ struct ds_engine {
     ds_batch_opts bo;    /* the batched engine's shape */
     int64_t kv_row[2];   /* bytes a position takes in the target's, the drafter's caches (batched) */
     ds_step_cost *sps;   /* Algorithm 1's step cost (confidence_schedule) */
-    ds_batch *live;      /* the batched engine: every request, submitted or generated in a batch */
+    ds_batch_tp *live;   /* the batched engine: every request, submitted or generated in a batch (under
+                            tensor parallelism one engine a rank, stepped together: batch_tp.h) */
     /* Tensor parallel (ds_engine_opts.tp > 1): this engine is rank 0; ranks[r] (r >= 1) hold the other
      * shards of the target and a copy of the drafter, each on its own backend, and every generation runs
      * on all of them at once, one thread a rank (SPMD: the same calls, meeting in the target's
@@ -46,9 +47,9 @@ struct ds_engine {
 
 void ds_engine_free(ds_engine *e) {
     if (!e) return;
+    ds_batch_tp_free(e->live); /* before the ranks' models it runs on */
     for (int r = 1; e->ranks && r < e->tp; r++) ds_engine_free(e->ranks[r]);
     free(e->ranks);
-    ds_batch_free(e->live);
     ds_tokenizer_free(e->tok);
     ds_step_cost_free(e->sps);
     ds_drafter_free(e->drafter);
@@ -142,29 +143,53 @@ static ds_error *batch_shape(ds_engine *e, const ds_engine_opts *o, ds_target_op
     return NULL;
 }
 
-/* Algorithm 1's step cost, measured on this machine (cached at sps_cache). */
+/* Every rank's target and drafter (rank 0's: this engine's). */
+static void rank_models(const ds_engine *e, ds_target **t, ds_drafter **d) {
+    for (int r = 0; r < e->tp; r++) {
+        const ds_engine *x = r ? e->ranks[r] : e;
+        t[r] = x->target, d[r] = x->drafter;
+    }
+}
+
+/* Algorithm 1's step cost, measured on this machine (cached at sps_cache); under tensor parallelism on all
+ * ranks at once, by rank 0's clock, the one curve every rank schedules by. */
 static ds_error *profile_steps(ds_engine *e, const ds_engine_opts *o) {
     if (!e->drafter->confidence)
         return ds_errorf("ds_engine_opts.confidence_schedule: the drafter %s has no confidence head", o->drafter_dir);
-    char dev[128], model[4200];
-    snprintf(dev, sizeof dev, "%s %d threads", e->be->ops->name, e->be->n_threads);
+    char dev[160], model[4200];
+    int n = snprintf(dev, sizeof dev, "%s %d threads", e->be->ops->name, e->be->n_threads);
+    if (e->tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", e->tp);
     snprintf(model, sizeof model, "%s rows<=%d", o->model_dir, e->bo.step_rows);
     const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
     ds_batch_opts plain = e->bo; /* the profile times target forwards alone */
     plain.schedule = DS_SCHEDULE_FIXED;
-    ds_batch *b;
-    DS_TRY(ds_batch_new(e->target, NULL, &plain, &b));
-    ds_error *err = ds_batch_profile(b, &key, o->sps_cache, NULL, &e->sps);
-    ds_batch_free(b);
+    ds_target *t[64];
+    ds_drafter *unused[64];
+    rank_models(e, t, unused);
+    ds_batch_tp *g;
+    DS_TRY(ds_batch_tp_new(e->tp, t, NULL, &plain, &g));
+    ds_error *err = ds_batch_tp_profile(g, &key, o->sps_cache, NULL, &e->sps);
+    ds_batch_tp_free(g);
     e->bo.sps = e->sps;
     return err;
 }
 
-/* Ranks 1..tp-1: a backend, the target's shard and a drafter each. Opened concurrently: a shard's open
- * makes no collective call, but they load at once. */
+/* The batched engine over every rank's models. */
+static ds_error *open_live(ds_engine *e) {
+    ds_target *t[64];
+    ds_drafter *d[64];
+    rank_models(e, t, d);
+    return ds_batch_tp_new(e->tp, t, d, &e->bo, &e->live);
+}
+
+/* Ranks 1..tp-1: a backend, the target's shard and a drafter each, shaped as rank 0's (to, dopts: the
+ * batched engine's pools too). Opened concurrently: a shard's open makes no collective call, but they load
+ * at once. */
 typedef struct {
     ds_engine *e;
     const ds_engine_opts *o;
+    const ds_target_opts *to;
+    const ds_drafter_opts *dopts;
     int rank, threads;
     ds_error *err;
 } rank_open;
@@ -181,22 +206,23 @@ static void *open_rank_main(void *p) {
     a->e->ranks[a->rank] = r;
     if (!o->backend || !strcmp(o->backend, "cpu")) a->err = ds_backend_cpu_new(a->threads, &r->be);
     else a->err = ds_backend_cuda_new(o->device + a->rank, &r->be);
-    const ds_target_opts to = {.max_logit_rows = DS_MAX_GAMMA + 1, .max_ctx = o->ctx, .comm = &a->e->comms[a->rank]};
+    ds_target_opts to = *a->to;
+    to.comm = &a->e->comms[a->rank];
     if (!a->err) a->err = ds_target_open(r->be, o->model_dir, &to, &r->target);
-    const ds_drafter_opts dopts = {0};
-    if (!a->err && o->drafter_dir) a->err = ds_drafter_open(r->be, o->drafter_dir, r->target, &dopts, &r->drafter);
+    if (!a->err && o->drafter_dir) a->err = ds_drafter_open(r->be, o->drafter_dir, r->target, a->dopts, &r->drafter);
     if (!a->err) a->err = open_sts(o, r);
     if (a->err) a->err = ds_error_wrap(a->err, "tensor-parallel rank %d", a->rank);
     return NULL;
 }
 
-static ds_error *open_ranks(ds_engine *e, const ds_engine_opts *o, int threads) {
+static ds_error *open_ranks(ds_engine *e, const ds_engine_opts *o, int threads, const ds_target_opts *to,
+                            const ds_drafter_opts *dopts) {
     rank_open args[64];
     pthread_t th[64];
     ds_error *err = NULL;
     int started = 0;
     for (int r = 1; r < e->tp; r++, started++) {
-        args[r] = (rank_open){.e = e, .o = o, .rank = r, .threads = threads};
+        args[r] = (rank_open){.e = e, .o = o, .to = to, .dopts = dopts, .rank = r, .threads = threads};
         if (pthread_create(&th[r], NULL, open_rank_main, &args[r])) {
             err = ds_errorf("tensor parallel: cannot start rank %d's thread", r);
             break;
@@ -226,8 +252,6 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     ds_error *err = NULL;
     e->tp = o->tp > 1 ? o->tp : 1;
     if (o->tp < 0 || o->tp > 64) err = ds_errorf("ds_engine_open: tp must be in 0..64, got %d", o->tp);
-    if (!err && e->tp > 1 && o->batch > 0)
-        err = ds_errorf("ds_engine_open: tensor parallel (tp %d) runs one generation at a time so far: no batch", e->tp);
     if (!err && e->tp > 1) { /* rank 0 opens first, in this thread; open_rank the others */
         e->comms = calloc((size_t)e->tp, sizeof *e->comms);
         e->ranks = calloc((size_t)e->tp, sizeof *e->ranks);
@@ -261,10 +285,10 @@ ds_error *ds_engine_open(const ds_engine_opts *o, ds_engine **out) {
     if (!err) err = ds_target_open(e->be, o->model_dir, &to, &e->target);
     if (!err && o->drafter_dir) err = ds_drafter_open(e->be, o->drafter_dir, e->target, &dopts, &e->drafter);
     if (!err) err = open_sts(o, e);
+    if (!err && e->tp > 1) err = open_ranks(e, o, rank_threads, &to, &dopts);
     if (!err && o->batch > 0 && o->confidence_schedule) err = profile_steps(e, o);
-    if (!err && o->batch > 0) err = ds_batch_new(e->target, e->drafter, &e->bo, &e->live);
+    if (!err && o->batch > 0) err = open_live(e);
     if (!err) err = open_tokenizer(o, &e->tok);
-    if (!err && e->tp > 1) err = open_ranks(e, o, rank_threads);
     if (err) {
         ds_engine_free(e);
         return err;
@@ -408,7 +432,8 @@ ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const 
     for (size_t i = 0; i < n; i++) memset(&outs[i], 0, sizeof outs[i]);
     if (!e->batched) return ds_errorf("ds_engine_generate_batch: open the engine with ds_engine_opts.batch > 0");
     for (size_t i = 0; i < n; i++) DS_TRY(ds_error_wrap(check_batched(e, &opts[i], n_prompts[i]), "request %zu", i));
-    ds_batch *b = e->live;
+    ds_batch_tp *g = e->live;
+    const ds_batch *b = ds_batch_tp_lead(g);
     const ds_batch_stats st0 = ds_batch_get_stats(b);
     ds_error *err = NULL;
     int64_t *ids = malloc((n ? n : 1) * sizeof *ids);
@@ -417,7 +442,7 @@ ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const 
     for (; submitted < n && !err; submitted++) {
         const ds_batch_request rq = {.prompt = prompts[submitted], .n_prompt = (int)n_prompts[submitted],
                                      .params = gen_params(&opts[submitted])};
-        err = ds_error_wrap(ds_batch_submit(b, &rq, &ids[submitted]), "request %zu", submitted);
+        err = ds_error_wrap(ds_batch_tp_submit(g, &rq, &ids[submitted]), "request %zu", submitted);
         if (err) break;
     }
     /* Steps until all of these are done (other requests the engine holds run along). */
@@ -425,7 +450,7 @@ ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const 
     int max_running = 0;
     for (size_t left = n; !err && left > 0;) {
         int active;
-        err = ds_batch_step(b, &active);
+        err = ds_batch_tp_step(g, &active);
         const ds_batch_stats st = ds_batch_get_stats(b);
         if (st.running > max_running) max_running = st.running;
         left = 0; /* they end in any order */
@@ -445,7 +470,7 @@ ds_error *ds_engine_generate_batch(ds_engine *e, size_t n, const int32_t *const 
     }
     if (err)
         for (size_t i = 0; i < n; i++) ds_output_free(&outs[i]);
-    for (size_t i = 0; i < submitted; i++) ds_error_free(ds_batch_release(b, ids[i]));
+    for (size_t i = 0; i < submitted; i++) ds_error_free(ds_batch_tp_release(g, ids[i]));
     free(ids);
     return err;
 }
@@ -457,20 +482,20 @@ ds_error *ds_engine_submit(ds_engine *e, const int32_t *prompt, size_t n_prompt,
     if (!opts) return ds_errorf("ds_engine_submit: no options");
     DS_TRY(check_batched(e, opts, n_prompt));
     const ds_batch_request rq = {.prompt = prompt, .n_prompt = (int)n_prompt, .params = gen_params(opts)};
-    return ds_batch_submit(e->live, &rq, id);
+    return ds_batch_tp_submit(e->live, &rq, id);
 }
 
 ds_error *ds_engine_step(ds_engine *e, int *active) {
     *active = 0;
     if (!e->batched) return ds_errorf("ds_engine_step: open the engine with ds_engine_opts.batch > 0");
-    return ds_batch_step(e->live, active);
+    return ds_batch_tp_step(e->live, active);
 }
 
 ds_error *ds_engine_request(const ds_engine *e, ds_request_id id, ds_request_state *st) {
     memset(st, 0, sizeof *st);
     if (!e->batched) return ds_errorf("ds_engine_request: open the engine with ds_engine_opts.batch > 0");
     ds_batch_state_info in;
-    DS_TRY(ds_batch_state(e->live, id, &in));
+    DS_TRY(ds_batch_state(ds_batch_tp_lead(e->live), id, &in));
     const ds_gen_result *r = in.res;
     long acc = 0, prop = 0;
     for (int i = 0; i < r->rounds; i++) acc += r->accepted[i], prop += r->proposed[i];
@@ -483,18 +508,18 @@ ds_error *ds_engine_request(const ds_engine *e, ds_request_id id, ds_request_sta
 
 ds_error *ds_engine_cancel(ds_engine *e, ds_request_id id) {
     if (!e->batched) return ds_errorf("ds_engine_cancel: open the engine with ds_engine_opts.batch > 0");
-    return ds_batch_cancel(e->live, id);
+    return ds_batch_tp_cancel(e->live, id);
 }
 
 ds_error *ds_engine_release(ds_engine *e, ds_request_id id) {
     if (!e->batched) return ds_errorf("ds_engine_release: open the engine with ds_engine_opts.batch > 0");
-    return ds_batch_release(e->live, id);
+    return ds_batch_tp_release(e->live, id);
 }
 
 void ds_engine_get_metrics(const ds_engine *e, ds_engine_metrics *m) {
     memset(m, 0, sizeof *m);
     if (!e->batched) return;
-    const ds_batch_stats st = ds_batch_get_stats(e->live);
+    const ds_batch_stats st = ds_batch_get_stats(ds_batch_tp_lead(e->live));
     *m = (ds_engine_metrics){.running = st.running, .waiting = st.waiting, .kv_pages_used = st.pages_used,
                              .kv_pages_total = st.pages_total, .kv_page_rows = e->bo.page_rows, .steps = st.steps,
                              .prompt_tokens = st.prefill_rows, .generation_tokens = st.generation_tokens,

@@ -37,6 +37,14 @@ struct ds_comm {
     void *group; /* the implementation's shared state */
 };
 
+/* Rank 0's v on every rank (a host all-gather of one value): for what rank 0 alone decides, such as a
+ * decision resting on its clock, which the other ranks must take as theirs. */
+static inline float ds_comm_from_rank0(ds_comm *c, float v) {
+    float all[64]; /* world <= 64 (ds_comm_group_threads) */
+    c->ops->all_gather_host(c, &v, 1, all);
+    return all[0];
+}
+
 typedef struct ds_comm_group ds_comm_group;
 
 /* A group of world ranks in this process; ranks[r] is rank r's handle (for its thread). */

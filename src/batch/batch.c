@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/comm.h"
 #include "base/clock.h"
 #include "draft/drafter_batch.h"
 #include "sample/draw.h"
@@ -289,6 +290,7 @@ static void emit(ds_batch *b, seq *s, int32_t tok) {
     if (s->done || r->n_tokens >= s->max_tokens) return;
     r->tokens[r->n_tokens++] = tok;
     b->stats.generation_tokens++;
+    b->stats.token_hash = (b->stats.token_hash ^ ((uint64_t)s->id << 32 ^ (uint32_t)tok)) * 0x100000001b3ull;
     if (!s->p.ignore_stop && ds_target_is_stop(b->t, tok)) {
         r->stopped = true;
         s->done = true;
@@ -507,6 +509,16 @@ static int cost_bucket(int R) {
     int k = 0;
     while (R > 1 && k < 15) R >>= 1, k++;
     return k;
+}
+
+/* Under tensor parallelism every rank runs this engine on its shard and
+ * must take the same decisions. They are functions of state the ranks share
+ * (requests, pages, tokens, confidences), except where a clock enters: the
+ * draft pass's measured cost (drafting_pays). That one is rank 0's, given
+ * to every rank, so no rank decides from its own clock. */
+static double rank0_seconds(const ds_batch *b, double seconds) {
+    ds_comm *c = b->t->comm;
+    return c ? ds_comm_from_rank0(c, (float)seconds) : seconds;
 }
 
 /* Whether this step drafts (DS_SCHEDULE_CONFIDENCE): Algorithm 1 over each
@@ -782,7 +794,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     DS_TRY(schedule(b));
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;
-    if (draft_now && R > 0) b->draft_cost[cost_bucket(R)] = t1 - t0;
+    if (draft_now && R > 0) b->draft_cost[cost_bucket(R)] = rank0_seconds(b, t1 - t0);
 
     /* The rows of one target forward. */
     int n = 0, n_logits = 0, n_table = 0;
@@ -872,13 +884,41 @@ static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
     return e;
 }
 
+/* Tensor parallel: rank 0 profiles (or reads its cache), and before each
+ * timed forward tells the other ranks how many rows, so that they run the
+ * same forwards and the collectives inside meet; -1 ends. The curve is
+ * rank 0's clock alone: every rank schedules by it (ds_batch_profile). */
+static ds_error *time_rows_lead(void *ctx, int tokens, double *seconds) {
+    ds_batch *b = ctx;
+    ds_comm_from_rank0(b->t->comm, (float)tokens);
+    return time_rows(ctx, tokens, seconds);
+}
+
+static ds_error *follow_profile(ds_batch *b) {
+    ds_error *err = NULL;
+    for (;;) {
+        const int tokens = (int)ds_comm_from_rank0(b->t->comm, 0);
+        if (tokens < 0) return err;
+        double unused;
+        ds_error *e = time_rows(b, tokens, &unused);
+        if (e && !err) err = e;
+        else ds_error_free(e);
+    }
+}
+
 ds_error *ds_batch_profile(ds_batch *b, const ds_step_cost_key *key, const char *cache_path, FILE *log,
                            ds_step_cost **out) {
+    *out = NULL;
     for (int i = 0; i < b->n_seqs; i++)
         if (b->seqs[i]->phase == SEQ_RUNNING)
             return ds_errorf("step-cost profile: requests are running (profile before submitting)");
+    ds_comm *c = b->t->comm;
+    if (c && c->rank != 0) return follow_profile(b);
     const ds_step_cost_opts o = {.max_tokens = b->o.step_rows, .warmup = 1, .reps = 5,
                                  .interp = DS_STEP_COST_LINEAR};
-    if (cache_path) return ds_step_cost_cached(cache_path, key, &o, time_rows, b, log, out, NULL);
-    return ds_step_cost_profile(&o, time_rows, b, out);
+    const ds_time_step_fn fn = c ? time_rows_lead : time_rows;
+    ds_error *e = cache_path ? ds_step_cost_cached(cache_path, key, &o, fn, b, log, out, NULL)
+                             : ds_step_cost_profile(&o, fn, b, out);
+    if (c) ds_comm_from_rank0(c, -1);
+    return e;
 }

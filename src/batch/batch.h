@@ -101,7 +101,10 @@ ds_error *ds_batch_release(ds_batch *b, int64_t id);
 
 /* Profiles the target's step cost (steps per second by rows a step) on b's
  * own pool, cached at cache_path (NULL: not cached) under key: the curve
- * Algorithm 1 weighs drafts against. Run before any request is submitted. */
+ * Algorithm 1 weighs drafts against. Run before any request is submitted.
+ * Under tensor parallelism (the target's comm) every rank calls it at once;
+ * rank 0 times (and caches) and the others run its forwards beside it: *out
+ * is rank 0's alone (NULL on the others), for every rank's ds_batch_opts.sps. */
 ds_error *ds_batch_profile(ds_batch *b, const ds_step_cost_key *key, const char *cache_path, FILE *log,
                            ds_step_cost **out);
 
@@ -120,6 +123,7 @@ typedef struct {
     int pages_used, pages_total;   /* now: the target's pool */
     double forward_s;  /* time in target forwards (outputs included) */
     double draft_s;    /* time in drafter rounds */
+    uint64_t token_hash; /* a running hash of every committed (request, token): ranks under TP compare it */
 } ds_batch_stats;
 ds_batch_stats ds_batch_get_stats(const ds_batch *b);
 

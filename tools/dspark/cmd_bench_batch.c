@@ -7,14 +7,16 @@
  * (cached with --sps-cache). --sim-acceptance FILE replaces the drafter's
  * confidences and the verifier's verdicts by draws from a profile (for
  * synthetic weights, whose drafts the target never accepts): every kernel
- * still runs, and the report says "simulated". */
+ * still runs, and the report says "simulated". --tp N splits the target
+ * across N ranks (batch_tp.h: every step on all of them). */
 #include <cjson/cJSON.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch/batch.h"
+#include "backend/comm.h"
+#include "batch/batch_tp.h"
 #include "batch/kv_budget.h"
 #include "cli_choice.h"
 #include "commands.h"
@@ -29,6 +31,7 @@ typedef struct {
     const char *model, *drafter, *sim_path, *sps_cache;
     bool cuda, json, arm[3];
     int threads, prompt_len, decode, page_rows, step_rows, n_levels;
+    int tp; /* --tp N: the target split across N ranks (1: none) */
     int levels[MAX_LEVELS];
     float temperature;
     uint64_t seed;
@@ -42,7 +45,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dspark bench --concurrency C1,C2,... [-m MODEL_DIR] [-d DRAFTER_DIR] [--backend cpu|cuda]\n"
                "                    [--prompt-len P] [--decode N] [--arms ar,fixed,confidence] [--temp T]\n"
                "                    [--sim-acceptance FILE] [--sps-cache FILE] [--page-rows R] [--step-rows R]\n"
-               "                    [--kv-mem SIZE] [--seed S] [--threads N] [--json]\n"
+               "                    [--kv-mem SIZE] [--seed S] [--threads N] [--tp N] [--json]\n"
                "\n"
                "  --concurrency    requests in flight, one run per level (e.g. 1,8,32,64,128,256)\n"
                "  --prompt-len P   random prompt ids per request (default 128)\n"
@@ -55,7 +58,9 @@ static void usage(FILE *f) {
                "  --step-rows R    most target rows a step (default: the largest level x (gamma + 1), at least 256)\n"
                "  --kv-mem SIZE    the KV pool (target and drafter) from a byte budget, e.g. 8G, 1.5GiB (powers\n"
                "                   of 1024), at most what the largest level uses; a smaller pool preempts\n"
-               "                   (default: room for every request of the largest level)\n");
+               "                   (default: room for every request of the largest level)\n"
+               "  --tp N           tensor parallel: the target split across N ranks, one thread each (CUDA: GPUs\n"
+               "                   0..N-1; CPU: the threads shared out), the drafter on every rank\n");
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -73,7 +78,7 @@ static int parse_list(const char *s, int *out, int cap) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_BACKEND = 256, O_PROMPT_LEN, O_DECODE, O_ARMS, O_TEMP, O_SIM, O_SPS, O_PAGE, O_STEP, O_SEED, O_THREADS,
-           O_JSON, O_CONC, O_KV_MEM };
+           O_JSON, O_CONC, O_KV_MEM, O_TP };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"backend", required_argument, 0, O_BACKEND}, {"prompt-len", required_argument, 0, O_PROMPT_LEN},
@@ -83,8 +88,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {"step-rows", required_argument, 0, O_STEP}, {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
         {"concurrency", required_argument, 0, O_CONC}, {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"tp", required_argument, 0, O_TP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (options){.prompt_len = 128, .decode = 128, .page_rows = 16, .arm = {true, true, true}};
+    *o = (options){.prompt_len = 128, .decode = 128, .page_rows = 16, .tp = 1, .arm = {true, true, true}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:d:h", longs, NULL)) != -1) {
@@ -103,6 +109,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_PAGE: o->page_rows = (int)strtol(optarg, &end, 10); break;
         case O_STEP: o->step_rows = (int)strtol(optarg, &end, 10); break;
         case O_THREADS: o->threads = (int)strtol(optarg, &end, 10); break;
+        case O_TP: o->tp = (int)strtol(optarg, &end, 10); break;
         case O_SEED: o->seed = strtoull(optarg, &end, 10); break;
         case O_TEMP: o->temperature = strtof(optarg, &end); break;
         case O_SIM: o->sim_path = optarg; break;
@@ -142,9 +149,9 @@ static int parse_args(int argc, char **argv, options *o) {
         }
     }
     if (o->prompt_len < 1 || o->decode < 1 || o->page_rows < 1 || o->threads < 0 || o->n_levels < 1 ||
-        !(o->temperature >= 0)) {
-        fprintf(stderr, "dspark bench: --concurrency, a positive --prompt-len, --decode, --page-rows and a "
-                        "temperature >= 0 are needed\n");
+        !(o->temperature >= 0) || o->tp < 1 || o->tp > 64) {
+        fprintf(stderr, "dspark bench: --concurrency, a positive --prompt-len, --decode, --page-rows, a "
+                        "temperature >= 0 and --tp in 1..64 are needed\n");
         return 2;
     }
     if (!o->model) {
@@ -160,15 +167,16 @@ typedef struct {
     ds_batch_stats st;
 } arm_result;
 
-/* One run: c requests at once through a fresh engine on the open models. */
-static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base, int arm, int c, const options *o,
-                         const int32_t *prompts, arm_result *out) {
+/* One run: c requests at once through a fresh engine on the open models (every rank's: t[r], d[r]). */
+static ds_error *run_arm(ds_target *const *t, ds_drafter *const *d, const ds_batch_opts *base, int arm, int c,
+                         const options *o, const int32_t *prompts, arm_result *out) {
     ds_batch_opts bo = *base;
     bo.max_seqs = c;
     bo.schedule = arm == ARM_ALG1 ? DS_SCHEDULE_CONFIDENCE : DS_SCHEDULE_FIXED;
     if (arm == ARM_AR) bo.sim = NULL;
-    ds_batch *b;
-    DS_TRY(ds_batch_new(t, arm == ARM_AR ? NULL : d, &bo, &b));
+    ds_batch_tp *g;
+    DS_TRY(ds_batch_tp_new(o->tp, t, arm == ARM_AR || !d[0] ? NULL : d, &bo, &g));
+    const ds_batch *b = ds_batch_tp_lead(g);
     ds_error *e = NULL;
     for (int i = 0; i < c && !e; i++) {
         int64_t id;
@@ -176,10 +184,10 @@ static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base,
             .prompt = prompts + (size_t)i * o->prompt_len, .n_prompt = o->prompt_len,
             .params = {.max_new = o->decode, .seed = o->seed + (uint64_t)i, .ignore_stop = true,
                        .sampling = {.temperature = o->temperature, .top_k = 0, .top_p = 1.0f}}};
-        e = ds_batch_submit(b, &rq, &id);
+        e = ds_batch_tp_submit(g, &rq, &id);
     }
     const double t0 = ds_now_s();
-    if (!e) e = ds_batch_run(b);
+    if (!e) e = ds_batch_tp_run(g);
     out->seconds = ds_now_s() - t0;
     long tokens = 0, rounds = 0, committed = 0;
     for (int i = 0; i < c && !e; i++) {
@@ -192,7 +200,7 @@ static ds_error *run_arm(ds_target *t, ds_drafter *d, const ds_batch_opts *base,
     out->tokens_per_s = tokens / out->seconds;
     out->tau = rounds ? (double)committed / (double)rounds : 0;
     out->st = ds_batch_get_stats(b);
-    ds_batch_free(b);
+    ds_batch_tp_free(g);
     return e;
 }
 
@@ -216,6 +224,43 @@ static ds_error *pool_from_budget(const options *o, ds_batch_opts *bo, int gamma
     return NULL;
 }
 
+/* Every rank's backend, target (its shard under --tp) and drafter, and their group. */
+typedef struct {
+    ds_comm_group *group;
+    ds_comm comm[64];
+    ds_backend *be[64];
+    ds_target *t[64];
+    ds_drafter *d[64];
+} ranks;
+
+static ds_error *open_ranks(const options *o, const ds_batch_opts *bo, int G, ranks *k) {
+    if (o->tp > 1) {
+        int dev[64];
+        for (int r = 0; r < o->tp; r++) dev[r] = r;
+        DS_TRY(o->cuda ? ds_comm_group_nccl(o->tp, dev, &k->group, k->comm)
+                       : ds_comm_group_threads(o->tp, &k->group, k->comm));
+    }
+    const int threads = (o->threads ? o->threads : 2) / o->tp; /* the CPU's threads shared out */
+    for (int r = 0; r < o->tp; r++) {
+        DS_TRY(o->cuda ? ds_backend_cuda_new(r, &k->be[r]) : ds_backend_cpu_new(threads > 0 ? threads : 1, &k->be[r]));
+        const ds_target_opts to = {.max_rows = bo->step_rows, .max_logit_rows = bo->step_rows,
+                                   .cache_rows = bo->n_pages * bo->page_rows, .comm = o->tp > 1 ? &k->comm[r] : NULL};
+        DS_TRY(ds_target_open(k->be[r], o->model, &to, &k->t[r]));
+        const ds_drafter_opts dopts = {.cache_rows = ds_batch_drafter_rows(bo, G)};
+        if (o->drafter) DS_TRY(ds_drafter_open(k->be[r], o->drafter, k->t[r], &dopts, &k->d[r]));
+    }
+    return NULL;
+}
+
+static void close_ranks(ranks *k, int world) {
+    for (int r = 0; r < world; r++) {
+        if (k->d[r]) ds_drafter_free(k->d[r]);
+        if (k->t[r]) ds_target_free(k->t[r]);
+        if (k->be[r]) k->be[r]->ops->destroy(k->be[r]);
+    }
+    ds_comm_group_free(k->group); /* after every rank's target */
+}
+
 static int fail(ds_error *e) {
     fprintf(stderr, "dspark bench: %s\n", ds_error_message(e));
     ds_error_free(e);
@@ -228,15 +273,12 @@ int cmd_bench_batch(int argc, char **argv) {
     if (rc) return rc;
     int cmax = 0;
     for (int i = 0; i < o.n_levels; i++) cmax = o.levels[i] > cmax ? o.levels[i] : cmax;
-    ds_backend *be = NULL;
-    ds_target *t = NULL;
-    ds_drafter *d = NULL;
+    static ranks k; /* static: 64 ranks' handles */
     ds_sim_profile *sim = NULL;
     ds_step_cost *sps = NULL;
-    ds_batch *probe = NULL;
+    ds_batch_tp *probe = NULL;
     int32_t *prompts = NULL;
-    ds_error *e = o.cuda ? ds_backend_cuda_new(0, &be) : ds_backend_cpu_new(o.threads ? o.threads : 2, &be);
-    if (!e && o.sim_path) e = ds_sim_profile_load(o.sim_path, &sim);
+    ds_error *e = o.sim_path ? ds_sim_profile_load(o.sim_path, &sim) : NULL;
     const int G = 32; /* pools are sized before the drafter says its block: the largest block */
     const int per_seq = o.prompt_len + o.decode + G + 1;
     ds_batch_opts bo = {.page_rows = o.page_rows, .sim = sim, .sim_seed = o.seed};
@@ -244,15 +286,10 @@ int cmd_bench_batch(int argc, char **argv) {
     bo.step_rows = o.step_rows > 0 ? o.step_rows : cmax * 9 > 256 ? cmax * 9 : 256;
     bo.max_seqs = cmax;
     if (!e && o.kv_mem) e = pool_from_budget(&o, &bo, G, per_seq);
-    if (!e) {
-        const ds_target_opts to = {.max_rows = bo.step_rows, .max_logit_rows = bo.step_rows,
-                                   .cache_rows = bo.n_pages * bo.page_rows};
-        e = ds_target_open(be, o.model, &to, &t);
-    }
-    if (!e && o.drafter) {
-        const ds_drafter_opts dopts = {.cache_rows = ds_batch_drafter_rows(&bo, G)};
-        e = ds_drafter_open(be, o.drafter, t, &dopts, &d);
-    }
+    if (!e) e = open_ranks(&o, &bo, G, &k);
+    ds_backend *const be = k.be[0]; /* rank 0's */
+    ds_target *const t = k.t[0];
+    ds_drafter *const d = k.d[0];
     if (!e && !d) o.arm[ARM_FIXED] = o.arm[ARM_ALG1] = false;
     if (!e && d && !d->confidence && !sim) o.arm[ARM_ALG1] = false;
     if (!e && o.prompt_len + o.decode + 1 > t->max_ctx)
@@ -268,12 +305,13 @@ int cmd_bench_batch(int argc, char **argv) {
     /* The step cost Algorithm 1 weighs drafts against, measured here. */
     if (!e && o.arm[ARM_ALG1]) {
         char dev[160], model[160];
-        snprintf(dev, sizeof dev, "%s %d threads", be->ops->name, be->n_threads);
+        const int n = snprintf(dev, sizeof dev, "%s %d threads", be->ops->name, be->n_threads);
+        if (o.tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", o.tp);
         snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d", o.model, t->vocab, t->hidden, t->n_layers,
                  bo.step_rows);
         const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
-        e = ds_batch_new(t, NULL, &bo, &probe);
-        if (!e) e = ds_batch_profile(probe, &key, o.sps_cache, o.json ? NULL : stderr, &sps);
+        e = ds_batch_tp_new(o.tp, k.t, NULL, &bo, &probe);
+        if (!e) e = ds_batch_tp_profile(probe, &key, o.sps_cache, o.json ? NULL : stderr, &sps);
         bo.sps = sps;
     }
     /* warm-up: one small run of each arm */
@@ -281,13 +319,14 @@ int cmd_bench_batch(int argc, char **argv) {
         arm_result w;
         options ow = o;
         ow.decode = 8;
-        if (o.arm[arm]) e = run_arm(t, d, &bo, arm, 1, &ow, prompts, &w);
+        if (o.arm[arm]) e = run_arm(k.t, k.d, &bo, arm, 1, &ow, prompts, &w);
     }
     cJSON *json = o.json ? cJSON_CreateObject() : NULL, *levels = NULL;
     if (!e && json) {
         cJSON_AddStringToObject(json, "model", o.model);
         cJSON_AddStringToObject(json, "drafter", o.drafter ? o.drafter : "");
         cJSON_AddStringToObject(json, "backend", be->ops->name);
+        cJSON_AddNumberToObject(json, "tp", o.tp);
         cJSON_AddStringToObject(json, "acceptance", sim ? ds_sim_profile_name(sim) : "measured");
         cJSON_AddBoolToObject(json, "simulated", sim != NULL);
         cJSON_AddNumberToObject(json, "prompt_len", o.prompt_len);
@@ -296,8 +335,10 @@ int cmd_bench_batch(int argc, char **argv) {
         levels = cJSON_AddArrayToObject(json, "levels");
     }
     if (!e && !json) {
-        printf("batched engine: %s%s%s on %s, prompts of %d, %d new tokens each, T=%g; acceptance %s\n", o.model,
-               d ? " + " : "", d ? o.drafter : "", be->ops->name, o.prompt_len, o.decode, o.temperature,
+        char tp[32] = "";
+        if (o.tp > 1) snprintf(tp, sizeof tp, " (tp %d)", o.tp);
+        printf("batched engine: %s%s%s on %s%s, prompts of %d, %d new tokens each, T=%g; acceptance %s\n", o.model,
+               d ? " + " : "", d ? o.drafter : "", be->ops->name, tp, o.prompt_len, o.decode, o.temperature,
                sim ? "SIMULATED from the profile" : "measured");
         if (sim) printf("  (simulated profile %s: tau %.2f at gamma %d)\n", ds_sim_profile_name(sim),
                         ds_sim_profile_tau(sim, d->gamma), d->gamma);
@@ -310,7 +351,7 @@ int cmd_bench_batch(int argc, char **argv) {
         const int c = o.levels[li];
         arm_result r[3] = {0};
         for (int arm = 0; arm < 3 && !e; arm++)
-            if (o.arm[arm]) e = run_arm(t, d, &bo, arm, c, &o, prompts, &r[arm]);
+            if (o.arm[arm]) e = run_arm(k.t, k.d, &bo, arm, c, &o, prompts, &r[arm]);
         if (e) break;
         const double ar = o.arm[ARM_AR] ? r[ARM_AR].tokens_per_s : 0;
         if (json) {
@@ -348,12 +389,10 @@ int cmd_bench_batch(int argc, char **argv) {
         free(s);
     }
     cJSON_Delete(json);
-    ds_batch_free(probe);
+    ds_batch_tp_free(probe);
     ds_step_cost_free(sps);
     ds_sim_profile_free(sim);
     free(prompts);
-    if (d) ds_drafter_free(d);
-    if (t) ds_target_free(t);
-    if (be) be->ops->destroy(be);
+    close_ranks(&k, o.tp);
     return e ? fail(e) : 0;
 }

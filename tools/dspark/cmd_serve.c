@@ -23,6 +23,7 @@ typedef struct {
     const char *model, *drafter, *tokenizer, *sts, *sps_cache, *model_name;
     bool no_draft, no_sts, cuda, schedule_confidence;
     int threads, batch, ctx, max_queue, default_max_tokens, gamma;
+    int tp; /* --tp N: the target split across N ranks */
     float threshold;
     int64_t kv_mem; /* --kv-mem SIZE: the KV pool from a byte budget (0: batch x ctx) */
     double grace_s;
@@ -36,7 +37,7 @@ static void usage(FILE *f) {
             "                    [--backend cpu|cuda] [--threads N] [--max-queue N] [--model-name NAME]\n"
             "                    [--tokenizer PATH] [--threshold C] [--gamma G] [--sts FILE | --no-sts]\n"
             "                    [--sps-cache FILE] [--max-tokens N] [--max-connections N] [--max-body BYTES]\n"
-            "                    [--grace S]\n"
+            "                    [--grace S] [--tp N]\n"
             "\n"
             "An OpenAI-compatible HTTP server on the batched engine:\n"
             "  POST /v1/completions, POST /v1/chat/completions (stream: Server-Sent Events),\n"
@@ -64,7 +65,10 @@ static void usage(FILE *f) {
             "  --max-body BYTES   request body limit (default 1048576; more: 413)\n"
             "  --grace S          on SIGTERM / SIGINT: seconds the requests in flight get to finish before\n"
             "                     they are cancelled (default 30); new requests get 503 meanwhile\n"
-            "  --backend B        cpu (default) or cuda;  --threads N  CPU threads (default: all)\n");
+            "  --backend B        cpu (default) or cuda;  --threads N  CPU threads (default: all)\n"
+            "  --tp N             tensor parallel: the target (Qwen3, Gemma 4) split across N ranks, one thread\n"
+            "                     each (CUDA: GPUs 0..N-1; CPU: the threads shared out), the drafter on every\n"
+            "                     rank; every step runs on all ranks, the server talks to rank 0\n");
 }
 
 static int int_arg(const char *s, char **end) {
@@ -76,7 +80,7 @@ static int int_arg(const char *s, char **end) {
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_NO_DRAFT = 256, O_HOST, O_PORT, O_BATCH, O_CTX, O_SCHEDULE, O_API_KEY, O_BACKEND, O_THREADS,
            O_MAX_QUEUE, O_MODEL_NAME, O_TOKENIZER, O_THRESHOLD, O_GAMMA, O_STS, O_NO_STS, O_SPS_CACHE,
-           O_MAX_TOKENS, O_MAX_CONN, O_MAX_BODY, O_GRACE, O_KV_MEM };
+           O_MAX_TOKENS, O_MAX_CONN, O_MAX_BODY, O_GRACE, O_KV_MEM, O_TP };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"no-draft", no_argument, 0, O_NO_DRAFT}, {"host", required_argument, 0, O_HOST},
@@ -90,6 +94,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"sps-cache", required_argument, 0, O_SPS_CACHE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
         {"max-connections", required_argument, 0, O_MAX_CONN}, {"max-body", required_argument, 0, O_MAX_BODY},
         {"grace", required_argument, 0, O_GRACE}, {"kv-mem", required_argument, 0, O_KV_MEM},
+        {"tp", required_argument, 0, O_TP},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = cpus > 0 ? (int)cpus : 1;
@@ -123,6 +128,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_CTX: NUM(o->ctx, int_arg(optarg, &end), "--ctx"); break;
         case O_API_KEY: o->srv.api_key = optarg; break;
         case O_THREADS: NUM(o->threads, int_arg(optarg, &end), "--threads"); break;
+        case O_TP: NUM(o->tp, int_arg(optarg, &end), "--tp"); break;
         case O_MAX_QUEUE: NUM(o->max_queue, int_arg(optarg, &end), "--max-queue"); break;
         case O_MODEL_NAME: o->model_name = optarg; break;
         case O_TOKENIZER: o->tokenizer = optarg; break;
@@ -171,6 +177,7 @@ static int parse_args(int argc, char **argv, options *o) {
     else if (!(o->ctx >= 2)) snprintf(bad, sizeof bad, "--ctx must be >= 2, got %d", o->ctx);
     else if (!(o->max_queue >= 0)) snprintf(bad, sizeof bad, "--max-queue must be >= 0, got %d", o->max_queue);
     else if (!(o->threads >= 1)) snprintf(bad, sizeof bad, "--threads must be >= 1, got %d", o->threads);
+    else if (!(o->tp >= 0 && o->tp <= 64)) snprintf(bad, sizeof bad, "--tp must be in 1..64, got %d", o->tp);
     else if (!(o->default_max_tokens >= 1)) snprintf(bad, sizeof bad, "--max-tokens must be >= 1");
     else if (!(o->threshold >= 0 && o->threshold <= 1)) snprintf(bad, sizeof bad, "--threshold must be in [0, 1]");
     else if (!(o->gamma >= 0)) snprintf(bad, sizeof bad, "--gamma must be >= 1");
@@ -218,7 +225,7 @@ int cmd_serve(int argc, char **argv) {
     ds_engine_opts eo = {.model_dir = model, .drafter_dir = drafter, .backend = o.cuda ? "cuda" : "cpu",
                          .threads = o.threads, .tokenizer = o.tokenizer, .sts = o.sts,
                          .no_sts = o.no_sts || !drafter, .batch = o.batch, .ctx = o.ctx, .kv_mem = o.kv_mem,
-                         .confidence_schedule = o.schedule_confidence, .sps_cache = o.sps_cache};
+                         .confidence_schedule = o.schedule_confidence, .sps_cache = o.sps_cache, .tp = o.tp};
     ds_engine *engine = NULL;
     ds_server *server = NULL;
     ds_error *e = ds_engine_open(&eo, &engine);
@@ -252,9 +259,9 @@ int cmd_serve(int argc, char **argv) {
     ds_kv_pool_line(&info, pool, sizeof pool);
     fprintf(stderr, "dspark serve: %s\n", pool);
     const char *host = o.srv.host;
-    fprintf(stderr, "dspark serve: %s%s%s, batch %d, ctx %d, schedule %s\n", o.srv.model_name,
+    fprintf(stderr, "dspark serve: %s%s%s, batch %d, ctx %d, schedule %s, tp %d\n", o.srv.model_name,
             drafter ? " + drafter " : "", drafter ? drafter : "", o.batch, o.srv.loop.ctx,
-            o.schedule_confidence ? "confidence" : "fixed");
+            o.schedule_confidence ? "confidence" : "fixed", o.tp > 1 ? o.tp : 1);
     fprintf(stderr, "listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
             strchr(host, ':') ? "]" : "", ds_server_port(server));
     fflush(stderr);

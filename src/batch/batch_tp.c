@@ -1,0 +1,165 @@
+/* ds_batch_tp (batch_tp.h): every rank's batched engine, stepped together. */
+#include "batch/batch_tp.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "backend/comm.h"
+
+struct ds_batch_tp {
+    int world;
+    ds_batch **b;
+    ds_backend **be; /* rank r's backend: its thread binds it (its GPU) */
+};
+
+ds_batch *ds_batch_tp_lead(const ds_batch_tp *g) { return g->b[0]; }
+
+/* This thread on rank r's device (CUDA: what a rank's buffers are made and freed on). */
+static void bind(ds_backend *be) {
+    if (be && be->ops->bind_thread) be->ops->bind_thread(be);
+}
+
+void ds_batch_tp_free(ds_batch_tp *g) {
+    if (!g) return;
+    for (int r = g->world - 1; r >= 0 && g->b; r--) { /* rank 0's device last: the caller's */
+        if (g->world > 1 && g->be) bind(g->be[r]);
+        ds_batch_free(g->b[r]);
+    }
+    free(g->b);
+    free(g->be);
+    free(g);
+}
+
+ds_error *ds_batch_tp_new(int world, ds_target *const *t, ds_drafter *const *d, const ds_batch_opts *opts,
+                          ds_batch_tp **out) {
+    *out = NULL;
+    if (world < 1 || world > 64) return ds_errorf("batched engine: %d tensor-parallel ranks (1..64)", world);
+    for (int r = 0; r < world; r++) {
+        const ds_comm *c = t[r]->comm;
+        if ((c ? c->world : 1) != world || (c && c->rank != r))
+            return ds_errorf("batched engine over %d ranks: target %d is rank %d of %d", world, r, c ? c->rank : 0,
+                             c ? c->world : 1);
+    }
+    ds_batch_tp *g = calloc(1, sizeof *g);
+    if (!g) return ds_errorf("out of memory");
+    g->world = world;
+    g->b = calloc((size_t)world, sizeof *g->b);
+    g->be = calloc((size_t)world, sizeof *g->be);
+    ds_error *e = !g->b || !g->be ? ds_errorf("out of memory") : NULL;
+    for (int r = world - 1; r >= 0 && !e; r--) { /* rank 0's device last: the caller's */
+        g->be[r] = t[r]->be;
+        if (world > 1) bind(g->be[r]);
+        e = ds_batch_new(t[r], d ? d[r] : NULL, opts, &g->b[r]);
+        if (e && world > 1) e = ds_error_wrap(e, "tensor-parallel rank %d", r);
+    }
+    if (e) {
+        ds_batch_tp_free(g);
+        return e;
+    }
+    *out = g;
+    return NULL;
+}
+
+ds_error *ds_batch_tp_submit(ds_batch_tp *g, const ds_batch_request *req, int64_t *id) {
+    DS_TRY(ds_batch_submit(g->b[0], req, id));
+    for (int r = 1; r < g->world; r++) {
+        int64_t mine;
+        ds_error *e = ds_batch_submit(g->b[r], req, &mine);
+        if (e || mine != *id) { /* cannot happen but for memory: the same checks on the same state */
+            for (int q = 0; q < r; q++) ds_error_free(ds_batch_release(g->b[q], *id));
+            if (!e) ds_error_free(ds_batch_release(g->b[r], mine));
+            return e ? ds_error_wrap(e, "tensor-parallel rank %d", r)
+                     : ds_errorf("tensor parallel: rank %d numbered a request %lld, rank 0 %lld", r, (long long)mine,
+                                 (long long)*id);
+        }
+    }
+    return NULL;
+}
+
+/* Rank 0 first: an unknown id is its error, and then no rank has changed. */
+ds_error *ds_batch_tp_cancel(ds_batch_tp *g, int64_t id) {
+    DS_TRY(ds_batch_cancel(g->b[0], id));
+    for (int r = 1; r < g->world; r++) DS_TRY(ds_error_wrap(ds_batch_cancel(g->b[r], id), "tensor-parallel rank %d", r));
+    return NULL;
+}
+
+ds_error *ds_batch_tp_release(ds_batch_tp *g, int64_t id) {
+    DS_TRY(ds_batch_release(g->b[0], id));
+    for (int r = 1; r < g->world; r++) DS_TRY(ds_error_wrap(ds_batch_release(g->b[r], id), "tensor-parallel rank %d", r));
+    return NULL;
+}
+
+/* What one rank runs in a collective call: a step, or the profile. */
+typedef struct {
+    ds_batch *b;
+    ds_backend *be;
+    bool bind;
+    bool profile;
+    const ds_step_cost_key *key;
+    const char *cache;
+    FILE *log;
+    ds_step_cost *sps;
+    int active;
+    ds_error *err;
+} job;
+
+static void *rank_main(void *p) {
+    job *j = p;
+    if (j->bind) bind(j->be); /* its GPU, in this thread */
+    j->err = j->profile ? ds_batch_profile(j->b, j->key, j->cache, j->log, &j->sps) : ds_batch_step(j->b, &j->active);
+    return NULL;
+}
+
+/* jobs[r] on a thread of rank r's (rank 0's in this one), all at once, all joined; the first error (rank 0's
+ * first), the others freed. */
+static ds_error *on_every_rank(ds_batch_tp *g, job *jobs) {
+    pthread_t th[64];
+    for (int r = 0; r < g->world; r++) jobs[r].b = g->b[r], jobs[r].be = g->be[r], jobs[r].bind = g->world > 1;
+    for (int r = 1; r < g->world; r++)
+        if (pthread_create(&th[r], NULL, rank_main, &jobs[r])) abort(); /* the started ranks would wait forever */
+    rank_main(&jobs[0]);
+    ds_error *err = jobs[0].err;
+    for (int r = 1; r < g->world; r++) {
+        pthread_join(th[r], NULL);
+        if (!err && jobs[r].err) err = ds_error_wrap(jobs[r].err, "tensor-parallel rank %d", r);
+        else ds_error_free(jobs[r].err);
+    }
+    return err;
+}
+
+ds_error *ds_batch_tp_step(ds_batch_tp *g, int *active) {
+    *active = 0;
+    if (g->world == 1) return ds_batch_step(g->b[0], active);
+    job jobs[64] = {0};
+    DS_TRY(on_every_rank(g, jobs));
+    *active = jobs[0].active;
+    /* The same tokens on every rank, checked cheaply: a hash of all committed so far. */
+    const ds_batch_stats s0 = ds_batch_get_stats(g->b[0]);
+    for (int r = 1; r < g->world; r++) {
+        const ds_batch_stats s = ds_batch_get_stats(g->b[r]);
+        if (s.token_hash != s0.token_hash || s.generation_tokens != s0.generation_tokens || jobs[r].active != *active)
+            return ds_errorf("tensor parallel: rank %d committed other tokens than rank 0 by step %lld (the ranks must "
+                             "compute the same logits bit for bit)",
+                             r, (long long)s0.steps);
+    }
+    return NULL;
+}
+
+ds_error *ds_batch_tp_run(ds_batch_tp *g) {
+    int active = 1;
+    while (active > 0) DS_TRY(ds_batch_tp_step(g, &active));
+    return NULL;
+}
+
+ds_error *ds_batch_tp_profile(ds_batch_tp *g, const ds_step_cost_key *key, const char *cache_path, FILE *log,
+                              ds_step_cost **out) {
+    *out = NULL;
+    job jobs[64] = {0};
+    for (int r = 0; r < g->world; r++)
+        jobs[r] = (job){.profile = true, .key = key, .cache = cache_path, .log = r == 0 ? log : NULL};
+    ds_error *err = on_every_rank(g, jobs);
+    for (int r = 1; r < g->world; r++) ds_step_cost_free(jobs[r].sps); /* NULL: only rank 0 makes one */
+    if (err) ds_step_cost_free(jobs[0].sps);
+    else *out = jobs[0].sps;
+    return err;
+}
