@@ -231,7 +231,7 @@ static const ds_backend_ops cuda_ops = {
     .bind_thread = cu_bind_thread,
     .alloc = cu_alloc,
     .weight = cu_weight,
-    .weight_quant = ds_cu_weight_quant, /* refuses unless DS_CUDA_QUANT=1 (matmul_quant.cu) */
+    .weight_quant = ds_cu_weight_quant, /* refused with DS_CUDA_QUANT=0 (matmul_quant.cu) */
     .release = cu_release,
     .upload = cu_upload,
     .download = cu_download,

@@ -14,6 +14,7 @@ ds_cuda_config ds_cuda_config_default(void) {
         .ring_min_tiles = -1,
         .ring_boxes = DS_CU_BOXES_AUTO,
         .head_bound = true,
+        .quant = true,
         .markov_fused = -1,
         .fused_attn_min_rows = DS_CU_ATT_FUSED_MIN_ROWS,
         .att_pack_min_blocks = DS_CU_ATT_PACK_MIN_BLOCKS,
@@ -51,7 +52,7 @@ ds_error *ds_cuda_config_from_env(ds_cuda_config *out) {
     c.head_bound = env_not_zero("DS_CUDA_HEAD_BOUND");
     if ((v = getenv("DS_CUDA_MARKOV_FUSED"))) c.markov_fused = strcmp(v, "0") != 0;
     c.invariant = env_true("DS_CUDA_INVARIANT");
-    c.quant = env_true("DS_CUDA_QUANT");
+    c.quant = env_not_zero("DS_CUDA_QUANT");
     *out = c;
     return NULL;
 }

@@ -33,8 +33,8 @@ typedef struct {
                            * count (the batched engine's batch invariance): projections of more than
                            * DS_CU_NARROW_M rows run as slabs of that many on the narrow kernels instead of cuBLAS,
                            * paged attention rows never on the prefill kernel. Slower at many rows (bench it). */
-    bool quant;           /* DS_CUDA_QUANT=1: quantized weights load (matmul_quant.cu: not yet run on a GPU; read at
-                           * each weight_quant) */
+    bool quant;           /* DS_CUDA_QUANT=0: quantized weights are refused at load (matmul_quant.cu; a kill switch,
+                           * read at each weight_quant) */
     /* Not in the environment: tests lower them so that their small shapes reach the paths they check. */
     int ring_min_tiles;      /* the ring takes calls from this many tiles on (-1: one per SM), and pairs at any count */
     int fused_attn_min_rows; /* the fused norm + attention launch from this many rows (<= 0 or > 8: never) */
