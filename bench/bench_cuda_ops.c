@@ -2,8 +2,10 @@
  * tests assert numbers, benches time): narrow bf16 matmul bandwidth on a
  * weight much larger than L2, the Qwen3-8B decode projections as the model
  * calls them (fused ops, M = 1 and 8), and what a sampled verification
- * round and a sampled drafted block cost at Qwen3's vocabulary. Reported,
- * not checked; `dspark bench` measures the whole engine.
+ * round and a sampled drafted block cost at Qwen3's vocabulary, and the
+ * quantized (int4 / int8, group 64, bf16 scales) projections at the Qwen3-8B
+ * shapes against the device's copy bandwidth. Reported, not checked;
+ * `dspark bench` measures the whole engine.
  *
  *   bench_cuda_ops [--device N] [--test-config]
  *
@@ -185,6 +187,80 @@ static void model_shapes_bandwidth(void) {
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) release(ps[i]);
 }
 
+/* The quantized matmul (matmul_quant.cu) at the Qwen3-8B shapes, int4 and
+ * int8, group 64, bf16 scales, M = 1, 4, 8, 16, each call on one of two
+ * copies of its weight in turn (L2 holds neither): the bytes it must read
+ * (codes, scales, biases) / time, and that as a share of the copy bandwidth
+ * the backend's probe measures (the floor `dspark bench` uses). */
+static void quant_bandwidth(void) {
+    ds_bandwidth bw;
+    ds_error *e = ds_backend_bandwidth(gpu, (size_t)1 << 30, 5, &bw);
+    if (e) {
+        printf("  quantized linear: no copy bandwidth (%s)\n", ds_error_message(e));
+        ds_error_free(e);
+        return;
+    }
+    printf("  copy bandwidth %.0f GB/s (%s)\n", bw.bytes_per_s / 1e9, bw.method);
+    const struct {
+        const char *what;
+        int64_t N, K;
+    } shapes[] = {{"q/o_proj 4096x4096", 4096, 4096},
+                  {"gate/up 12288x4096", 12288, 4096},
+                  {"down 4096x12288", 4096, 12288},
+                  {"lm_head 151936x4096", 151936, 4096}};
+    const int group = 64;
+    const int64_t Ms[] = {1, 4, 8, 16};
+    ds_tensor x = act_rand(16, 12288, 1.0f), out = act(16, 151936, NULL);
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t N = shapes[si].N, K = shapes[si].K, W = K * bits / 32, G = K / group;
+            uint32_t *words = malloc((size_t)(N * W) * 4);
+            uint16_t *sc = malloc((size_t)(N * G) * 2), *bi = malloc((size_t)(N * G) * 2);
+            uint64_t r = 0x2545f4914f6cdd1dull;
+            for (int64_t i = 0; i < N * W; i++) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                words[i] = (uint32_t)(r >> 16);
+            }
+            for (int64_t i = 0; i < N * G; i++) { /* |w| <= ~0.03, as a trained layer's */
+                sc[i] = ds_f32_to_bf16((bits == 4 ? 0.004f : 0.00025f) * (1.0f + 0.25f * frand()));
+                bi[i] = ds_f32_to_bf16(-0.03f * (1.0f + 0.25f * frand()));
+            }
+            ds_st_tensor tw = {.name = "w.weight", .dtype = DS_U32, .ndim = 2, .shape = {N, W}, .data = words,
+                               .nbytes = (size_t)(N * W) * 4};
+            ds_st_tensor ts = {.name = "w.scales", .dtype = DS_BF16, .ndim = 2, .shape = {N, G}, .data = sc,
+                               .nbytes = (size_t)(N * G) * 2};
+            ds_st_tensor tb = ts;
+            tb.name = "w.biases";
+            tb.data = bi;
+            const ds_quant_src src = {.w = &tw, .scales = &ts, .biases = &tb, .bits = bits, .group = group};
+            ds_tensor w[2];
+            for (int c = 0; c < 2; c++) die_on(gpu->ops->weight_quant(gpu, &src, N, K, &w[c]), "weight_quant");
+            free(words), free(sc), free(bi);
+            const double bytes = (double)(N * W) * 4 + (double)(N * G) * 4;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int64_t M = Ms[mi];
+                const ds_tensor xm = ds_cols(ds_rows(x, 0, M), 0, K), om = ds_cols(ds_rows(out, 0, M), 0, N);
+                const int reps = 40;
+                double t0 = 0;
+                for (int rep = -2; rep < reps; rep++) { /* two warm-up calls */
+                    if (rep == 0) {
+                        check_gpu_ok("quantized warm-up");
+                        t0 = now_s();
+                    }
+                    gpu->ops->linear(gpu, om, xm, w[rep & 1], ds_no_tensor());
+                }
+                check_gpu_ok("quantized linear");
+                const double dt = (now_s() - t0) / reps;
+                printf("  linear int%d g%d %-20s M=%-2lld: %8.1f us  %6.0f GB/s  %5.1f %% of copy\n", bits, group,
+                       shapes[si].what, (long long)M, dt * 1e6, bytes / dt / 1e9, 100.0 * bytes / dt / bw.bytes_per_s);
+            }
+            release(&w[0]);
+            release(&w[1]);
+        }
+    release(&x);
+    release(&out);
+}
+
 /* What a verification round and a drafted block cost on the GPU at Qwen3's
  * vocabulary: verify_sample of 17 rows (16 drafts) and a 16-position
  * sampled walk (vanilla head, r = 256, bf16), with top-k 20 and top-p
@@ -256,6 +332,7 @@ int main(int argc, char **argv) {
     printf("# cuda ops, device %d, %s config\n", device, test_config ? "the op tests'" : "the engine's");
     linear_bandwidth();
     model_shapes_bandwidth();
+    quant_bandwidth();
     sample_speed();
     check_gpu_ok("end");
     gpu->ops->destroy(gpu);
