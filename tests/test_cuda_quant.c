@@ -150,7 +150,8 @@ static void test_linear(void) {
         pair b = weight(DS_BF16, 1, 300), x = act_rand(5, 1024, 1.0f), out = act(5, 300, NULL);
         gpu->ops->linear(gpu, out.g, x.g, w.g, b.g);
         cpu->ops->linear(cpu, out.c, x.c, w.c, b.c);
-        compare(out.g, out.c, s ? 2e-5 : QK_TOL, s ? "quantized linear + bias, fp32 scales" : "quantized linear + bias");
+        compare(out.g, out.c, s ? 2e-5 : QK_TOL,
+                s ? "quantized linear + bias, fp32 scales" : "quantized linear + bias");
         release(&b);
         release(&x);
         release(&out);

@@ -156,7 +156,7 @@ static void launch_bits(ds_cuda_backend *cb, bool xb, ds_tensor out, ds_tensor x
 #define QK_SLICES 4                         /* blocks a cluster, a slice of QK_CLASSES / QK_SLICES classes each */
 #define QK_WARPS (QK_CLASSES / QK_SLICES)   /* warps a block: one a class */
 #define QK_THREADS (QK_WARPS * 32)
-#define QK_STAGES 2                         /* a warp's ring: one stage computed while the next lands */
+#define QK_STAGES 3                         /* a warp's ring: two stages land while one is computed */
 #define QK_NARROW_M 16                      /* rows the narrow launch takes (two 8-row tiles of x) */
 #define QK_WIDE_MT 4                        /* 8-row x tiles a wide block takes (32 rows) */
 #define QK_WIDE_T 1                         /* 16-row weight tiles a wide warp takes (2 spills registers) */
@@ -207,7 +207,9 @@ template <int B> __device__ __forceinline__ void qk_cp_small(void *dst, const vo
                      : "memory");
 }
 __device__ __forceinline__ void qk_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void qk_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void qk_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ void qk_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
@@ -513,7 +515,8 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
 /* Wide calls: x as B fragments and the groups' xsums, once for every block
  * (qk_x_frag and qk_xsum: the bits the narrow kernel makes itself). Block
  * (c, b): chunk c, x tiles 4 b .. 4 b + 3 (a warp each). */
-template <int BITS, int P> __global__ void __launch_bounds__(128) quant_xprep_kernel(qk_args a, uint4 *xb, float *xsum) {
+template <int BITS, int P>
+__global__ void __launch_bounds__(128) quant_xprep_kernel(qk_args a, uint4 *xb, float *xsum) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     ds_cu_grid_wait();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -523,7 +526,8 @@ template <int BITS, int P> __global__ void __launch_bounds__(128) quant_xprep_ke
     qk_x_frag<BITS, P>(a, 8 * jt + g, c, nvalid, t, B);
 #pragma unroll
     for (int u = 0; u < 4; u++)
-        xb[(((int64_t)c * a.xt + jt) * 4 + u) * 32 + lane] = make_uint4(B[4 * u], B[4 * u + 1], B[4 * u + 2], B[4 * u + 3]);
+        xb[(((int64_t)c * a.xt + jt) * 4 + u) * 32 + lane] =
+            make_uint4(B[4 * u], B[4 * u + 1], B[4 * u + 2], B[4 * u + 3]);
 #pragma unroll
     for (int gi = 0; gi < P; gi++) {
         if (gi >= nvalid) break;
@@ -713,6 +717,7 @@ ds_error *ds_cu_weight_quant(ds_backend *be, const ds_quant_src *src, int64_t ro
         cudaFree(p);
         return ds_errorf("tensor %s: cannot copy it to the device: %s", src->w->name, cudaGetErrorString(e));
     }
-    *out = ds_tensor{src->scales->dtype, p, rows, cols, words, true, {src->bits, src->group, p + p_off, p + p_off + es}};
+    *out = ds_tensor{src->scales->dtype, p, rows, cols, words, true,
+                     {src->bits, src->group, p + p_off, p + p_off + es}};
     return NULL;
 }
