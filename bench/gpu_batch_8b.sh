@@ -36,13 +36,13 @@ for prof in ${PROFILES:-pico-dspark mtbench-t1}; do
     l=${prof}_T$temp
     timeout 300 ./$B/dspark bench --concurrency $LEVELS --backend cuda -m $M -d $M-dspark --temp $temp \
       --sim-acceptance bench/profiles/$prof.json --prompt-len 128 --decode $DECODE --sps-cache $OUT/sps.json \
-      --json >"$OUT/bench_$l.json" 2>"$OUT/bench_$l.err"
-    t "$l rc=$?"; grep -vE '^\s*$' "$OUT/bench_$l.err" | grep -iE "tokens/s|level|AR|fixed|Algorithm|error" | tail -24
+      >"$OUT/bench_$l.txt" 2>"$OUT/bench_$l.err"
+    t "$l rc=$?"; cat "$OUT/bench_$l.txt"; tail -3 "$OUT/bench_$l.err"
   done
 done
 if [ -z "${SKIP_MEM:-}" ]; then
   timeout 300 ./$B/dspark bench --concurrency 256 --arms ar --backend cuda -m $M -d $M-dspark --prompt-len 1000 \
-    --decode 24 --json >"$OUT/bench_mem.json" 2>"$OUT/bench_mem.err"
-  t "256 x 1k contexts rc=$?"; tail -8 "$OUT/bench_mem.err"
+    --decode 24 >"$OUT/bench_mem.txt" 2>"$OUT/bench_mem.err"
+  t "256 x 1k contexts rc=$?"; cat "$OUT/bench_mem.txt"; tail -8 "$OUT/bench_mem.err"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
 fi
