@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes .devdata/llama.cpp.tar.xz: a trimmed source tree of upstream
 # ggml-org/llama.cpp, enough to build llama-bench with the CUDA (+ CPU)
-# backend on x86-64 and to run convert_hf_to_gguf.py on a Qwen3 checkpoint.
+# backend on x86-64 (+ llama-quantize, for the Q8_0 / Q4_0 files) and to run
+# convert_hf_to_gguf.py on a Qwen3 checkpoint.
 # The tarball is carried to the device (bench/run_llamacpp.sh unpacks it);
 # it is a peer baseline, not part of the project, and is never committed.
 # See bench/fetch_llamacpp.md for what is kept and why.
@@ -26,7 +27,8 @@ mkdir -p "$T/llama.cpp"
 
 # Kept: the top-level CMake project, libllama, libggml (base + CPU + CUDA),
 # llama-common (llama-bench links it) with the two vendored libraries it
-# needs, llama-bench, and the HF -> GGUF converter with its gguf-py package.
+# needs, llama-bench, llama-quantize (tools/quantize, less its README and
+# tests.sh), and the HF -> GGUF converter with its gguf-py package.
 # Dropped inside what is kept: the other CPU architectures (arm, riscv,
 # powerpc, loongarch, s390, wasm, kleidiai, spacemit), the fattn-vec template
 # instances only GGML_CUDA_FA_ALL_QUANTS=ON compiles (the four it compiles
@@ -34,7 +36,8 @@ mkdir -p "$T/llama.cpp"
 git --git-dir="$G" archive --format=tar "$C" -- \
     LICENSE CMakeLists.txt cmake include src common \
     convert_hf_to_gguf.py conversion gguf-py \
-    tools/CMakeLists.txt tools/llama-bench \
+    tools/CMakeLists.txt tools/llama-bench tools/quantize \
+    ':(exclude)tools/quantize/README.md' ':(exclude)tools/quantize/tests.sh' \
     vendor/nlohmann vendor/cpp-httplib vendor/sheredom \
     ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/CMakeLists.txt \
     ':(glob)ggml/src/*.c' ':(glob)ggml/src/*.cpp' ':(glob)ggml/src/*.h' \
@@ -52,12 +55,14 @@ for f in f16-f16 q4_0-q4_0 q8_0-q8_0 bf16-bf16; do
     git --git-dir="$G" show "$C:$p" >"$T/llama.cpp/$p"
 done
 
-# tools/CMakeLists.txt adds every tool; only llama-bench is shipped.
+# tools/CMakeLists.txt adds every tool; only llama-bench and llama-quantize
+# are shipped.
 cat >"$T/llama.cpp/tools/CMakeLists.txt" <<'EOF'
-# trimmed by dspark bench/make_llamacpp_tarball.sh: only llama-bench is shipped
+# trimmed by dspark bench/make_llamacpp_tarball.sh: only llama-bench and llama-quantize are shipped
 find_package(Threads REQUIRED)
 llama_add_compile_flags()
 add_subdirectory(llama-bench)
+add_subdirectory(quantize)
 EOF
 # No .git in the tree: build-info gets the commit and build number (the
 # upstream release tag bN counts the commits) from here.

@@ -1,6 +1,8 @@
 /* dspark bench: speed of one model (and drafter) on random token ids:
  * prefill tokens/s, autoregressive decode at batch 1 against its memory
- * floor (weight bytes read per token / the backend's memory bandwidth,
+ * floor (the weight bytes a token reads, as stored: for a quantized weight
+ * its packed words + scales + biases, not the bf16 size it stands for; over
+ * the backend's memory bandwidth,
  * measured in the same run before the model loads: CUDA a device-to-device
  * copy, the CPU a read by its thread pool; the datasheet figure, and on CUDA
  * the 4.3 TB/s earlier sessions assumed, beside it), one verify forward of n = 1..γ+1
@@ -147,21 +149,69 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The bytes a checkpoint's weights take, as stored and as loaded: a
+ * quantized weight's packed words, scales and biases (the CUDA and CPU
+ * backends keep those three as stored: their nbytes are what a step reads,
+ * not the bf16 size of the weight they stand for), the plain tensors as
+ * they are. */
+typedef struct {
+    double total, per_token;     /* all; what a decode step reads (less an untied input embedding) */
+    double words, scales_biases; /* of the quantized weights: packed codes; their groups' scales + biases */
+    double plain;                /* every tensor that is not a quantized weight's part */
+    double embed;                /* the input embedding's (all of its parts) */
+    int n_quant;                 /* quantized weights */
+} weight_bytes_t;
+
 /* Bytes a decode step reads: every stored tensor, less an untied input
- * embedding table (one row of it is read per token). */
-static void weight_bytes(const ds_checkpoint *ck, double *total, double *per_token) {
-    double all = 0, embed = 0;
+ * embedding table (one row of it is read per token), with a quantized
+ * embedding's scales and biases left out too. */
+static weight_bytes_t weight_bytes(const ds_checkpoint *ck) {
+    weight_bytes_t w = {0};
     bool head = false;
     for (size_t s = 0; s < ck->n_shards; s++)
         for (size_t i = 0; i < ck->shards[s]->n_tensors; i++) {
             const ds_st_tensor *t = &ck->shards[s]->tensors[i];
-            all += (double)t->nbytes;
-            size_t l = strlen(t->name);
-            if (l >= 19 && !strcmp(t->name + l - 19, "embed_tokens.weight")) embed += (double)t->nbytes;
-            if (!strcmp(t->name, "lm_head.weight")) head = true;
+            const double nb = (double)t->nbytes;
+            w.total += nb;
+            if (ends_with(t->name, "embed_tokens.weight") || ends_with(t->name, "embed_tokens.scales") ||
+                ends_with(t->name, "embed_tokens.biases"))
+                w.embed += nb;
+            if (ends_with(t->name, "lm_head.weight")) head = true;
+            if (t->dtype == DS_U32 && ends_with(t->name, ".weight")) {
+                w.words += nb;
+                w.n_quant++;
+            } else if (ends_with(t->name, ".scales") || ends_with(t->name, ".biases")) {
+                w.scales_biases += nb;
+            } else {
+                w.plain += nb;
+            }
         }
-    *total = all;
-    *per_token = head ? all - embed : all;
+    w.per_token = head ? w.total - w.embed : w.total;
+    return w;
+}
+
+/* The checkpoint's quantization block ({"bits", "group_size"}) into o, or
+ * "quantization": null for a plain checkpoint. */
+static void add_quantization(cJSON *o, const ds_checkpoint *ck, const weight_bytes_t *w) {
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(ck->config, "quantization");
+    if (!q) q = cJSON_GetObjectItemCaseSensitive(ck->config, "quantization_config");
+    if (!cJSON_IsObject(q) || !w->n_quant) {
+        cJSON_AddNullToObject(o, "quantization");
+        return;
+    }
+    cJSON *j = cJSON_AddObjectToObject(o, "quantization");
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(q, "bits"), *g = cJSON_GetObjectItemCaseSensitive(q, "group_size");
+    if (cJSON_IsNumber(b)) cJSON_AddNumberToObject(j, "bits", b->valuedouble);
+    if (cJSON_IsNumber(g)) cJSON_AddNumberToObject(j, "group_size", g->valuedouble);
+    cJSON_AddNumberToObject(j, "weights", w->n_quant);
+    cJSON_AddNumberToObject(j, "packed_bytes", w->words);
+    cJSON_AddNumberToObject(j, "scales_biases_bytes", w->scales_biases);
+    cJSON_AddNumberToObject(j, "plain_bytes", w->plain);
 }
 
 typedef struct {
@@ -228,8 +278,8 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     for (int i = 0; i < n_ids; i++) b->prompt[i] = (int32_t)(ds_rng_next(&rng) % (uint64_t)t->vocab);
     ds_error *e = NULL;
 
-    double wb_all, wb_tok;
-    weight_bytes(t->ck, &wb_all, &wb_tok);
+    const weight_bytes_t wb = weight_bytes(t->ck);
+    const double wb_all = wb.total, wb_tok = wb.per_token;
     cJSON *m = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(m, "dir", o->model);
     cJSON_AddStringToObject(m, "type", t->model_type);
@@ -238,6 +288,14 @@ static ds_error *run_bench(const options *o, bench_state *b, cJSON *root) {
     cJSON_AddNumberToObject(m, "vocab", t->vocab);
     cJSON_AddNumberToObject(m, "weight_bytes", wb_all);
     cJSON_AddNumberToObject(m, "bytes_read_per_token", wb_tok);
+    add_quantization(m, t->ck, &wb);
+    if (b->d) { /* the drafter's weights as stored (quantized: words + scales + biases) */
+        const weight_bytes_t dw = weight_bytes(b->d->ck);
+        cJSON *dj = cJSON_AddObjectToObject(root, "drafter_model");
+        cJSON_AddStringToObject(dj, "dir", o->drafter);
+        cJSON_AddNumberToObject(dj, "weight_bytes", dw.total);
+        add_quantization(dj, b->d->ck, &dw);
+    }
     cJSON_AddStringToObject(root, "backend", t->be->ops->name);
     cJSON_AddNumberToObject(root, "prompt_len", P);
     cJSON_AddNumberToObject(root, "decode_tokens", o->decode);
@@ -519,6 +577,20 @@ static void print_report(const cJSON *r) {
            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "dir")),
            cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "type")), NUM(m, "layers"), NUM(m, "hidden"),
            NUM(m, "weight_bytes") / 1e9, NUM(m, "bytes_read_per_token") / 1e9);
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(m, "quantization");
+    if (cJSON_IsObject(q))
+        printf("quantized  %.0f weights, %.0f-bit, group %.0f: %.3f GB of codes, %.3f GB of scales + biases, %.3f GB "
+               "plain\n",
+               NUM(q, "weights"), NUM(q, "bits"), NUM(q, "group_size"), NUM(q, "packed_bytes") / 1e9,
+               NUM(q, "scales_biases_bytes") / 1e9, NUM(q, "plain_bytes") / 1e9);
+    const cJSON *dm = cJSON_GetObjectItemCaseSensitive(r, "drafter_model");
+    if (dm) {
+        const cJSON *dq = cJSON_GetObjectItemCaseSensitive(dm, "quantization");
+        printf("drafter    %s, %.3f GB of weights", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(dm, "dir")),
+               NUM(dm, "weight_bytes") / 1e9);
+        if (cJSON_IsObject(dq)) printf(" (%.0f-bit, group %.0f)", NUM(dq, "bits"), NUM(dq, "group_size"));
+        printf("\n");
+    }
     printf("backend    %s\n", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "backend")));
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(r, "graphs");
     if (g) {
