@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_choice.h"
+#include "cli_num.h"
 #include "commands.h"
 #include "io/config.h"
 #include "io/json_file.h"
@@ -87,15 +88,7 @@ static int parse_args(int argc, char **argv, options *o) {
     optind = 1;
     int c;
     char *end;
-#define NUM(dst, conv, what)                                                                    \
-    do {                                                                                        \
-        errno = 0;                                                                              \
-        dst = conv;                                                                             \
-        if (*end || end == optarg || errno) {                                                   \
-            fprintf(stderr, "dspark datagen: %s expects a number, got '%s'\n", what, optarg);   \
-            return 2;                                                                           \
-        }                                                                                       \
-    } while (0)
+#define NUM(dst, conv, what) CLI_NUM("datagen", dst, conv, what)
     long v;
     while ((c = getopt_long(argc, argv, "m:d:n:h", longs, NULL)) != -1) {
         switch (c) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_choice.h"
+#include "cli_num.h"
 #include "commands.h"
 #include "dspark.h"
 #include "io/checkpoint.h"
@@ -136,14 +137,7 @@ static int parse_args(int argc, char **argv, options *o) {
     optind = 1;
     int c;
     char *end;
-#define NUM(dst, conv, what)                                                       \
-    do {                                                                           \
-        dst = conv;                                                                \
-        if (*end || end == optarg) {                                               \
-            fprintf(stderr, "dspark generate: %s expects a number, got '%s'\n", what, optarg); \
-            return 2;                                                              \
-        }                                                                          \
-    } while (0)
+#define NUM(dst, conv, what) CLI_NUM("generate", dst, conv, what)
     while ((c = getopt_long(argc, argv, "m:d:p:n:h", longs, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "cli_choice.h"
+#include "cli_num.h"
 #include "commands.h"
 #include "dspark.h"
 #include "serve/serve.h"
@@ -108,14 +109,7 @@ static int parse_args(int argc, char **argv, options *o) {
     optind = 1;
     int c;
     char *end;
-#define NUM(dst, conv, what)                                                                    \
-    do {                                                                                        \
-        dst = conv;                                                                             \
-        if (*end || end == optarg) {                                                            \
-            fprintf(stderr, "dspark serve: %s expects a number, got '%s'\n", what, optarg);     \
-            return 2;                                                                           \
-        }                                                                                       \
-    } while (0)
+#define NUM(dst, conv, what) CLI_NUM("serve", dst, conv, what)
     long long body = o->srv.max_body;
     while ((c = getopt_long(argc, argv, "m:d:h", longs, NULL)) != -1) {
         switch (c) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_choice.h"
+#include "cli_num.h"
 #include "commands.h"
 #include "train_eval.h"
 #include "train_plot.h"
@@ -83,15 +84,7 @@ static int parse_args(int argc, char **argv, options *o) {
     optind = 1;
     int c;
     char *end;
-#define NUM(dst, conv, what)                                                                  \
-    do {                                                                                      \
-        errno = 0;                                                                            \
-        dst = conv;                                                                           \
-        if (*end || end == optarg || errno) {                                                 \
-            fprintf(stderr, "dspark train: %s expects a number, got '%s'\n", what, optarg);   \
-            return 2;                                                                         \
-        }                                                                                     \
-    } while (0)
+#define NUM(dst, conv, what) CLI_NUM("train", dst, conv, what)
     long long v;
     while ((c = getopt_long(argc, argv, "m:d:h", longs, NULL)) != -1) {
         switch (c) {
