@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/comm.h"
 #include "io/checkpoint.h"
@@ -82,6 +83,63 @@ static void test_collectives(void) {
     }
     ds_comm_group_free(g);
     CHECK_ERR(ds_comm_group_threads(0, &g, ranks), "0 ranks");
+}
+
+/* A rank that fails alone (ds_comm_abort) must not leave the others waiting: rank 0 enters an all-reduce, a
+ * gather and a barrier that rank 1 never joins; each returns once rank 1 aborts, the gather with zeros, and the
+ * group stays stopped, naming rank 1. */
+typedef struct {
+    ds_comm *comm;
+    int returned;
+} abort_arg;
+
+static void *abort_waiter(void *p) {
+    abort_arg *a = p;
+    ds_backend *be;
+    ds_tensor x;
+    if (ds_backend_cpu_new(1, &be)) return NULL;
+    ds_error *e = be->ops->alloc(be, DS_F32, 2, 3, &x);
+    if (!e) {
+        a->comm->ops->all_reduce(a->comm, be, x);
+        a->returned++;
+        float in[2] = {1, 2}, out[4] = {5, 5, 5, 5};
+        a->comm->ops->all_gather_host(a->comm, in, 2, out);
+        a->returned += out[0] == 0 && out[1] == 0 && out[2] == 0 && out[3] == 0;
+        a->comm->ops->barrier(a->comm);
+        a->returned++;
+        be->ops->release(be, &x);
+    }
+    ds_error_free(e);
+    be->ops->destroy(be);
+    return NULL;
+}
+
+static void *abort_failer(void *p) {
+    abort_arg *a = p;
+    struct timespec ts = {0, 50 * 1000 * 1000}; /* after rank 0 waits */
+    nanosleep(&ts, NULL);
+    ds_comm_abort(a->comm);
+    return NULL;
+}
+
+static void test_abort(void) {
+    ds_comm ranks[2];
+    ds_comm_group *g;
+    CHECK_OK(ds_comm_group_threads(2, &g, ranks));
+    CHECK(ds_comm_failed_rank(&ranks[0]) == -1, "a new group reads as stopped");
+    abort_arg a0 = {.comm = &ranks[0]}, a1 = {.comm = &ranks[1]};
+    pthread_t t0, t1;
+    CHECK(pthread_create(&t0, NULL, abort_waiter, &a0) == 0, "thread 0");
+    CHECK(pthread_create(&t1, NULL, abort_failer, &a1) == 0, "thread 1");
+    pthread_join(t1, NULL);
+    pthread_join(t0, NULL);
+    CHECK(a0.returned == 3, "rank 0 after rank 1's abort: %d of 3 collectives returned as they should", a0.returned);
+    CHECK(ds_comm_failed_rank(&ranks[0]) == 1 && ds_comm_failed_rank(&ranks[1]) == 1,
+          "the group names rank %d, not rank 1", ds_comm_failed_rank(&ranks[0]));
+    ds_comm_abort(&ranks[0]); /* a second abort keeps the first rank */
+    CHECK(ds_comm_failed_rank(&ranks[0]) == 1, "a later abort renamed the failed rank");
+    ds_comm_group_free(g);
+    printf("  abort: rank 0's all-reduce, gather (zeros) and barrier return once rank 1 aborts; the group names it\n");
 }
 
 /* A rank's shard is its slice of the whole weight: rows for a column-parallel projection (q_proj: whole
@@ -382,4 +440,4 @@ static void test_nccl(void) {
     ds_comm_group_free(g);
 }
 
-RUN_TESTS("tp", test_collectives, test_shards, test_target_split, test_engine_tp, test_nccl)
+RUN_TESTS("tp", test_collectives, test_abort, test_shards, test_target_split, test_engine_tp, test_nccl)

@@ -553,6 +553,7 @@ static void *rank_gen_main(void *arg) {
     if (g->e->be->ops->bind_thread) g->e->be->ops->bind_thread(g->e->be); /* its GPU, in this thread */
     g->err = ds_generate(g->e->target, g->no_draft ? NULL : g->e->drafter, g->prompt, g->n_prompt, g->p, NULL, NULL,
                          &g->r);
+    if (g->err) ds_comm_abort(g->e->target->comm); /* the others may wait for this rank in a collective */
     return NULL;
 }
 
@@ -576,6 +577,9 @@ static ds_error *generate_tp(ds_engine *e, const ds_generate_opts *o, const ds_g
     rank_gen g[64];
     pthread_t th[64];
     int started = 1;
+    if (ds_comm_failed_rank(e->target->comm) >= 0)
+        return ds_errorf("tensor parallel: the ranks stopped after rank %d failed; reopen the engine",
+                         ds_comm_failed_rank(e->target->comm));
     for (int r = 1; r < e->tp; r++, started++) {
         g[r] = (rank_gen){.e = e->ranks[r], .p = p, .prompt = prompt, .n_prompt = n_prompt, .no_draft = o->no_draft};
         if (pthread_create(&th[r], NULL, rank_gen_main, &g[r])) abort(); /* the started ranks would wait forever */
@@ -583,8 +587,22 @@ static ds_error *generate_tp(ds_engine *e, const ds_generate_opts *o, const ds_g
     tp_tokens tt = {.fn = on_token, .user = user};
     if (e->be->ops->bind_thread) e->be->ops->bind_thread(e->be);
     ds_error *const e0 = ds_generate(e->target, o->no_draft ? NULL : e->drafter, prompt, n_prompt, p, tp_on_token, &tt, out);
-    ds_error *err = e0;
+    if (e0) ds_comm_abort(e->target->comm);
     for (int r = 1; r < started; r++) pthread_join(th[r], NULL);
+    /* The error of the rank that stopped the group first: the others' are what its absence did to them. */
+    const int failed = ds_comm_failed_rank(e->target->comm);
+    ds_error *err = e0;
+    if (failed > 0 && g[failed].err) {
+        ds_error_free(e0);
+        err = ds_error_wrap(g[failed].err, "tensor-parallel rank %d", failed);
+        g[failed].err = NULL;
+        if (!e0) ds_gen_result_free(out);
+        for (int r = 1; r < e->tp; r++) {
+            if (g[r].err) ds_error_free(g[r].err);
+            else if (r != failed) ds_gen_result_free(&g[r].r);
+        }
+        return err;
+    }
     for (int r = 1; r < e->tp; r++) {
         if (!err && g[r].err) err = ds_error_wrap(g[r].err, "tensor-parallel rank %d", r);
         else if (g[r].err) ds_error_free(g[r].err);

@@ -45,6 +45,14 @@ static inline float ds_comm_from_rank0(ds_comm *c, float v) {
     return all[0];
 }
 
+/* A rank that leaves a collective computation with an error (its step failed halfway: device memory, a
+ * backend failure) calls this, so that the other ranks do not wait for it forever: every rank waiting in a
+ * collective of the group returns at once, and so does every later collective, their results undefined
+ * (gathers give zeros). The group stays stopped: its ranks' engine must be reopened. Any rank, any thread. */
+void ds_comm_abort(ds_comm *c);
+/* -1 while the group is whole, else the first rank that called ds_comm_abort. */
+int ds_comm_failed_rank(const ds_comm *c);
+
 typedef struct ds_comm_group ds_comm_group;
 
 /* A group of world ranks in this process; ranks[r] is rank r's handle (for its thread). */
@@ -56,10 +64,11 @@ ds_error *ds_comm_group_threads(int world, ds_comm_group **out, ds_comm *ranks);
 ds_error *ds_comm_group_nccl(int world, const int *devices, ds_comm_group **out, ds_comm *ranks);
 void ds_comm_group_free(ds_comm_group *g);
 
-/* For the NCCL group (backend/cuda/comm_nccl.cu): the threads group's table, and a hook to free what it
- * adds (called by ds_comm_group_free before the group's own state). */
+/* For the NCCL group (backend/cuda/comm_nccl.cu): the threads group's table, and hooks to free what it
+ * adds (called by ds_comm_group_free before the group's own state) and to stop its device collectives
+ * (called once by the first ds_comm_abort, after the group is marked stopped; NULL: none). */
 const ds_comm_ops *ds_comm_threads_ops(void);
-void ds_comm_group_set_ext(ds_comm_group *g, void *ext, void (*ext_free)(void *ext));
+void ds_comm_group_set_ext(ds_comm_group *g, void *ext, void (*ext_free)(void *ext), void (*ext_abort)(void *ext));
 void *ds_comm_group_ext(const ds_comm_group *g);
 
 #endif

@@ -10,6 +10,7 @@ struct ds_batch_tp {
     int world;
     ds_batch **b;
     ds_backend **be; /* rank r's backend: its thread binds it (its GPU) */
+    ds_comm **comm;  /* rank r's handle of the group (world > 1) */
 };
 
 ds_batch *ds_batch_tp_lead(const ds_batch_tp *g) { return g->b[0]; }
@@ -27,6 +28,7 @@ void ds_batch_tp_free(ds_batch_tp *g) {
     }
     free(g->b);
     free(g->be);
+    free(g->comm);
     free(g);
 }
 
@@ -45,9 +47,11 @@ ds_error *ds_batch_tp_new(int world, ds_target *const *t, ds_drafter *const *d, 
     g->world = world;
     g->b = calloc((size_t)world, sizeof *g->b);
     g->be = calloc((size_t)world, sizeof *g->be);
-    ds_error *e = !g->b || !g->be ? ds_errorf("out of memory") : NULL;
+    g->comm = calloc((size_t)world, sizeof *g->comm);
+    ds_error *e = !g->b || !g->be || !g->comm ? ds_errorf("out of memory") : NULL;
     for (int r = world - 1; r >= 0 && !e; r--) { /* rank 0's device last: the caller's */
         g->be[r] = t[r]->be;
+        g->comm[r] = t[r]->comm;
         if (world > 1) bind(g->be[r]);
         e = ds_batch_new(t[r], d ? d[r] : NULL, opts, &g->b[r]);
         if (e && world > 1) e = ds_error_wrap(e, "tensor-parallel rank %d", r);
@@ -93,6 +97,7 @@ ds_error *ds_batch_tp_release(ds_batch_tp *g, int64_t id) {
 typedef struct {
     ds_batch *b;
     ds_backend *be;
+    ds_comm *comm; /* world > 1 */
     bool bind;
     bool profile;
     const ds_step_cost_key *key;
@@ -107,21 +112,30 @@ static void *rank_main(void *p) {
     job *j = p;
     if (j->bind) bind(j->be); /* its GPU, in this thread */
     j->err = j->profile ? ds_batch_profile(j->b, j->key, j->cache, j->log, &j->sps) : ds_batch_step(j->b, &j->active);
+    if (j->err && j->comm) ds_comm_abort(j->comm); /* the others may wait for this rank in a collective */
     return NULL;
 }
 
-/* jobs[r] on a thread of rank r's (rank 0's in this one), all at once, all joined; the first error (rank 0's
- * first), the others freed. */
+/* jobs[r] on a thread of rank r's (rank 0's in this one), all at once, all joined; the error of the rank that
+ * stopped the group (the others' are what its absence did to them), else the first (rank 0's first); the others
+ * freed. A stopped group stays stopped. */
 static ds_error *on_every_rank(ds_batch_tp *g, job *jobs) {
+    if (g->world > 1 && ds_comm_failed_rank(g->comm[0]) >= 0)
+        return ds_errorf("tensor parallel: the ranks stopped after rank %d failed; reopen the engine",
+                         ds_comm_failed_rank(g->comm[0]));
     pthread_t th[64];
-    for (int r = 0; r < g->world; r++) jobs[r].b = g->b[r], jobs[r].be = g->be[r], jobs[r].bind = g->world > 1;
+    for (int r = 0; r < g->world; r++)
+        jobs[r].b = g->b[r], jobs[r].be = g->be[r], jobs[r].bind = g->world > 1,
+        jobs[r].comm = g->world > 1 ? g->comm[r] : NULL;
     for (int r = 1; r < g->world; r++)
         if (pthread_create(&th[r], NULL, rank_main, &jobs[r])) abort(); /* the started ranks would wait forever */
     rank_main(&jobs[0]);
-    ds_error *err = jobs[0].err;
-    for (int r = 1; r < g->world; r++) {
-        pthread_join(th[r], NULL);
-        if (!err && jobs[r].err) err = ds_error_wrap(jobs[r].err, "tensor-parallel rank %d", r);
+    for (int r = 1; r < g->world; r++) pthread_join(th[r], NULL);
+    const int failed = g->world > 1 ? ds_comm_failed_rank(g->comm[0]) : -1;
+    ds_error *err = NULL;
+    for (int r = 0; r < g->world; r++) {
+        const bool take = !err && jobs[r].err && (failed < 0 || r == failed);
+        if (take) err = r ? ds_error_wrap(jobs[r].err, "tensor-parallel rank %d", r) : jobs[r].err;
         else ds_error_free(jobs[r].err);
     }
     return err;
