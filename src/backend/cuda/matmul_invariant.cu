@@ -20,8 +20,9 @@
  * bits depend on how many rows share the call; slabs of DS_CU_NARROW_M
  * rows through the narrow kernels read every weight again per slab.
  *
- * Tiles: a block covers BN weight rows x BM rows of x, staged a chunk at a
- * time (64 bytes a row) through a cp.async ring in shared memory; a warp
+ * Tiles: a block covers BN weight rows x BM rows of x, staged SC chunks of
+ * the walk at a time (64 bytes a row and chunk; one barrier a stage)
+ * through a cp.async ring in shared memory; a warp
  * owns TN 16-row weight tiles x TM 8-row x tiles. The lane layout reads a
  * row's 16 bytes at 16 t, so 8 rows of 64 bytes are one conflict-free
  * 512-byte read. Smaller tiles where the big ones leave SMs idle; every
@@ -29,7 +30,7 @@
 #include "backend/cuda/matmul_invariant.h"
 #include "backend/cuda/matmul_mma_frag.cuh"
 
-#define INV_STAGES 4
+#define INV_STAGES 3
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -51,35 +52,41 @@ struct chunk_walk {
     }
 };
 
-template <int WN, int WM, int TN, int TM>
+/* SC: chunks of the walk a stage holds (one barrier a stage), chunk-major: chunk j's ROWS rows of 64 bytes. */
+template <int WN, int WM, int TN, int TM, int SC>
 __global__ void __launch_bounds__(WN *WM * 32)
     gemm_invariant_kernel(float *__restrict__ out, int64_t os, const uint16_t *__restrict__ xh, int64_t xs,
                           const uint16_t *__restrict__ w, int64_t ws, int M, int N, int K) {
     constexpr int BN = WN * TN * 16, BM = WM * TM * 8, ROWS = BN + BM, THREADS = WN * WM * 32;
-    extern __shared__ uint4 stage_mem[]; /* INV_STAGES x ROWS rows x 4 16-byte units */
+    constexpr int UNITS = ROWS * 4; /* 16-byte units of one chunk */
+    extern __shared__ uint4 stage_mem[]; /* INV_STAGES x SC chunks x ROWS rows x 4 units */
     ds_cu_grid_wait();
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int wn = warp % WN, wm = warp / WN;
     const int chunks = K >> 5;
 
-    /* A stage: weight rows n0 .. n0 + BN, then x rows m0 .. m0 + BM (clamped: rows past N or M are never stored). */
+    /* A stage: SC chunks of the walk; a chunk's weight rows n0 .. n0 + BN, then x rows m0 .. m0 + BM (clamped:
+     * rows past N or M are never stored). */
     chunk_walk lw;
     lw.start();
-    int issued = 0;
+    int loaded = 0;
     auto issue = [&](int stage) {
-        if (issued < chunks) {
-            uint4 *S = stage_mem + stage * ROWS * 4;
-            const int64_t k = (int64_t)lw.c * 32;
-            for (int u = threadIdx.x; u < ROWS * 4; u += THREADS) {
-                const int r = u >> 2, q = u & 3;
-                const uint16_t *src = r < BN ? w + (int64_t)min(n0 + r, N - 1) * ws + k + 8 * q
-                                             : xh + (int64_t)min(m0 + r - BN, M - 1) * xs + k + 8 * q;
-                cp_async16(S + u, src);
+        uint4 *S = stage_mem + stage * SC * UNITS;
+#pragma unroll
+        for (int j = 0; j < SC; j++) {
+            if (loaded < chunks) {
+                const int64_t k = (int64_t)lw.c * 32;
+                for (int u = threadIdx.x; u < UNITS; u += THREADS) {
+                    const int r = u >> 2, q = u & 3;
+                    const uint16_t *src = r < BN ? w + (int64_t)min(n0 + r, N - 1) * ws + k + 8 * q
+                                                 : xh + (int64_t)min(m0 + r - BN, M - 1) * xs + k + 8 * q;
+                    cp_async16(S + j * UNITS + u, src);
+                }
+                lw.next(chunks);
+                loaded++;
             }
-            lw.next(chunks);
         }
-        issued++;
         cp_async_commit(); /* (empty groups keep the wait counts uniform) */
     };
 #pragma unroll
@@ -96,34 +103,40 @@ __global__ void __launch_bounds__(WN *WM * 32)
     chunk_walk cw;
     cw.start();
     const int arow = wn * TN * 16 + g, brow = BN + wm * TM * 8 + g;
-    for (int s = 0; s < chunks; s++) {
+    const int stages = (chunks + SC - 1) / SC;
+    for (int s = 0; s < stages; s++) {
         cp_async_wait<INV_STAGES - 2>();
         __syncthreads(); /* stage s landed for every thread; stage s - 1 is free */
         issue((s + INV_STAGES - 1) % INV_STAGES);
-        const uint4 *S = stage_mem + (s % INV_STAGES) * ROWS * 4;
-        uint4 xb[TM];
+        const uint4 *S0 = stage_mem + (s % INV_STAGES) * SC * UNITS;
 #pragma unroll
-        for (int j = 0; j < TM; j++) xb[j] = S[(brow + 8 * j) * 4 + t];
+        for (int jc = 0; jc < SC; jc++) {
+            if (s * SC + jc >= chunks) break;
+            const uint4 *S = S0 + jc * UNITS;
+            uint4 xb[TM];
 #pragma unroll
-        for (int i = 0; i < TN; i++) {
-            const uint4 wa = S[(arow + 16 * i) * 4 + t], wb = S[(arow + 16 * i + 8) * 4 + t];
+            for (int j = 0; j < TM; j++) xb[j] = S[(brow + 8 * j) * 4 + t];
 #pragma unroll
-            for (int j = 0; j < TM; j++) { /* mma_chunk's two products, in its order */
-                mma_bf16(acc[i][j], wa.x, wb.x, wa.y, wb.y, xb[j].x, xb[j].y);
-                mma_bf16(acc[i][j], wa.z, wb.z, wa.w, wb.w, xb[j].z, xb[j].w);
+            for (int i = 0; i < TN; i++) {
+                const uint4 wa = S[(arow + 16 * i) * 4 + t], wb = S[(arow + 16 * i + 8) * 4 + t];
+#pragma unroll
+                for (int j = 0; j < TM; j++) { /* mma_chunk's two products, in its order */
+                    mma_bf16(acc[i][j], wa.x, wb.x, wa.y, wb.y, xb[j].x, xb[j].y);
+                    mma_bf16(acc[i][j], wa.z, wb.z, wa.w, wb.w, xb[j].z, xb[j].w);
+                }
             }
-        }
-        const int cls = cw.w;
-        if (cw.next(chunks)) { /* class cls ends: its sum joins the total, as warp cls's in mma_store_rows */
+            const int cls = cw.w;
+            if (cw.next(chunks)) { /* class cls ends: its sum joins the total, as warp cls's in mma_store_rows */
 #pragma unroll
-            for (int i = 0; i < TN; i++)
+                for (int i = 0; i < TN; i++)
 #pragma unroll
-                for (int j = 0; j < TM; j++)
+                    for (int j = 0; j < TM; j++)
 #pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        tot[i][j][r] = cls == 0 ? acc[i][j][r] : __fadd_rn(tot[i][j][r], acc[i][j][r]);
-                        acc[i][j][r] = 0.0f;
-                    }
+                        for (int r = 0; r < 4; r++) {
+                            tot[i][j][r] = cls == 0 ? acc[i][j][r] : __fadd_rn(tot[i][j][r], acc[i][j][r]);
+                            acc[i][j][r] = 0.0f;
+                        }
+            }
         }
     }
     cp_async_wait<0>();
@@ -148,12 +161,12 @@ __global__ void __launch_bounds__(WN *WM * 32)
             }
 }
 
-template <int WN, int WM, int TN, int TM>
+template <int WN, int WM, int TN, int TM, int SC>
 static bool launch_tiles(ds_cuda_backend *cb, const char *op, float *out, int64_t os, const uint16_t *xh, int64_t xs,
                          const uint16_t *w, int64_t ws, int M, int N, int K) {
     constexpr int BN = WN * TN * 16, BM = WM * TM * 8;
-    const size_t smem = (size_t)INV_STAGES * (BN + BM) * 64;
-    auto kernel = gemm_invariant_kernel<WN, WM, TN, TM>;
+    const size_t smem = (size_t)INV_STAGES * SC * (BN + BM) * 64;
+    auto kernel = gemm_invariant_kernel<WN, WM, TN, TM, SC>;
     if (smem > 48 * 1024 &&
         !ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
         return false;
@@ -175,17 +188,17 @@ bool ds_cu_gemm_invariant(ds_cuda_backend *cb, const char *op, ds_tensor out, co
         ds_cu_fail(cb, op, "invariant product: %lld rows of x at %p not supported", (long long)M, (const void *)xh);
         return false;
     }
-    /* Grid fill: the largest tile whose grid still gives every SM a block (N tiles on grid y: at most 65535). */
+    /* Grid fill: the largest tile whose grid still gives most SMs a block (N tiles on grid y: at most 65535). */
     const int64_t big = ((M + 63) / 64) * ((N + 127) / 128), mid = ((M + 31) / 32) * ((N + 63) / 64);
     float *o = (float *)out.data;
     const uint16_t *wp = (const uint16_t *)w.data;
-    if (big >= cb->sms && (N + 127) / 128 <= 65535)
-        return launch_tiles<4, 2, 2, 4>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
-    if (mid >= cb->sms && (N + 63) / 64 <= 65535)
-        return launch_tiles<2, 1, 2, 4>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
+    if (big >= cb->sms * 3 / 4 && (N + 127) / 128 <= 65535)
+        return launch_tiles<4, 2, 2, 4, 4>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
+    if (mid >= cb->sms * 3 / 4 && (N + 63) / 64 <= 65535)
+        return launch_tiles<2, 1, 2, 4, 2>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
     if ((N + 15) / 16 > 65535) {
         ds_cu_fail(cb, op, "invariant product: %lld weight rows not supported", (long long)N);
         return false;
     }
-    return launch_tiles<1, 1, 1, 4>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
+    return launch_tiles<1, 1, 1, 4, 2>(cb, op, o, out.stride, xh, K, wp, w.stride, (int)M, (int)N, (int)K);
 }
