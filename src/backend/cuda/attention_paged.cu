@@ -20,7 +20,8 @@
  * call, on where its pages lie in the pool, or on the cache being paged at
  * all: paged == contiguous, bit for bit, for the same rows
  * (test_cuda_attention checks all three). A row's key limit (row_keys)
- * becomes its launch's n_keys, which is all n_keys does in both kernels. */
+ * becomes its launch's n_keys, which is all n_keys does in both kernels;
+ * rows that causality cuts below their limits share one launch. */
 #include <stdint.h>
 #include <string.h>
 
@@ -115,16 +116,26 @@ static bool same_run(const ds_attn_params *p, int64_t i, int64_t j) {
     return p->pages->row_table[i] == p->pages->row_table[j] && key_limit(p, i) == key_limit(p, j);
 }
 
-/* Rows [r0, r1) on the chunk kernel: one launch per run of rows with the same key limit. */
+/* Whether causality alone ends row i's keys (its position is below its key limit): then any n_keys from its
+ * limit up gives it the same keys, so rows of many sequences can share a launch. */
+static bool causal_cut(const ds_attn_params *p, int64_t i) { return p->causal && p->q_pos[i] < key_limit(p, i); }
+
+/* Rows [r0, r1) on the chunk kernel: one launch for a run of rows that causality cuts (a batched step's decode
+ * and verify rows, whatever their sequences: n_keys the run's largest limit, each row's keys still [lo, pos]),
+ * else one per run with the same key limit. (A launch per sequence cost 256 launches a layer at 256 in flight.) */
 static void chunk_rows(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                        const ds_attn_params *p, const int32_t *tab, int64_t r0, int64_t r1) {
     for (int64_t a = r0; a < r1 && !cb->err;) {
         int64_t b = a + 1;
-        while (b < r1 && key_limit(p, b) == key_limit(p, a)) b++;
+        int n_keys = key_limit(p, a);
+        if (causal_cut(p, a))
+            for (; b < r1 && causal_cut(p, b); b++) n_keys = key_limit(p, b) > n_keys ? key_limit(p, b) : n_keys;
+        else
+            while (b < r1 && !causal_cut(p, b) && key_limit(p, b) == key_limit(p, a)) b++;
         ds_attn_params pr = *p;
         pr.pages = NULL;
         pr.q_pos = p->q_pos + a;
-        pr.n_keys = key_limit(p, a);
+        pr.n_keys = n_keys;
         const ds_cu_pages pg = {tab, p->pages->page_rows, p->pages->row_table + a};
         ds_cu_attention_rows(cb, ds_rows(out, a, b - a), ds_rows(q, a, b - a), k, v, &pr, &pg);
         a = b;
