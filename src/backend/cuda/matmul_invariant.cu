@@ -28,16 +28,10 @@
  * 512-byte read. Smaller tiles where the big ones leave SMs idle; every
  * tile shape gives the same bits. */
 #include "backend/cuda/matmul_invariant.h"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/matmul_mma_frag.cuh"
 
 #define INV_STAGES 3
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* The chunk walk: class w takes chunks w, w + MMA_WARPS, ...; classes in order. */
 struct chunk_walk {
@@ -81,13 +75,13 @@ __global__ void __launch_bounds__(WN *WM * 32)
                     const int r = u >> 2, q = u & 3;
                     const uint16_t *src = r < BN ? w + (int64_t)min(n0 + r, N - 1) * ws + k + 8 * q
                                                  : xh + (int64_t)min(m0 + r - BN, M - 1) * xs + k + 8 * q;
-                    cp_async16(S + j * UNITS + u, src);
+                    ds_cu_cp16(S + j * UNITS + u, src);
                 }
                 lw.next(chunks);
                 loaded++;
             }
         }
-        cp_async_commit(); /* (empty groups keep the wait counts uniform) */
+        ds_cu_cp_commit(); /* (empty groups keep the wait counts uniform) */
     };
 #pragma unroll
     for (int s = 0; s < INV_STAGES - 1; s++) issue(s);
@@ -105,7 +99,7 @@ __global__ void __launch_bounds__(WN *WM * 32)
     const int arow = wn * TN * 16 + g, brow = BN + wm * TM * 8 + g;
     const int stages = (chunks + SC - 1) / SC;
     for (int s = 0; s < stages; s++) {
-        cp_async_wait<INV_STAGES - 2>();
+        ds_cu_cp_wait<INV_STAGES - 2>();
         __syncthreads(); /* stage s landed for every thread; stage s - 1 is free */
         issue((s + INV_STAGES - 1) % INV_STAGES);
         const uint4 *S0 = stage_mem + (s % INV_STAGES) * SC * UNITS;
@@ -139,7 +133,7 @@ __global__ void __launch_bounds__(WN *WM * 32)
             }
         }
     }
-    cp_async_wait<0>();
+    ds_cu_cp_wait<0>();
     for (int cls = chunks; cls < MMA_WARPS; cls++) /* the classes without chunks (K < 512) add their zeros */
 #pragma unroll
         for (int i = 0; i < TN; i++)

@@ -53,6 +53,8 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/matmul_mma_frag.cuh"
 #include "backend/cuda/quant_load.cuh"
 
 namespace cg = cooperative_groups;
@@ -194,29 +196,12 @@ struct qk_args {
     int M, N, K, chunks, groups, group;
 };
 
-__device__ __forceinline__ void qk_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-}
 template <int B> __device__ __forceinline__ void qk_cp_small(void *dst, const void *src) {
-    if (B == 16) qk_cp16(dst, src);
+    if (B == 16) ds_cu_cp16(dst, src);
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
                      "l"(src), "n"(B)
                      : "memory");
-}
-__device__ __forceinline__ void qk_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void qk_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void qk_mma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 #define QK_ONES 0x3f803f80u /* bf16 (1, 1) */
@@ -334,7 +319,7 @@ template <int P> __device__ __forceinline__ void qk_xsum(const uint32_t B[16], i
 #pragma unroll
     for (int ls = 0; ls < SPG; ls++) {
         const int s = gi * SPG + ls;
-        qk_mma(cx, QK_ONES, QK_ONES, QK_ONES, QK_ONES, B[2 * s], B[2 * s + 1]);
+        mma_bf16(cx, QK_ONES, QK_ONES, QK_ONES, QK_ONES, B[2 * s], B[2 * s + 1]);
     }
 }
 
@@ -354,11 +339,11 @@ __device__ __forceinline__ void qk_issue(const qk_args &a, unsigned char *S, int
             const unsigned char *src = wb + (int64_t)n * rowb + (int64_t)c * (QK_CHUNK * BITS / 8);
             unsigned char *dst = S + r * Q::RS;
             if (BITS == 4) {
-                if (c * QK_CHUNK + 32 * t < a.K) qk_cp16(dst + 16 * t, src + 16 * t);
+                if (c * QK_CHUNK + 32 * t < a.K) ds_cu_cp16(dst + 16 * t, src + 16 * t);
             } else {
 #pragma unroll
                 for (int h = 0; h < 2; h++)
-                    if (c * QK_CHUNK + 64 * h + 16 * t < a.K) qk_cp16(dst + 64 * h + 16 * t, src + 64 * h + 16 * t);
+                    if (c * QK_CHUNK + 64 * h + 16 * t < a.K) ds_cu_cp16(dst + 64 * h + 16 * t, src + 64 * h + 16 * t);
             }
         }
     unsigned char *sbd = S + T * 16 * Q::RS;
@@ -388,7 +373,7 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
 #pragma unroll
     for (int s = 0; s < QK_STAGES; s++) {
         if (s < items) qk_issue<BITS, P, T>(a, ring + s * STAGE, n_base, cls + s * QK_CLASSES, lane);
-        qk_commit(); /* (empty groups keep the wait counts uniform) */
+        ds_cu_cp_commit(); /* (empty groups keep the wait counts uniform) */
     }
     ds_cu_grid_wait();
 
@@ -409,7 +394,7 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
         if (!WIDE)
 #pragma unroll
             for (int j = 0; j < MT; j++) qk_x_frag<BITS, P>(a, m0 + 8 * j + g, c, nvalid, t, B[j]);
-        qk_wait<QK_STAGES - 1>();
+        ds_cu_cp_wait<QK_STAGES - 1>();
         __syncwarp(); /* every lane's copies of this stage landed */
         const unsigned char *S = ring + (it % QK_STAGES) * STAGE;
         const unsigned char *SB = S + T * 16 * Q::RS;
@@ -455,7 +440,7 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
                         const uint4 &u = bu[WIDE ? j : 0];
                         const uint32_t b0 = WIDE ? ((s & 1) ? u.z : u.x) : B[WIDE ? 0 : j][2 * s];
                         const uint32_t b1 = WIDE ? ((s & 1) ? u.w : u.y) : B[WIDE ? 0 : j][2 * s + 1];
-                        qk_mma(cc[j], a0, a1, a2, a3, b0, b1);
+                        mma_bf16(cc[j], a0, a1, a2, a3, b0, b1);
                     }
                 }
                 const float sa = __uint_as_float(pa << 16), ba = __uint_as_float(pa & 0xffff0000u);
@@ -472,9 +457,9 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
         __syncwarp(); /* every lane is done with the stage before it is refilled */
         if (it + QK_STAGES < items)
             qk_issue<BITS, P, T>(a, ring + (it % QK_STAGES) * STAGE, n_base, c + QK_STAGES * QK_CLASSES, lane);
-        qk_commit();
+        ds_cu_cp_commit();
     }
-    qk_wait<0>();
+    ds_cu_cp_wait<0>();
     __syncthreads(); /* every warp is done with its ring: the partials take its memory */
 
     /* The slice: the block's four classes in order, then the four slices in order over the cluster. */
