@@ -94,6 +94,19 @@ __global__ void __launch_bounds__(WN *WM * 32)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.0f, tot[i][j][r] = 0.0f;
 
+    /* Class cls's partial joins the total (mma_store_rows: warp 0's sum, then + each warp's in order); the
+     * partial starts again from zero. */
+    auto fold = [&](int cls) {
+#pragma unroll
+        for (int i = 0; i < TN; i++)
+#pragma unroll
+            for (int j = 0; j < TM; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    tot[i][j][r] = cls == 0 ? acc[i][j][r] : __fadd_rn(tot[i][j][r], acc[i][j][r]);
+                    acc[i][j][r] = 0.0f;
+                }
+    };
     chunk_walk cw;
     cw.start();
     const int arow = wn * TN * 16 + g, brow = BN + wm * TM * 8 + g;
@@ -107,40 +120,21 @@ __global__ void __launch_bounds__(WN *WM * 32)
         for (int jc = 0; jc < SC; jc++) {
             if (s * SC + jc >= chunks) break;
             const uint4 *S = S0 + jc * UNITS;
-            uint4 xb[TM];
+            uint32_t xh[TM][4], xl[TM][4] = {}; /* x's bf16 pairs; xh is bf16 x (DS_X_BF16: no lo half) */
 #pragma unroll
-            for (int j = 0; j < TM; j++) xb[j] = S[(brow + 8 * j) * 4 + t];
-#pragma unroll
-            for (int i = 0; i < TN; i++) {
-                const uint4 wa = S[(arow + 16 * i) * 4 + t], wb = S[(arow + 16 * i + 8) * 4 + t];
-#pragma unroll
-                for (int j = 0; j < TM; j++) { /* mma_chunk's two products, in its order */
-                    mma_bf16(acc[i][j], wa.x, wb.x, wa.y, wb.y, xb[j].x, xb[j].y);
-                    mma_bf16(acc[i][j], wa.z, wb.z, wa.w, wb.w, xb[j].z, xb[j].w);
-                }
+            for (int j = 0; j < TM; j++) {
+                const uint4 v = S[(brow + 8 * j) * 4 + t];
+                xh[j][0] = v.x, xh[j][1] = v.y, xh[j][2] = v.z, xh[j][3] = v.w;
             }
+#pragma unroll
+            for (int i = 0; i < TN; i++)
+                mma_chunk<TM>(acc[i], S[(arow + 16 * i) * 4 + t], S[(arow + 16 * i + 8) * 4 + t], xh, xl);
             const int cls = cw.w;
-            if (cw.next(chunks)) { /* class cls ends: its sum joins the total, as warp cls's in mma_store_rows */
-#pragma unroll
-                for (int i = 0; i < TN; i++)
-#pragma unroll
-                    for (int j = 0; j < TM; j++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            tot[i][j][r] = cls == 0 ? acc[i][j][r] : __fadd_rn(tot[i][j][r], acc[i][j][r]);
-                            acc[i][j][r] = 0.0f;
-                        }
-            }
+            if (cw.next(chunks)) fold(cls); /* class cls ends: its sum joins the total, as warp cls's */
         }
     }
     ds_cu_cp_wait<0>();
-    for (int cls = chunks; cls < MMA_WARPS; cls++) /* the classes without chunks (K < 512) add their zeros */
-#pragma unroll
-        for (int i = 0; i < TN; i++)
-#pragma unroll
-            for (int j = 0; j < TM; j++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) tot[i][j][r] = __fadd_rn(tot[i][j][r], 0.0f);
+    for (int cls = chunks; cls < MMA_WARPS; cls++) fold(cls); /* the classes without chunks (K < 512): zeros */
 
     /* Register 2h + e of lane 4g + t: weight row 8h + g, x row 2t + e of the 16 x 8 tile. */
 #pragma unroll
