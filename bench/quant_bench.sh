@@ -235,15 +235,7 @@ if has_step prep; then
     fi
     # llama.cpp's converter needs a tokenizer (the real Qwen3 one; dspark ignores it): written
     # here, before anything reads the directory.
-    if [ ! -f "$M/tokenizer.json" ]; then
-        python3 - "$REPO/testdata/tokenizers/qwen3" "$M" <<'EOF' || say "prep: could not write the tokenizer into $M"
-import lzma, sys
-src, dst = sys.argv[1], sys.argv[2]
-for name in ("tokenizer.json", "tokenizer_config.json"):
-    with lzma.open(f"{src}/{name}.xz") as f, open(f"{dst}/{name}", "wb") as g:
-        g.write(f.read())
-EOF
-    fi
+    bash "$REPO/bench/put_qwen3_tokenizer.sh" "$M" || say "prep: could not write the tokenizer into $M"
     touch "$STATE/synth.ready"
 fi
 

@@ -192,13 +192,7 @@ if has_step convert; then
     if [ ! -f "$M/tokenizer.json" ]; then
         # The real Qwen3 tokenizer (151,669 tokens; vocab_size 151936 in
         # config.json, the converter pads the rest).
-        python3 - "$REPO/testdata/tokenizers/qwen3" "$M" <<'EOF' || die "writing the Qwen3 tokenizer into $M"
-import lzma, sys
-src, dst = sys.argv[1], sys.argv[2]
-for name in ("tokenizer.json", "tokenizer_config.json"):
-    with lzma.open(f"{src}/{name}.xz") as f, open(f"{dst}/{name}", "wb") as g:
-        g.write(f.read())
-EOF
+        bash "$REPO/bench/put_qwen3_tokenizer.sh" "$M" || die "writing the Qwen3 tokenizer into $M"
         say "wrote tokenizer.json + tokenizer_config.json (testdata/tokenizers/qwen3) into $M"
     fi
     SRC_BYTES=$(du -cb "$M"/*.safetensors | tail -1 | cut -f1)
