@@ -895,14 +895,17 @@ static ds_error *time_rows_lead(void *ctx, int tokens, double *seconds) {
 }
 
 static ds_error *follow_profile(ds_batch *b) {
-    ds_error *err = NULL;
+    ds_comm *c = b->t->comm;
     for (;;) {
-        const int tokens = (int)ds_comm_from_rank0(b->t->comm, 0);
-        if (tokens < 0) return err;
+        const int tokens = (int)ds_comm_from_rank0(c, 0);
+        /* A stopped group's gathers give zeros, never the end: stop here (the failed rank's error is the one
+         * reported). A forward that fails here returns at once: the caller stops the group (ds_comm_abort), so
+         * rank 0 does not wait in a collective for this rank. */
+        if (ds_comm_failed_rank(c) >= 0)
+            return ds_errorf("step-cost profile: the ranks stopped after rank %d failed", ds_comm_failed_rank(c));
+        if (tokens < 0) return NULL;
         double unused;
-        ds_error *e = time_rows(b, tokens, &unused);
-        if (e && !err) err = e;
-        else ds_error_free(e);
+        DS_TRY(time_rows(b, tokens, &unused));
     }
 }
 
