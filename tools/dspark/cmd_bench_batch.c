@@ -310,7 +310,9 @@ int cmd_bench_batch(int argc, char **argv) {
         snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d", o.model, t->vocab, t->hidden, t->n_layers,
                  bo.step_rows);
         const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
-        e = ds_batch_tp_new(o.tp, k.t, NULL, &bo, &probe);
+        ds_batch_opts po = bo; /* the probe runs the target alone: no drafter, so no simulated acceptance */
+        po.sim = NULL;
+        e = ds_batch_tp_new(o.tp, k.t, NULL, &po, &probe);
         if (!e) e = ds_batch_tp_profile(probe, &key, o.sps_cache, o.json ? NULL : stderr, &sps);
         bo.sps = sps;
     }
