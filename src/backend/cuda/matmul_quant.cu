@@ -22,22 +22,44 @@
  *   group by group, p = fma(s, dot, p), then p = fma(b, xsum, p).
  * - The 16 classes are four slices of four: out = ((q0 + q1) + q2) + q3
  *   with q = ((p0 + p1) + p2) + p3 over a slice's classes; then + bias.
- * A slice is one block of a cluster of QK_SLICES (a warp a class): K is
- * split over four SMs, so that each reads a quarter of x (as many bytes as
- * its weights at 8 rows of int4; without the split x is 4x the weights'
- * bytes and from L2), and the four partials meet through distributed
- * shared memory.
+ * Who computes which chunk is free as long as these sums are kept; the
+ * launches below split the work three ways.
  *
- * Loads: a warp streams its T 16-row tiles' chunk (16 bytes a lane and
- * row, cp.async, no L1) and their (scale, bias) pairs through a ring of
- * QK_STAGES stages in shared memory, the first requested before the kernel
- * waits for the one before it (weights do not depend on it). Layout
- * changes across a quad (which lane holds which group's codes) are the
- * shared-memory addresses the lanes read, padded so that no read conflicts.
- * x is loaded per chunk from global memory (L1) and rounded to bf16 in the
- * fragment layout; past 16 rows a small kernel does that once for all
- * blocks (quant_xprep_kernel, with the xsums: the same ones-mma, the same
- * bits) and a block takes 32 rows.
+ * Up to 16 rows (decode, verify), where x's rows fit in shared memory
+ * beside the rings (int4, groups of 64: up to 11 rows at K = 4096, 4 at
+ * K = 12288), the streaming kernel (quant_stream_kernel): one
+ * persistent block an SM of 16 warps, a warp a class. Block b takes the
+ * 16-row tiles b, b + grid, ...; warp w streams its items (tile, chunk
+ * w + 16 r) in order, tile after tile, through a private ring of one-chunk
+ * slots, so its next tile's loads are in flight while a tile's 16 partials
+ * are folded in shared memory (the contract's order). Why: the cluster
+ * kernel below gives a warp K / 2048 chunks (2 at K = 4096), in blocks of
+ * 4 warps that are mostly prologue, cluster barriers and epilogue, in
+ * several short waves (two blocks an SM by shared memory): a burst of
+ * requests a block, then none (Qwen3-8B's QKV of one row ran at ~0.3 TB/s
+ * there). x is
+ * rounded to bf16 once a block into shared memory, because a load issued
+ * after an SM's weight requests comes back after them.
+ *
+ * Elsewhere up to 16 rows (x too large for that), the cluster kernel
+ * (quant_mma_kernel, narrow): a cluster of QK_SLICES blocks of 4 warps (a
+ * warp a class) over T 16-row tiles; K is split over four SMs, so that
+ * each reads a quarter of x (as many bytes as its weights at 8 rows of
+ * int4; without the split x is 4x the weights' bytes and from L2), and
+ * the four slices' partials meet through distributed shared memory. Past
+ * 16 rows the same kernel, wide: a small kernel first makes x's bf16
+ * fragments and xsums once for all blocks (quant_xprep_kernel: the same
+ * ones-mma, the same bits) and a block takes 32 rows.
+ *
+ * Loads: a warp streams its tiles' chunk (16 bytes a lane and row,
+ * cp.async, no L1) and their (scale, bias) pairs through a ring of stages
+ * in shared memory, the first requested before the kernel waits for the
+ * one before it (weights do not depend on it). Layout changes across a
+ * quad (which lane holds which group's codes) are the shared-memory
+ * addresses the lanes read, padded so that no read conflicts. The cluster
+ * kernel's narrow launch loads x per chunk from global memory (L1) and
+ * rounds it to bf16 in the fragment layout. Every kernel computes a chunk
+ * through qk_chunk: the same products in the same order.
  *
  * Relative to the CPU backend (an fp32 weight holding fma(code, s, b)) the
  * sums differ in order and in where s and b are applied: not bit-identical,
@@ -353,13 +375,83 @@ __device__ __forceinline__ void qk_issue(const qk_args &a, unsigned char *S, int
     }
 }
 
+/* Chunk c's products into acc (the contract's step): group by group in order, its dot (mma steps from zero) and
+ * xsum, then acc = fma(s, dot, acc), acc = fma(b, xsum, acc). S: the chunk's stage (T tiles' rows, then their
+ * pairs). Narrow: B, the chunk's x fragments, one set an x tile. Wide: fragments and xsums of x tiles xt0 ..
+ * from quant_xprep_kernel's buffers, a unit at a time. Both kernels call this: the same sums. */
+template <int BITS, int P, int MT, int T, bool WIDE>
+__device__ __forceinline__ void qk_chunk(const qk_args &a, const unsigned char *S, int c, int nvalid,
+                                         const uint32_t (&B)[WIDE ? 1 : MT][16], int xt0, int lane,
+                                         float (&acc)[T][MT][4]) {
+    using Q = qk_geo<BITS, P>;
+    constexpr int SPG = Q::SPG, WPG = (BITS == 4 ? 4 : 8) / P;
+    const int g = lane >> 2, t = lane & 3;
+    const unsigned char *SB = S + T * 16 * Q::RS;
+#pragma unroll
+    for (int gi = 0; gi < P; gi++) {
+        if (gi >= nvalid) break;
+        float cx[MT][4];
+#pragma unroll
+        for (int j = 0; j < MT; j++) {
+            if (WIDE) {
+                const float2 v = __ldg((const float2 *)(a.xsum +
+                                                        (((int64_t)xt0 + j) * a.groups +
+                                                         (int64_t)c * P + gi) * 8 + 2 * t));
+                cx[j][0] = v.x, cx[j][1] = v.y;
+            } else {
+                qk_xsum<P>(B[WIDE ? 0 : j], gi, cx[j]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < T; i++) {
+            uint32_t wa[WPG], wb[WPG];
+            qk_words<BITS, P>(S + (16 * i + g) * Q::RS, gi, t, wa);
+            qk_words<BITS, P>(S + (16 * i + g + 8) * Q::RS, gi, t, wb);
+            const uint32_t pa = *(const uint32_t *)(SB + (16 * i + g) * Q::SBB + 4 * gi);
+            const uint32_t pb = *(const uint32_t *)(SB + (16 * i + g + 8) * Q::SBB + 4 * gi);
+            float cc[MT][4];
+#pragma unroll
+            for (int j = 0; j < MT; j++) cc[j][0] = cc[j][1] = cc[j][2] = cc[j][3] = 0.0f;
+            uint4 bu[WIDE ? MT : 1];
+#pragma unroll
+            for (int ls = 0; ls < SPG; ls++) {
+                const int s = gi * SPG + ls;
+                if (WIDE && !(ls & 1)) /* unit s / 2 (a group is whole units) */
+#pragma unroll
+                    for (int j = 0; j < MT; j++)
+                        bu[WIDE ? j : 0] = __ldg(
+                            a.xb + (((int64_t)c * a.xt + xt0 + j) * 4 + (s >> 1)) * 32 + lane);
+                uint32_t a0, a1, a2, a3;
+                qk_a<BITS>(wa, ls, &a0, &a2);
+                qk_a<BITS>(wb, ls, &a1, &a3);
+#pragma unroll
+                for (int j = 0; j < MT; j++) {
+                    const uint4 &u = bu[WIDE ? j : 0];
+                    const uint32_t b0 = WIDE ? ((s & 1) ? u.z : u.x) : B[WIDE ? 0 : j][2 * s];
+                    const uint32_t b1 = WIDE ? ((s & 1) ? u.w : u.y) : B[WIDE ? 0 : j][2 * s + 1];
+                    mma_bf16(cc[j], a0, a1, a2, a3, b0, b1);
+                }
+            }
+            const float sa = __uint_as_float(pa << 16), ba = __uint_as_float(pa & 0xffff0000u);
+            const float sb = __uint_as_float(pb << 16), bb = __uint_as_float(pb & 0xffff0000u);
+#pragma unroll
+            for (int j = 0; j < MT; j++) { /* rows g (e 0, 1) and g + 8 (e 2, 3); x rows 2t, 2t + 1 */
+                acc[i][j][0] = __fmaf_rn(ba, cx[j][0], __fmaf_rn(sa, cc[j][0], acc[i][j][0]));
+                acc[i][j][1] = __fmaf_rn(ba, cx[j][1], __fmaf_rn(sa, cc[j][1], acc[i][j][1]));
+                acc[i][j][2] = __fmaf_rn(bb, cx[j][0], __fmaf_rn(sb, cc[j][2], acc[i][j][2]));
+                acc[i][j][3] = __fmaf_rn(bb, cx[j][1], __fmaf_rn(sb, cc[j][3], acc[i][j][3]));
+            }
+        }
+    }
+}
+
 /* out (+ bias) for MT x tiles of 8 rows (from blockIdx.y * 8 MT) and QK_SLICES blocks of T 16-row weight tiles
  * each (the cluster, from (blockIdx.x / QK_SLICES) * 16 T); block rank s takes classes 4 s .. 4 s + 3. */
 template <int BITS, int P, int MT, int T, bool WIDE>
 __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = qk_geo<BITS, P>;
-    constexpr int SPG = Q::SPG, WPG = (BITS == 4 ? 4 : 8) / P, STAGE = Q::stage(T);
+    constexpr int STAGE = Q::stage(T);
     extern __shared__ __align__(16) unsigned char qk_smem[];
     cg::cluster_group cl = cg::this_cluster();
     const int slice = (int)cl.block_rank();
@@ -396,64 +488,7 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
             for (int j = 0; j < MT; j++) qk_x_frag<BITS, P>(a, m0 + 8 * j + g, c, nvalid, t, B[j]);
         ds_cu_cp_wait<QK_STAGES - 1>();
         __syncwarp(); /* every lane's copies of this stage landed */
-        const unsigned char *S = ring + (it % QK_STAGES) * STAGE;
-        const unsigned char *SB = S + T * 16 * Q::RS;
-#pragma unroll
-        for (int gi = 0; gi < P; gi++) {
-            if (gi >= nvalid) break;
-            float cx[MT][4];
-#pragma unroll
-            for (int j = 0; j < MT; j++) {
-                if (WIDE) {
-                    const float2 v = __ldg((const float2 *)(a.xsum +
-                                                            (((int64_t)blockIdx.y * MT + j) * a.groups +
-                                                             (int64_t)c * P + gi) * 8 + 2 * t));
-                    cx[j][0] = v.x, cx[j][1] = v.y;
-                } else {
-                    qk_xsum<P>(B[WIDE ? 0 : j], gi, cx[j]);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < T; i++) {
-                uint32_t wa[WPG], wb[WPG];
-                qk_words<BITS, P>(S + (16 * i + g) * Q::RS, gi, t, wa);
-                qk_words<BITS, P>(S + (16 * i + g + 8) * Q::RS, gi, t, wb);
-                const uint32_t pa = *(const uint32_t *)(SB + (16 * i + g) * Q::SBB + 4 * gi);
-                const uint32_t pb = *(const uint32_t *)(SB + (16 * i + g + 8) * Q::SBB + 4 * gi);
-                float cc[MT][4];
-#pragma unroll
-                for (int j = 0; j < MT; j++) cc[j][0] = cc[j][1] = cc[j][2] = cc[j][3] = 0.0f;
-                uint4 bu[WIDE ? MT : 1];
-#pragma unroll
-                for (int ls = 0; ls < SPG; ls++) {
-                    const int s = gi * SPG + ls;
-                    if (WIDE && !(ls & 1)) /* unit s / 2 (a group is whole units) */
-#pragma unroll
-                        for (int j = 0; j < MT; j++)
-                            bu[WIDE ? j : 0] = __ldg(
-                                a.xb + (((int64_t)c * a.xt + blockIdx.y * MT + j) * 4 + (s >> 1)) * 32 + lane);
-                    uint32_t a0, a1, a2, a3;
-                    qk_a<BITS>(wa, ls, &a0, &a2);
-                    qk_a<BITS>(wb, ls, &a1, &a3);
-#pragma unroll
-                    for (int j = 0; j < MT; j++) {
-                        const uint4 &u = bu[WIDE ? j : 0];
-                        const uint32_t b0 = WIDE ? ((s & 1) ? u.z : u.x) : B[WIDE ? 0 : j][2 * s];
-                        const uint32_t b1 = WIDE ? ((s & 1) ? u.w : u.y) : B[WIDE ? 0 : j][2 * s + 1];
-                        mma_bf16(cc[j], a0, a1, a2, a3, b0, b1);
-                    }
-                }
-                const float sa = __uint_as_float(pa << 16), ba = __uint_as_float(pa & 0xffff0000u);
-                const float sb = __uint_as_float(pb << 16), bb = __uint_as_float(pb & 0xffff0000u);
-#pragma unroll
-                for (int j = 0; j < MT; j++) { /* rows g (e 0, 1) and g + 8 (e 2, 3); x rows 2t, 2t + 1 */
-                    acc[i][j][0] = __fmaf_rn(ba, cx[j][0], __fmaf_rn(sa, cc[j][0], acc[i][j][0]));
-                    acc[i][j][1] = __fmaf_rn(ba, cx[j][1], __fmaf_rn(sa, cc[j][1], acc[i][j][1]));
-                    acc[i][j][2] = __fmaf_rn(bb, cx[j][0], __fmaf_rn(sb, cc[j][2], acc[i][j][2]));
-                    acc[i][j][3] = __fmaf_rn(bb, cx[j][1], __fmaf_rn(sb, cc[j][3], acc[i][j][3]));
-                }
-            }
-        }
+        qk_chunk<BITS, P, MT, T, WIDE>(a, ring + (it % QK_STAGES) * STAGE, c, nvalid, B, blockIdx.y * MT, lane, acc);
         __syncwarp(); /* every lane is done with the stage before it is refilled */
         if (it + QK_STAGES < items)
             qk_issue<BITS, P, T>(a, ring + (it % QK_STAGES) * STAGE, n_base, c + QK_STAGES * QK_CLASSES, lane);
@@ -492,6 +527,150 @@ __global__ void __launch_bounds__(QK_THREADS, 4) quant_mma_kernel(qk_args a) {
         }
     }
     cl.sync(); /* no block leaves while the others read its partials */
+#else
+    __trap(); /* (never launched: qk_ok wants code built for sm_90) */
+#endif
+}
+
+/* ---- the streaming narrow kernel (up to QK_NARROW_M rows, x staged in shared memory) ----
+ *
+ * One block an SM (persistent), one warp a class: warp w computes class w's partial of the block's tiles (tiles
+ * b, b + grid, b + 2 grid, ... of 16 weight rows), and the 16 partials of a tile meet in shared memory, where the
+ * contract's fold gives the output. Each warp streams its own items, (tile, chunk w + 16 r) for r = 0 .. in
+ * order and tile after tile, through a private ring of QS_SLOTS(BITS) one-chunk slots, so that its next tile's
+ * loads are in flight while a tile is folded: the ring never drains between tiles. x is rounded to bf16 once a
+ * block into shared memory (the bits qk_x_frag makes), so that no x load waits behind the SM's weight stream
+ * (a load issued after the ring's requests returns after them). */
+#define QS_THREADS (QK_CLASSES * 32)          /* a warp a class */
+#define QS_SLOTS(BITS) ((BITS) == 4 ? 4 : 3)  /* a warp's ring: 3 KB (int4) / 4 KB (int8) of weights in flight */
+#define QS_XPAD 8                             /* bf16 past a staged x row (16 bytes: rows start in other banks) */
+#define QS_SMEM_1ROW (200 * 1024)             /* at one row, as matmul_ring: room for a small kernel beside */
+
+/* Shared memory of the streaming kernel: the rings, the fold's two buffers (tile parity), x's rows. */
+template <int BITS, int P, int MT> static constexpr int qs_fixed_smem() {
+    return QK_CLASSES * QS_SLOTS(BITS) * qk_geo<BITS, P>::stage(1) + 2 * QK_CLASSES * MT * 128 * (int)sizeof(float);
+}
+static inline size_t qs_x_smem(int64_t M, int64_t K) { return (size_t)(M * (K + QS_XPAD)) * 2; }
+
+/* qk_x_frag's fragments from x staged as bf16 (row m at xs + m * xp): each value is rounded once either way, so
+ * the same bits; int4 pairs (k, k + 4) are the halves of two staged pairs. */
+template <int BITS, int P>
+__device__ __forceinline__ void qs_x_frag(const __nv_bfloat16 *xs, int xp, int M, int row, int c, int nvalid, int t,
+                                          uint32_t B[16]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (row < M && u * P / 4 < nvalid) {
+            const uint4 v = *(const uint4 *)(xs + (int64_t)row * xp + c * QK_CHUNK + qk_xk<BITS, P>(u, t));
+            if (BITS == 4) { /* v = (k0, k1), (k2, k3), (k4, k5), (k6, k7) */
+                B[4 * u] = __byte_perm(v.x, v.z, 0x5410), B[4 * u + 1] = __byte_perm(v.x, v.z, 0x7632);
+                B[4 * u + 2] = __byte_perm(v.y, v.w, 0x5410), B[4 * u + 3] = __byte_perm(v.y, v.w, 0x7632);
+            } else {
+                B[4 * u] = v.x, B[4 * u + 1] = v.y, B[4 * u + 2] = v.z, B[4 * u + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) B[4 * u + i] = 0u;
+        }
+    }
+}
+
+/* x's M rows as bf16 pairs into xs: every thread's loads issued before its first store (one round trip). */
+__device__ __forceinline__ void qs_stage_x(const qk_args &a, __nv_bfloat16 *xs, int xp) {
+    constexpr int XB = 8; /* float4 loads a thread has in flight */
+    const int q = a.K / 4, nq = a.M * q;
+    for (int base = threadIdx.x; base < nq; base += QS_THREADS * XB) {
+        float4 f[XB];
+#pragma unroll
+        for (int u = 0; u < XB; u++) {
+            const int i = base + u * QS_THREADS;
+            if (i >= nq) break;
+            const float *p = a.x + (int64_t)(i / q) * a.xs + (int64_t)(i % q) * 4;
+            f[u] = a.xvec ? __ldg((const float4 *)p) : make_float4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
+        }
+#pragma unroll
+        for (int u = 0; u < XB; u++) {
+            const int i = base + u * QS_THREADS;
+            if (i >= nq) break;
+            *(uint2 *)(xs + (int64_t)(i / q) * xp + (i % q) * 4) =
+                make_uint2(qk_bf2(f[u].x, f[u].y), qk_bf2(f[u].z, f[u].w));
+        }
+    }
+}
+
+/* out (+ bias) for x rows 0 .. M - 1 (MT tiles of 8): see the section's comment. */
+template <int BITS, int P, int MT>
+__global__ void __launch_bounds__(QS_THREADS, 1) quant_stream_kernel(qk_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int NS = QS_SLOTS(BITS), SLOT = qk_geo<BITS, P>::stage(1), E = MT * 128; /* E: a tile's partials */
+    extern __shared__ __align__(16) unsigned char qk_smem[];
+    const int lane = threadIdx.x & 31, cls = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    unsigned char *ring = qk_smem + cls * NS * SLOT;
+    float *red = (float *)(qk_smem + QK_CLASSES * NS * SLOT); /* [tile parity][class][E] */
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)(red + 2 * QK_CLASSES * E);
+    const int xp = a.K + QS_XPAD;
+    const int tiles = (a.N + 15) / 16, grid = (int)gridDim.x, tb = (int)blockIdx.x;
+    const int my_tiles = (tiles - tb + grid - 1) / grid;
+    const int nr = cls < a.chunks ? (a.chunks - cls + QK_CLASSES - 1) / QK_CLASSES : 0; /* items a tile */
+    const int items = my_tiles * nr;
+    /* Item i: the block's tile i / nr, chunk cls + 16 (i % nr). */
+    auto issue = [&](int i, unsigned char *S) {
+        qk_issue<BITS, P, 1>(a, S, (tb + i / nr * grid) * 16, cls + i % nr * QK_CLASSES, lane);
+    };
+
+    /* The weights first (they do not depend on the kernel before), then the wait, then x. */
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        if (s < items) issue(s, ring + s * SLOT);
+        ds_cu_cp_commit(); /* (empty groups keep the wait counts uniform) */
+    }
+    ds_cu_grid_wait();
+    qs_stage_x(a, xs, xp);
+    __syncthreads();
+
+    int it = 0;
+    for (int ti = 0; ti < my_tiles; ti++) {
+        float acc[1][MT][4];
+#pragma unroll
+        for (int j = 0; j < MT; j++) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+        for (int r = 0; r < nr; r++, it++) {
+            const int c = cls + r * QK_CLASSES;
+            const int nvalid = min(P, (a.K - c * QK_CHUNK) / a.group);
+            uint32_t B[MT][16];
+#pragma unroll
+            for (int j = 0; j < MT; j++) qs_x_frag<BITS, P>(xs, xp, a.M, 8 * j + g, c, nvalid, t, B[j]);
+            ds_cu_cp_wait<NS - 1>();
+            __syncwarp(); /* every lane's copies of this slot landed */
+            qk_chunk<BITS, P, MT, 1, false>(a, ring + (it % NS) * SLOT, c, nvalid, B, 0, lane, acc);
+            __syncwarp(); /* every lane is done with the slot before it is refilled */
+            if (it + NS < items) issue(it + NS, ring + (it % NS) * SLOT);
+            ds_cu_cp_commit();
+        }
+        /* The fold: ((p0 + p1) + p2) + p3 a slice, the slices likewise, then the bias. Two buffers by tile
+         * parity: a warp writing tile ti + 2's partials has passed tile ti + 1's barrier, after every fold of ti. */
+        float *rb = red + (ti & 1) * QK_CLASSES * E;
+#pragma unroll
+        for (int j = 0; j < MT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) rb[cls * E + (j * 4 + e) * 32 + lane] = acc[0][j][e];
+        __syncthreads();
+        const int n_base = (tb + ti * grid) * 16;
+        for (int idx = threadIdx.x; idx < E; idx += QS_THREADS) {
+            float v = 0.0f;
+#pragma unroll
+            for (int s = 0; s < QK_SLICES; s++) {
+                const float *p = rb + 4 * s * E + idx;
+                const float q = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[E]), p[2 * E]), p[3 * E]);
+                v = s ? __fadd_rn(v, q) : q;
+            }
+            const int l = idx & 31, e = (idx >> 5) & 3, j = idx >> 7;
+            const int n = n_base + (l >> 2) + 8 * (e >> 1), m = 8 * j + 2 * (l & 3) + (e & 1);
+            if (n < a.N && m < a.M) {
+                if (a.bias) v = __fadd_rn(v, ds_cu_load(a.bias, a.bdt, n));
+                a.out[(int64_t)m * a.os + n] = v;
+            }
+        }
+    }
+    ds_cu_cp_wait<0>();
 #else
     __trap(); /* (never launched: qk_ok wants code built for sm_90) */
 #endif
@@ -565,10 +744,42 @@ static void qk_start(ds_cuda_backend *cb, const char *op, const qk_args &a, unsi
     ds_cu_launched(cb, op);
 }
 
+template <int BITS, int P, int MT>
+static void qs_start(ds_cuda_backend *cb, const char *op, const qk_args &a, int smem) {
+    static int allowed = 48 * 1024; /* dynamic shared memory this instantiation may use */
+    auto kernel = quant_stream_kernel<BITS, P, MT>;
+    if (smem > allowed) {
+        if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
+            return;
+        allowed = smem;
+    }
+    const int tiles = (a.N + 15) / 16, grid = tiles < cb->sms ? tiles : cb->sms;
+    ds_cu_launch_smem(kernel, dim3((unsigned)grid), dim3(QS_THREADS), (size_t)smem, cb->stream, a);
+    ds_cu_launched(cb, op);
+}
+
+/* The most dynamic shared memory a streaming block may have on this device (asked once: every Hopper says 227 KB). */
+static int64_t qs_smem_max(const ds_cuda_backend *cb, int64_t M) {
+    static int optin = -1;
+    if (optin < 0 && cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cb->device) != cudaSuccess)
+        optin = 0;
+    return M == 1 && optin > QS_SMEM_1ROW ? QS_SMEM_1ROW : optin;
+}
+
 template <int BITS, int P>
 static void qk_run(ds_cuda_backend *cb, const char *op, qk_args &a) {
     const int64_t M = a.M, tiles = (a.N + 15) / 16;
     if (M <= QK_NARROW_M) {
+        /* The streaming kernel where x's rows fit beside the rings; else the cluster kernel below (x from
+         * global memory, split over the cluster). The same bits either way. */
+        const bool mt1 = M <= 8;
+        const int64_t smem =
+            (mt1 ? qs_fixed_smem<BITS, P, 1>() : qs_fixed_smem<BITS, P, 2>()) + (int64_t)qs_x_smem(M, a.K);
+        if (smem <= qs_smem_max(cb, M)) {
+            if (mt1) qs_start<BITS, P, 1>(cb, op, a, (int)smem);
+            else qs_start<BITS, P, 2>(cb, op, a, (int)smem);
+            return;
+        }
         /* The largest T that still gives 1.5 blocks an SM (bits do not depend on T). */
         constexpr int TM = BITS == 4 ? QK_T4 : QK_T8;
         const int64_t want = (int64_t)cb->sms * 3 / 2;
