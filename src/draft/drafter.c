@@ -158,7 +158,7 @@ void ds_drafter_release_common(ds_drafter *d) {
                         &d->markov_bound.proj, &d->markov_bound.coef, &d->markov_bound.radius, &d->gate_w,
                         &d->gate_b, &d->joint_w, &d->joint_b, &d->conf_w, &d->conf_b, &d->conf_cut,
                         &d->ctx, &d->block_hidden, &d->logits, &d->mlogits, &d->probs, &d->step_in, &d->step_out,
-                        &d->batch_hidden, &d->batch_logits, &d->batch_taps};
+                        &d->batch_hidden, &d->batch_logits, &d->batch_taps, &d->seqs_feat, &d->seqs_conf};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->release(be, all[i]);
     free(d->host_logits);
     free(d->host_probs);

@@ -33,6 +33,10 @@ ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs) {
     DS_TRY(regrow(be, &d->batch_taps, ctx, (int64_t)d->n_taps * d->hidden));
     if (d->ctx.rows < ctx_rows) DS_TRY(regrow(be, &d->ctx, ctx_rows, d->hidden));
     DS_TRY(d->ops->reserve(d, (int)rows, ctx_rows));
+    if (ds_spec(be)->markov_sample_seqs && d->markov == DS_MARKOV_VANILLA && !d->seqs_feat.data) {
+        DS_TRY(regrow(be, &d->seqs_feat, (int64_t)DS_MARKOV_SEQS_MAX * G, (int64_t)d->hidden + d->markov_rank));
+        DS_TRY(regrow(be, &d->seqs_conf, (int64_t)DS_MARKOV_SEQS_MAX * G, 1));
+    }
     d->max_seqs = max_seqs;
     return NULL;
 }
@@ -129,6 +133,30 @@ static void walk(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, const
     d->logits = keep_logits;
 }
 
+/* The sampled walks of sequences j.. (at most left of them) at once, where
+ * at least two in a row sample and the backend takes them
+ * (ds_markov_chain_seqs): the proposals walk() would give each, bit for
+ * bit. Returns how many it took (0: none; walk() each). */
+static int walk_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, int left, const ds_draft_seq *q,
+                     ds_proposal *out) {
+    const int G = d->gamma;
+    int m = 0;
+    while (m < left && m < DS_MARKOV_SEQS_MAX && !ds_sampling_greedy(q[m].sampling)) m++;
+    if (m < 2) return 0;
+    int32_t anchors[DS_MARKOV_SEQS_MAX];
+    const ds_sampling *s[DS_MARKOV_SEQS_MAX];
+    ds_rng *rng[DS_MARKOV_SEQS_MAX];
+    for (int i = 0; i < m; i++) anchors[i] = q[i].anchor, s[i] = q[i].sampling, rng[i] = q[i].rng;
+    if (!ds_markov_chain_seqs(d, ds_rows(hidden, (int64_t)j * G, (int64_t)m * G),
+                              ds_rows(logits, (int64_t)j * G, (int64_t)m * G), m, anchors, s, rng, out))
+        return 0;
+    for (int i = 0; i < m; i++) {
+        out[i].n_kept = 0;
+        out[i].n = d->confidence ? ds_conf_keep(out[i].conf_logit, d->conf_temp, G, q[i].threshold) : G;
+    }
+    return m;
+}
+
 /* What both batched calls do first: check every sequence, lay out the
  * host rows (h, in *mem, the caller's to free) with every page list
  * concatenated, and append each sequence's pending context rows. *cap: the
@@ -219,9 +247,12 @@ ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs,
         d->ops->block(d, rows, h.ids, h.bpos, n_keys, hidden);
         d->pages = NULL;
         ds_drafter_lm_head(d, logits, hidden);
-        for (int j = 0; j < ns && !e; j++) {
-            walk(d, hidden, logits, j, &seqs[r0 + j], &out[r0 + j]);
-            if (o->done) e = o->done(o->ctx, r0 + j, &out[r0 + j]);
+        for (int j = 0; j < ns && !e;) {
+            int took = walk_seqs(d, hidden, logits, j, ns - j, &seqs[r0 + j], &out[r0 + j]);
+            if (!took) walk(d, hidden, logits, j, &seqs[r0 + j], &out[r0 + j]), took = 1;
+            for (int i = 0; i < took && !e; i++)
+                if (o->done) e = o->done(o->ctx, r0 + j + i, &out[r0 + j + i]);
+            j += took;
         }
     }
     d->pages = pages;

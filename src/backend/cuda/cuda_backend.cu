@@ -220,6 +220,7 @@ static const ds_spec_ops cuda_spec_ops = {
     .accept_prefix = ds_cu_accept_prefix,
     .verify_sample = ds_cu_verify_sample,
     .markov_sample = ds_cu_markov_sample,
+    .markov_sample_seqs = ds_cu_markov_sample_seqs,
     .markov_greedy_latent = ds_cu_markov_greedy_latent,
     .markov_sample_latent = ds_cu_markov_sample_latent,
 };

@@ -371,6 +371,9 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
 void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                          int32_t *tokens);
+bool ds_cu_markov_sample_seqs(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2, bool bf16,
+                              const int32_t *anchors, const ds_sampling *const *s, const double *u, ds_tensor emb,
+                              int32_t *tokens);
 void ds_cu_markov_greedy_latent(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out,
                                 ds_tensor w1, ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor,
                                 ds_tensor emb, int32_t *tokens);

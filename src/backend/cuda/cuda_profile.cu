@@ -180,6 +180,14 @@ static void p_markov_sample(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor 
     PROF("markov_sample", prof_of(be)->inner->spec->markov_sample(be, b, o, p, w1, w2, bf, a, s, u, e, t));
     prof_flush(be);
 }
+static bool p_markov_sample_seqs(ds_backend *be, int n, ds_tensor b, ds_tensor w1, ds_tensor w2, bool bf,
+                                 const int32_t *a, const ds_sampling *const *s, const double *u, ds_tensor e,
+                                 int32_t *t) {
+    bool done = false;
+    PROF("markov_sample_seqs", done = prof_of(be)->inner->spec->markov_sample_seqs(be, n, b, w1, w2, bf, a, s, u, e, t));
+    prof_flush(be);
+    return done;
+}
 static void p_rl_multi(ds_backend *be, int n, const ds_tensor *o, ds_tensor x, ds_tensor nw, float eps,
                        const ds_tensor *w, const ds_tensor *b) {
     PROF(WIDE(x.rows) ? "rmsnorm_linear_multi (wide)" : "rmsnorm_linear_multi",
@@ -262,6 +270,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     spec.markov_greedy_head = p_markov_head;
     spec.verify_sample = p_verify_sample;
     spec.markov_sample = p_markov_sample;
+    if (spec.markov_sample_seqs) spec.markov_sample_seqs = p_markov_sample_seqs;
     ops.spec = &spec;
     ops.probs = p_probs;
     ops.sample = p_sample;

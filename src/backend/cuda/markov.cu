@@ -1225,3 +1225,129 @@ void ds_cu_markov_sample_latent(ds_backend *be, const ds_markov_latent *lat, ds_
                                 const ds_sampling *s, const double *u, ds_tensor emb, int32_t *tokens) {
     sample_walk(be, lat, base, out, probs, w1, w2, bf16, anchor, s, u, emb, tokens);
 }
+
+/* ---- sampled walks of many sequences at once (markov_sample_seqs) ------- */
+
+/* One position of n sequences' walks: rows[j][m] = sequence j's corrected
+ * logit of token m. A warp loads its rows of w2 once and takes them through
+ * every sequence's e_j = w1[prev_j] (shared memory), so the weights are read
+ * once a position instead of once a sequence. Each (row, sequence) value is
+ * markov_step_kernel's: lane l's elements 8l..8l+7 (one 256-wide chunk: r <=
+ * 256), fmaf from zero in order, the same butterfly, the same step_logit.
+ * Block 0 writes every e_j to emb (the confidence head's input). */
+template <int DT>
+__global__ void __launch_bounds__(STEP_WARPS * 32)
+    markov_seqs_step_kernel(const float *__restrict__ base, int64_t bss, float *__restrict__ rows, const void *w1,
+                            int w1dt, int64_t w1s, const void *w2, int64_t w2s, int r, int64_t V, int bf16,
+                            const int32_t *prev, float *emb, int64_t ess, int n) {
+    ds_cu_grid_wait();
+    extern __shared__ float e[]; /* [n][r] */
+    for (int i = threadIdx.x; i < n * r; i += blockDim.x) {
+        const int j = i / r, c = i - j * r;
+        e[i] = ds_cu_load(w1, w1dt, (int64_t)prev[j] * w1s + c);
+        if (blockIdx.x == 0) emb[j * ess + c] = e[i];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = 8 * lane;
+    const int64_t n0 = ((int64_t)blockIdx.x * STEP_WARPS + warp) * STEP_ROWS;
+    for (int jr = 0; jr < STEP_ROWS; jr += STEP_BATCH) {
+        if (n0 + jr >= V) break;
+        float f[STEP_BATCH][8];
+#pragma unroll
+        for (int q = 0; q < STEP_BATCH; q++) {
+            const int64_t m = n0 + jr + q;
+            if (k < r && m < V) {
+                ds_cu_load8<DT>(w2, m * w2s + k, f[q]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[q][i] = 0.0f;
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            const float *ej = e + j * r;
+            float b[STEP_BATCH];
+#pragma unroll
+            for (int q = 0; q < STEP_BATCH; q++) {
+                b[q] = 0.0f;
+                if (k < r)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) b[q] = fmaf(f[q][i], ej[k + i], b[q]);
+            }
+#pragma unroll
+            for (int q = 0; q < STEP_BATCH; q++)
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) b[q] += __shfl_xor_sync(0xffffffffu, b[q], off);
+            if (lane < STEP_BATCH) { /* lane q stores row q's value (every lane holds them all) */
+                float y = 0.0f;
+#pragma unroll
+                for (int q = 0; q < STEP_BATCH; q++)
+                    if (q == lane) y = b[q];
+                const int64_t m = n0 + jr + lane;
+                if (m < V) rows[j * V + m] = step_logit(base + j * bss, y, m, bf16);
+            }
+        }
+    }
+}
+
+/* Whether sampling rules a and b are the same (one spread launch takes both rows). */
+static bool same_sampling(const ds_sampling *a, const ds_sampling *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p;
+}
+
+bool ds_cu_markov_sample_seqs(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2, bool bf16,
+                              const int32_t *anchors, const ds_sampling *const *s, const double *u, ds_tensor emb,
+                              int32_t *tokens) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const char *op = "markov_sample_seqs";
+    if (n < 1 || n > DS_MARKOV_SEQS_MAX || base.rows % n || cb->reg.active || !w1.data || !w2.data) return false;
+    const int G = (int)(base.rows / n), r = (int)w1.cols;
+    const int64_t V = base.cols;
+    if (G < 1 || G > DS_CU_ROWS || V < 1 || V > INT32_MAX || base.dtype != DS_F32 || base.stride != V ||
+        w1.rows != V || w2.rows != V || w2.cols != r || r > 256 || !step_fits(w2, emb) || emb.rows < base.rows ||
+        emb.cols != r || (w1.dtype != DS_F32 && w1.dtype != DS_BF16 && w1.dtype != DS_F16))
+        return false;
+    for (int j = 0; j < n; j++)
+        if (!ds_cu_dist_fast(V, s[j]) || !(s[j]->temperature > 0)) return false;
+    /* idx[k * n + j]: sequence j's token at block position k (0: the anchor). */
+    int32_t *idx = ds_cu_indices(cb, op, (G + 1) * n);
+    float *rows = (float *)ds_cu_tmp2(cb, op, (size_t)n * V * sizeof(float));
+    void *ws = ds_cu_scratch(cb, op, ds_cu_dist_bytes(n, V));
+    if (!idx || !rows || !ws) return true; /* a recorded failure */
+    if (!ds_cu_ok(cb, op, cudaMemcpyAsync(idx, anchors, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                          cb->stream)))
+        return true;
+    const unsigned blocks = (unsigned)((V + STEP_WARPS * STEP_ROWS - 1) / (STEP_WARPS * STEP_ROWS));
+    const size_t smem = (size_t)n * r * sizeof(float);
+    for (int k = 0; k < G; k++) {
+        const float *bk = (const float *)ds_rows(base, k, 1).data;
+        float *ek = (float *)ds_rows(emb, k, 1).data;
+#define SEQ_STEP(DT_)                                                                                                  \
+    ds_cu_launch_smem(markov_seqs_step_kernel<DT_>, blocks, STEP_WARPS * 32, smem, cb->stream, bk,                     \
+                      (int64_t)G * base.stride, rows, w1.data, (int)w1.dtype, w1.stride, w2.data, w2.stride, r, V,     \
+                      (int)bf16, (const int32_t *)idx + (size_t)k * n, ek, (int64_t)G * emb.stride, n)
+        if (w2.dtype == DS_BF16) SEQ_STEP(DS_BF16);
+        else if (w2.dtype == DS_F16) SEQ_STEP(DS_F16);
+        else SEQ_STEP(DS_F32);
+#undef SEQ_STEP
+        if (!ds_cu_launched(cb, op) || !ds_cu_dist_reset(cb, op, ws, n)) return true;
+        /* Runs of sequences with one sampling rule: one spread launch each; each distribution into its base row k. */
+        for (int j0 = 0; j0 < n;) {
+            int j1 = j0 + 1;
+            while (j1 < n && same_sampling(s[j0], s[j1])) j1++;
+            double uk[DS_MARKOV_SEQS_MAX];
+            for (int j = j0; j < j1; j++) uk[j - j0] = u[(size_t)j * G + k];
+            if (!ds_cu_dist_run(cb, op, ws, n, j0, rows + (size_t)j0 * V, V,
+                                (float *)ds_rows(base, (int64_t)j0 * G + k, 1).data, (int64_t)G * base.stride, j1 - j0,
+                                V, s[j0], uk, idx + (size_t)(k + 1) * n + j0, false))
+                return true;
+            j0 = j1;
+        }
+    }
+    int32_t got[(DS_CU_ROWS + 1) * DS_MARKOV_SEQS_MAX];
+    if (ds_cu_ok(cb, op, cudaMemcpyAsync(got, idx + n, (size_t)G * n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                         cb->stream)) &&
+        ds_cu_ok(cb, op, cudaStreamSynchronize(cb->stream)))
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < G; k++) tokens[(size_t)j * G + k] = got[(size_t)k * n + j];
+    return true;
+}
