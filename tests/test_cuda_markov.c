@@ -334,4 +334,91 @@ static void test_sample_markov(void) {
     CHECK(logits_differ == 0 && emb_differ == 0, "corrected logits / Markov inputs differ");
 }
 
-RUN_CUDA_TESTS("cuda_markov", test_markov_greedy, test_markov_greedy_head, test_sample_markov)
+/* markov_sample_seqs (the batched drafter's walks) against markov_sample run
+ * on each sequence alone, both on the GPU: tokens, distributions and Markov
+ * inputs bit for bit, with runs of equal and of different sampling rules
+ * side by side; and where it must decline (a rule the spread distributions
+ * do not take, a rank past one chunk, misaligned w2 rows, too many
+ * sequences) it returns false. */
+static void test_sample_markov_seqs(void) {
+    static const int fast[] = {0, 1, 2, 3, 4, 5, 7, 8}; /* SAMP's settings the spread distributions take */
+    const struct {
+        int64_t V;
+        int r, n;
+        ds_dtype dt;
+    } cfg[] = {{3000, 64, 2, DS_F32}, {3000, 256, 5, DS_BF16}, {151936, 256, 32, DS_BF16}, {151936, 64, 9, DS_F32}};
+    int walks = 0, tok_differ = 0, prob_differ = 0, emb_differ = 0, declined = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int64_t V = cfg[ci].V;
+        const int r = cfg[ci].r, n = cfg[ci].n, G = 7;
+        const bool bf16 = cfg[ci].dt == DS_BF16;
+        float *w1 = malloc((size_t)(V * r) * sizeof *w1), *w2 = malloc((size_t)(V * r) * sizeof *w2);
+        float *base = malloc((size_t)n * G * V * sizeof *base), *pb = malloc((size_t)n * G * V * sizeof *pb);
+        float *ps = malloc((size_t)G * V * sizeof *ps), *eb = malloc((size_t)n * G * r * sizeof *eb);
+        float *es = malloc((size_t)G * r * sizeof *es);
+        for (int64_t i = 0; i < V * r; i++) w1[i] = frand() / 8.0f, w2[i] = frand() / 8.0f;
+        for (int64_t i = 0; i < (int64_t)n * G * V; i++) base[i] = 3.0f * frand();
+        pair pw1 = weight_of(cfg[ci].dt, w1, V, r), pw2 = weight_of(cfg[ci].dt, w2, V, r);
+        ds_sampling sv[DS_MARKOV_SEQS_MAX];
+        const ds_sampling *sp[DS_MARKOV_SEQS_MAX];
+        int32_t anchors[DS_MARKOV_SEQS_MAX], tb[DS_MARKOV_SEQS_MAX * 7], ts[7];
+        double u[DS_MARKOV_SEQS_MAX * 7];
+        for (int j = 0; j < n; j++) {
+            sv[j] = samp(&SAMP[fast[(j / 2 + ci) % 8]]); /* pairs of sequences share a rule */
+            sp[j] = &sv[j];
+            anchors[j] = (int32_t)((V / 7) * (j % 7) + j);
+            for (int k = 0; k < G; k++) u[j * G + k] = ds_rng_uniform(&urng);
+        }
+        pair pbat = act((int64_t)n * G, V, base), pe = act((int64_t)n * G, r + 3, NULL);
+        const bool took = ds_spec(gpu)->markov_sample_seqs(gpu, n, pbat.g, pw1.g, pw2.g, bf16, anchors, sp, u,
+                                                           ds_cols(pe.g, 2, r), tb);
+        check_gpu_ok("markov_sample_seqs");
+        CHECK(took, "markov_sample_seqs declined V=%lld r=%d n=%d", (long long)V, r, n);
+        gpu->ops->download(gpu, pbat.g, pb);
+        gpu->ops->download(gpu, ds_cols(pe.g, 2, r), eb);
+        for (int j = 0; j < n && took; j++) {
+            pair p1 = act(G, V, base + (size_t)j * G * V), pp = act(G, V, NULL), pe1 = act(G, r + 3, NULL);
+            ds_spec(gpu)->markov_sample(gpu, p1.g, ds_no_tensor(), pp.g, pw1.g, pw2.g, bf16, anchors[j], sp[j],
+                                        u + j * G, ds_cols(pe1.g, 2, r), ts);
+            check_gpu_ok("markov_sample");
+            gpu->ops->download(gpu, pp.g, ps);
+            gpu->ops->download(gpu, ds_cols(pe1.g, 2, r), es);
+            walks++;
+            tok_differ += memcmp(ts, tb + j * G, sizeof ts) != 0;
+            prob_differ += memcmp(ps, pb + (size_t)j * G * V, (size_t)G * V * sizeof *ps) != 0;
+            emb_differ += memcmp(es, eb + (size_t)j * G * r, (size_t)G * r * sizeof *es) != 0;
+            release(&p1), release(&pp), release(&pe1);
+        }
+        /* Where it must decline: nothing done. */
+        if (ci == 0) {
+            const ds_sampling slow = samp(&SAMP[6]); /* top-k 5000: the block-per-row kernels */
+            const ds_sampling *mixed[2] = {sp[0], &slow};
+            declined += !ds_spec(gpu)->markov_sample_seqs(gpu, 2, ds_rows(pbat.g, 0, 2 * G), pw1.g, pw2.g, bf16, anchors,
+                                                          mixed, u, ds_cols(pe.g, 2, r), tb);
+            pair pw2m = weight_of(cfg[ci].dt, w2, V, r - 4); /* rows of 60: not 16-byte runs of 8 */
+            pair pw1m = weight_of(cfg[ci].dt, w1, V, r - 4);
+            declined += !ds_spec(gpu)->markov_sample_seqs(gpu, 2, ds_rows(pbat.g, 0, 2 * G), pw1m.g, pw2m.g, bf16,
+                                                          anchors, sp, u, ds_cols(pe.g, 2, r - 4), tb);
+            release(&pw1m), release(&pw2m);
+            declined += !ds_spec(gpu)->markov_sample_seqs(gpu, DS_MARKOV_SEQS_MAX + 1, pbat.g, pw1.g, pw2.g, bf16,
+                                                          anchors, sp, u, ds_cols(pe.g, 2, r), tb);
+            check_gpu_ok("markov_sample_seqs (declining)");
+        }
+        if (ci == 1) {
+            pair w1b = weight_of(cfg[ci].dt, w1, V / 2, 2 * r), w2b = weight_of(cfg[ci].dt, w2, V / 2, 2 * r);
+            pair pb2 = act(2 * G, V / 2, NULL), pe2 = act(2 * G, 2 * r, NULL);
+            declined += !ds_spec(gpu)->markov_sample_seqs(gpu, 2, pb2.g, w1b.g, w2b.g, bf16, anchors, sp, u, pe2.g, tb);
+            release(&w1b), release(&w2b), release(&pb2), release(&pe2);
+        }
+        release(&pbat), release(&pe), release(&pw1), release(&pw2);
+        free(w1), free(w2), free(base), free(pb), free(ps), free(eb), free(es);
+    }
+    printf("  markov_sample_seqs (V 3000 / 151936, r 64 / 256, 2..32 sequences, mixed rules): %d walks vs alone: "
+           "%d differ in tokens, %d in distributions, %d in Markov inputs; %d/4 refusals declined\n",
+           walks, tok_differ, prob_differ, emb_differ, declined);
+    CHECK(walks == 2 + 5 + 32 + 9, "%d walks compared", walks);
+    CHECK(tok_differ == 0 && prob_differ == 0 && emb_differ == 0, "batched walks differ from the walks alone");
+    CHECK(declined == 4, "markov_sample_seqs took %d calls it must decline", 4 - declined);
+}
+
+RUN_CUDA_TESTS("cuda_markov", test_markov_greedy, test_markov_greedy_head, test_sample_markov, test_sample_markov_seqs)
