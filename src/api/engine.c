@@ -157,7 +157,7 @@ static ds_error *profile_steps(ds_engine *e, const ds_engine_opts *o) {
     if (!e->drafter->confidence)
         return ds_errorf("ds_engine_opts.confidence_schedule: the drafter %s has no confidence head", o->drafter_dir);
     char dev[160], model[4200];
-    int n = snprintf(dev, sizeof dev, "%s %d threads", e->be->ops->name, e->be->n_threads);
+    int n = ds_backend_label(e->be, dev, sizeof dev);
     if (e->tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", e->tp);
     snprintf(model, sizeof model, "%s rows<=%d", o->model_dir, e->bo.step_rows);
     const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};

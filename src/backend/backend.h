@@ -329,6 +329,11 @@ typedef struct {
 struct ds_backend {
     const ds_backend_ops *ops;
     int n_threads;
+    /* What else changes its timings and bits beside the ops' name ("" for
+     * none; CUDA: "invariant" under DS_CUDA_INVARIANT=1): part of the key of
+     * a cached step-cost curve, so a curve measured in one mode is not reused
+     * in the other. */
+    const char *mode;
 };
 
 ds_error *ds_backend_cpu_new(int n_threads, ds_backend **out);
@@ -350,6 +355,13 @@ static inline ds_error *ds_backend_bandwidth(ds_backend *be, size_t bytes, int r
 }
 
 /* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
+/* "cuda 1 threads invariant": what a cached step-cost curve was measured on
+ * (the ops' name, threads, mode), into buf; snprintf's return. */
+static inline int ds_backend_label(const ds_backend *be, char *buf, size_t n) {
+    const bool mode = be->mode && *be->mode;
+    return snprintf(buf, n, "%s %d threads%s%s", be->ops->name, be->n_threads, mode ? " " : "", mode ? be->mode : "");
+}
+
 static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 
 static inline ds_tensor ds_no_tensor(void) {

@@ -305,7 +305,7 @@ int cmd_bench_batch(int argc, char **argv) {
     /* The step cost Algorithm 1 weighs drafts against, measured here. */
     if (!e && o.arm[ARM_ALG1]) {
         char dev[160], model[160];
-        const int n = snprintf(dev, sizeof dev, "%s %d threads", be->ops->name, be->n_threads);
+        const int n = ds_backend_label(be, dev, sizeof dev);
         if (o.tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", o.tp);
         snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d", o.model, t->vocab, t->hidden, t->n_layers,
                  bo.step_rows);

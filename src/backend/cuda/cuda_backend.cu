@@ -296,6 +296,7 @@ extern "C" ds_error *ds_backend_cuda_new_with(int device, const ds_cuda_config *
     cb->base.ops = &cuda_ops;
     cb->base.n_threads = 1;
     cb->cfg = *config;
+    cb->base.mode = cb->cfg.invariant ? "invariant" : "";
     cb->device = device;
     if ((e = cudaDeviceGetAttribute(&cb->sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess || cb->sms < 1 ||
         (e = cudaDeviceGetAttribute(&cb->cc_major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) {
