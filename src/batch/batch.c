@@ -81,6 +81,10 @@ struct ds_batch {
      * measured yet) and the steps since the last one drafted. */
     double draft_cost[16];
     int steps_undrafted;
+    /* Probes that found drafting still not paying, in a row (the probe interval doubles with each, up to
+     * 2^DS_PROBE_BACKOFF_MAX), and whether the last drafted step was a probe. */
+    int probe_backoff;
+    bool probing;
     ds_batch_stats stats;
 };
 
@@ -521,16 +525,37 @@ static double rank0_seconds(const ds_batch *b, double seconds) {
     return c ? ds_comm_from_rank0(c, (float)seconds) : seconds;
 }
 
+/* The draft pass's cost at R sequences: measured at R's bucket, else
+ * bounded from a measured one (twice the sequences cost at most twice as
+ * much; fewer cost no more), else 0 (unknown: draft, and so measure it).
+ * Both bounds overestimate, so an unmeasured count leans to not drafting
+ * until a probe measures it, instead of drafting once at each count that
+ * admission ramps through. */
+static double draft_cost_at(const ds_batch *b, int R) {
+    const int k = cost_bucket(R);
+    if (b->draft_cost[k] > 0) return b->draft_cost[k];
+    for (int i = k - 1; i >= 0; i--)
+        if (b->draft_cost[i] > 0) return b->draft_cost[i] * (double)(1 << (k - i));
+    for (int i = k + 1; i < 16; i++)
+        if (b->draft_cost[i] > 0) return b->draft_cost[i];
+    return 0;
+}
+
+#define DS_PROBE_BACKOFF_MAX 6
+
 /* Whether this step drafts (DS_SCHEDULE_CONFIDENCE): Algorithm 1 over each
  * decoding sequence's last confidences (all ones for one that has not
- * drafted yet), with the drafter pass's measured cost at this request
- * count, must beat a plain autoregressive step (ds_schedule_draft_pays). Under
- * load the draft pass alone can cost more than verification wins back; then
- * the step decodes autoregressively, and now and then a step drafts anyway
- * so that the confidences (and the cost) stay current: every 16th step, or
- * rarer where a draft pass costs more than 1.6 plain steps, so that these
- * probes cost at most a tenth of the plain steps between them. Lossless
- * either way: only how many drafts are verified changes. */
+ * drafted yet), with the drafter pass's cost at this request count
+ * (draft_cost_at), must beat a plain autoregressive step
+ * (ds_schedule_draft_pays). Under load the draft pass alone can cost more
+ * than verification wins back; then the step decodes autoregressively, and
+ * now and then a step drafts anyway so that the confidences (and the cost)
+ * stay current: every 16th step, or rarer where a draft pass costs more
+ * than 1.6 plain steps, so that these probes cost at most a tenth of the
+ * plain steps between them; each probe that finds drafting still not paying
+ * doubles the interval (up to 64x; reset once drafting pays), so that a
+ * load where speculation never pays costs a few probes, not one every few
+ * steps. Lossless either way: only how many drafts are verified changes. */
 static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     *pays = true;
     if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps) return NULL;
@@ -543,14 +568,21 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
         for (int j = 0; j < n; j++) b->conf[R * G + j] = s->last_nconf < 0 ? 1.0f : s->last_conf[j];
         b->n_conf[R++] = n;
     }
-    const double cost = b->draft_cost[cost_bucket(R)];
+    const double cost = draft_cost_at(b, R);
     if (R == 0 || cost <= 0) return NULL; /* nothing to decide, or the cost is still to be measured */
     const double plain = ds_step_cost_seconds(b->o.sps, R);
-    const double every = plain > 0 && 10 * cost / plain > 16 ? 10 * cost / plain : 16;
-    if (b->steps_undrafted + 1 >= (every < 1000 ? every : 1000)) return NULL; /* the probe */
+    const double every = (plain > 0 && 10 * cost / plain > 16 ? 10 * cost / plain : 16) * (1 << b->probe_backoff);
+    if (b->steps_undrafted + 1 >= (every < 1000 ? every : 1000)) { /* the probe */
+        b->probing = true;
+        return NULL;
+    }
     const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
     const ds_schedule_opts o = {.draft_seconds = cost};
-    return ds_schedule_draft_pays(&in, b->o.sps, &o, pays, NULL);
+    DS_TRY(ds_schedule_draft_pays(&in, b->o.sps, &o, pays, NULL));
+    if (*pays) b->probe_backoff = 0;
+    else if (b->probing && b->probe_backoff < DS_PROBE_BACKOFF_MAX) b->probe_backoff++;
+    b->probing = false;
+    return NULL;
 }
 
 /* The token after s's logits row l (no drafts): ds_generate's next_token. */
