@@ -7,16 +7,10 @@
 # Reuses build-cuda/ and /tmp/synth-qwen3-8b from bench/gpu_check.sh on a warm machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
-OUT=${OUT:-/tmp/gpu_batch}
+source bench/device_lib.sh
 LEVELS=${1:-1,8,32,64}
-mkdir -p "$OUT"
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
-B=build-cuda
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
-rc=$?; t "build rc=$rc"; [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+ds_build || exit 1
+t "built"
 ctest --test-dir $B -R 'test_cuda_attention' --output-on-failure >"$OUT/ctest_attention.log" 2>&1
 t "test_cuda_attention rc=$?"; grep -E "paged|passed|FAIL" "$OUT/ctest_attention.log" | head -20
 for inv in 1 0; do
@@ -24,8 +18,8 @@ for inv in 1 0; do
   t "test_batch on the GPU, DS_CUDA_INVARIANT=$inv: rc=$?"
   grep -E "identical to solo|passed" "$OUT/test_batch_inv$inv.log" | awk '{print}' | head -40
 done
-M=/tmp/synth-qwen3-8b
-[ -d $M ] || timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
+M=$M8
+ds_synth_8b
 timeout 120 ./$B/dspark bench --concurrency $LEVELS --backend cuda --prompt-len 64 --decode 64 \
   >"$OUT/bench_pico.txt" 2>"$OUT/bench_pico.err"
 t "bench pico rc=$?"; cat "$OUT/bench_pico.txt"; tail -3 "$OUT/bench_pico.err"

@@ -12,24 +12,14 @@
 #      TEMPS (default "0 1"), SKIP_MEM=1 (no 1k-context run), INV (default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
-OUT=${OUT:-/tmp/gpu_batch_8b}
+source bench/device_lib.sh
 LEVELS=${LEVELS:-1,8,32,64,128,256}
 DECODE=${DECODE:-64}
 export DS_CUDA_INVARIANT=${INV:-1}
-mkdir -p "$OUT"
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-B=build-cuda
-if [ ! -x $B/dspark ]; then
-  cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 &&
-    cmake --build $B -j16 --target dspark_cli >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-fi
-M=/tmp/synth-qwen3-8b
-[ -f $M/config.json ] && [ -f $M-dspark/config.json ] ||
-  timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
+[ -x $B/dspark ] || ds_build dspark_cli || exit 1
+M=$M8
+ds_synth_8b
 t "model ready (invariant $DS_CUDA_INVARIANT)"
 for prof in ${PROFILES:-pico-dspark mtbench-t1}; do
   for temp in ${TEMPS:-0 1}; do

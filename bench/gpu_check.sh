@@ -11,17 +11,11 @@
 # twice for each tree, alternating, on the same synthetic checkpoint.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
-OUT=${OUT:-/tmp/gpu_check}
-mkdir -p "$OUT"
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
+source bench/device_lib.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-B=build-cuda
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 && cmake --build $B -j16 >>"$OUT/build.log" 2>&1
+ds_build
 rc=$?; t "build rc=$rc (serve $DS_SERVE)"; grep -E "warning|error" "$OUT/build.log" | grep -v "^--" | head -20
-[ $rc -eq 0 ] || { tail -40 "$OUT/build.log"; exit 1; }
+[ $rc -eq 0 ] || exit 1
 # SKIP_TESTS=1: the bench part only (a second call on a warm machine, after one with SKIP_BENCH=1)
 if [ -z "${SKIP_TESTS:-}" ]; then
 ctest --test-dir $B -j4 -R 'cuda' --output-on-failure >"$OUT/ctest_cuda.log" 2>&1
@@ -44,9 +38,8 @@ if [ -f .devdata/base.tar.xz ]; then
     cmake --build /tmp/base/build -j16 --target dspark_cli >>"$OUT/base_build.log" 2>&1
   t "base build rc=$?"
 fi
-M=/tmp/synth-qwen3-8b
-[ -f $M/config.json ] && [ -f $M-dspark/config.json ] ||
-timeout 240 ./$B/dspark synth --like qwen3-8b --out $M --drafter --seed 0 >"$OUT/synth.log" 2>&1
+M=$M8
+ds_synth_8b
 t "synth rc=$?"
 bench() { # tree label
   timeout 200 "$1/dspark" bench --backend cuda -m $M -d $M-dspark --prompt-len 64 --decode 64 --assume-tau 3 \

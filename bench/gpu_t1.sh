@@ -7,17 +7,8 @@
 #   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_t1.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
-OUT=${OUT:-/tmp/gpu_t1}
-mkdir -p "$OUT"
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
-B=build-cuda
-if [ ! -x $B/dspark ]; then
-  cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 &&
-    cmake --build $B -j16 --target dspark_cli >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-fi
+source bench/device_lib.sh
+[ -x $B/dspark ] || ds_build dspark_cli || exit 1
 gen() { # label args...
   local l=$1; shift
   timeout 120 ./$B/dspark generate --backend cuda --json --prompt-file models/prompts-dev.jsonl -n 128 "$@" \

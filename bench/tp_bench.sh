@@ -7,20 +7,13 @@
 # Logs in $OUT (or /tmp/tp_bench). NCCL_NVLS_ENABLE=0: NVLink multicast stays off (KINDS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
+source bench/device_lib.sh
 export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/tp_bench}
-mkdir -p "$OUT"
 NEW=${NEW:-128}
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 NG=$(nvidia-smi -L | wc -l)
-B=build-cuda
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 &&
-  cmake --build $B -j32 >>"$OUT/build.log" 2>&1
-rc=$?; t "build rc=$rc ($(grep -o 'NCCL .*' "$OUT/build.log" | head -1))"; [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+ds_build || exit 1
+t "built ($(grep -o 'NCCL .*' "$OUT/build.log" | head -1))"
 DS_BACKEND=cuda ./$B/tests/test_tp >"$OUT/test_tp.log" 2>&1; t "test_tp on the GPUs rc=$? $(tail -1 "$OUT/test_tp.log")"
 run() { # label, model, drafter ('' for none), tp
   local d=(); [ -n "$3" ] && d=(-d "$3") || d=(--no-draft)
@@ -38,8 +31,8 @@ print("%-22s %d prompts: decode %.3f ms/token (median of %d)%s" % (sys.argv[2], 
 PY
 }
 python3 -c "import json; [print(json.dumps({'input_ids': list(range(100 + i, 164 + i))})) for i in range(4)]" >/tmp/tp_prompts.jsonl
-S8=/tmp/synth-qwen3-8b
-./$B/dspark synth --like qwen3-8b --out $S8 --drafter --seed 0 >"$OUT/synth8.log" 2>&1; t "synth 8B rc=$?"
+S8=$M8
+ds_synth_8b; t "synth 8B rc=$?"
 run q8_tp1 $S8 "" 1
 for n in 2 4 8; do [ $NG -ge $n ] && run q8_tp$n $S8 "" $n; done
 run q8_tp1_drafted $S8 $S8-dspark 1

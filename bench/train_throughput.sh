@@ -7,18 +7,12 @@
 # STEPS (timed, 30), NEW (tokens generated a prompt, 192).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .devdata/devenv.sh
 OUT=${OUT:-/tmp/train_tp}
-mkdir -p "$OUT"
+source bench/device_lib.sh
 PROMPTS=${PROMPTS:-512} BATCH=${BATCH:-64} STEPS=${STEPS:-30} NEW=${NEW:-192}
-T0=$(date +%s)
-t() { echo "[$(($(date +%s) - T0)) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-B=build-cuda
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DDS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-  -DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG -DDS_SERVE=$DS_SERVE -DDS_OPENBLAS=${DS_OPENBLAS:-OFF} >"$OUT/build.log" 2>&1 &&
-  cmake --build $B -j16 >>"$OUT/build.log" 2>&1
-rc=$?; t "build rc=$rc"; [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+ds_build || exit 1
+t "built"
 mkdir -p /tmp/deepspec && tar -xJf .devdata/deepspec.tar.xz -C /tmp/deepspec
 # The cache: pico's continuations of the train prompts (T 0.7, top-p 0.9, as the reference recipe), batched on the GPU.
 python3 - "$PROMPTS" <<'PY' >/tmp/train_prompts.jsonl

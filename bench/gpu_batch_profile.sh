@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 39: where a batched GPU step's time goes, in one device call (~7 min on a fresh machine).
+#  1. build; test_cuda_markov (the batched sampled walk against each walk alone), test_cuda_attention,
+#     DS_BACKEND=cuda DS_CUDA_INVARIANT=1 test_batch (every request == its solo run);
+#  2. at the Qwen3-8B shape (dspark synth; simulated mtbench-t1 acceptance), 64 in flight, T = 1:
+#     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma, attention packing auto and 1 (DS_CUDA_ATT_PACK);
+#  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows), the batched walk's step kernel
+#     and a distribution kernel (fixed).
+#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_profile.sh
+# Logs in $OUT. SKIP_TESTS=1: parts 2 and 3 only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source bench/device_lib.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+ds_build || exit 1
+t "built"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  for x in test_cuda_markov test_cuda_attention; do
+    timeout 200 ./$B/tests/$x >"$OUT/$x.log" 2>&1
+    t "$x rc=$?: $(tail -1 "$OUT/$x.log")"
+  done
+  grep -E "markov_sample_seqs|FAIL" "$OUT/test_cuda_markov.log"
+  DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 240 ./$B/tests/test_batch >"$OUT/test_batch.log" 2>&1
+  t "test_batch (invariant) rc=$?: $(tail -1 "$OUT/test_batch.log")"
+fi
+ds_synth_8b
+t "synth rc=$?"
+ARGS=(--concurrency 64 --backend cuda -m $M8 -d $M8-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json
+  --prompt-len 128 --decode 64)
+for pack in auto 1; do
+  for arm in ar fixed; do
+    l=${arm}_pack$pack
+    DS_CUDA_ATT_PACK=$pack DS_CUDA_PROFILE=1 timeout 120 ./$B/dspark bench --arms $arm "${ARGS[@]}" >"$OUT/$l.txt" 2>"$OUT/$l.err"
+    t "$l rc=$?: $(tail -1 "$OUT/$l.txt")"
+    grep -E "ms in ops|attention|markov|verify_sample" "$OUT/$l.err"
+  done
+done
+run_ncu() { # label kernel-regex launches-to-skip arm
+  timeout 150 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    -k "regex:$2" --launch-skip "$3" --launch-count 1 ./$B/dspark bench --arms "$4" "${ARGS[@]}" >"$OUT/ncu_$1.txt" 2>&1
+  t "ncu $1 rc=$?"
+  grep -E "^  [a-z].*\(|Duration|Registers Per Thread|Achieved Occupancy|Waves Per SM|Warp Cycles Per Issued|DRAM Throughput|Compute \(SM\) Throughput" "$OUT/ncu_$1.txt"
+}
+run_ncu attention attn_chunk 1200 ar
+run_ncu walk_step markov_seqs_step 20 fixed
+run_ncu dist_sum dist_sum 20 fixed
+t "done"
