@@ -1228,24 +1228,64 @@ void ds_cu_markov_sample_latent(ds_backend *be, const ds_markov_latent *lat, ds_
 
 /* ---- sampled walks of many sequences at once (markov_sample_seqs) ------- */
 
+/* The butterfly of markov_step_kernel (v += shfl_xor(v, off), off = 16 ..
+ * 1) for 32 values at once, by recursive halving: at each level a lane keeps
+ * the half of its values whose index bit matches its lane bit and adds its
+ * partner's copy of them. Each value is added with the same partner's value
+ * at every level as in the butterfly (a + b == b + a exactly), so the sums
+ * are the butterfly's bits; 31 shuffles instead of 160. Lane t returns value
+ * t's sum. */
+template <int W> __device__ __forceinline__ void halving_level(float p[32], int lane) {
+    const bool hi = lane & W;
+#pragma unroll
+    for (int i = 0; i < W; i++) {
+        const float send = hi ? p[i] : p[i + W], keep = hi ? p[i + W] : p[i];
+        p[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
+    }
+}
+__device__ __forceinline__ float halving_sum32(float p[32], int lane) {
+    halving_level<16>(p, lane);
+    halving_level<8>(p, lane);
+    halving_level<4>(p, lane);
+    halving_level<2>(p, lane);
+    halving_level<1>(p, lane);
+    return p[0];
+}
+
 /* One position of n sequences' walks: rows[j][m] = sequence j's corrected
  * logit of token m. A warp loads its rows of w2 once and takes them through
  * every sequence's e_j = w1[prev_j] (shared memory), so the weights are read
  * once a position instead of once a sequence. Each (row, sequence) value is
  * markov_step_kernel's: lane l's elements 8l..8l+7 (one 256-wide chunk: r <=
- * 256), fmaf from zero in order, the same butterfly, the same step_logit.
- * Block 0 writes every e_j to emb (the confidence head's input). */
+ * 256), fmaf from zero in order, the butterfly's sums (halving_sum32, 32
+ * values a warp: 8 rows x 4 sequences), the same step_logit. Block 0 writes
+ * every e_j to emb (the confidence head's input). */
 template <int DT>
 __global__ void __launch_bounds__(STEP_WARPS * 32)
     markov_seqs_step_kernel(const float *__restrict__ base, int64_t bss, float *__restrict__ rows, const void *w1,
                             int w1dt, int64_t w1s, const void *w2, int64_t w2s, int r, int64_t V, int bf16,
                             const int32_t *prev, float *emb, int64_t ess, int n) {
+    static_assert(STEP_BATCH == 8, "a warp's 32 sums are 8 rows x 4 sequences");
     ds_cu_grid_wait();
     extern __shared__ float e[]; /* [n][r] */
-    for (int i = threadIdx.x; i < n * r; i += blockDim.x) {
-        const int j = i / r, c = i - j * r;
-        e[i] = ds_cu_load(w1, w1dt, (int64_t)prev[j] * w1s + c);
-        if (blockIdx.x == 0) emb[j * ess + c] = e[i];
+    __shared__ int64_t w1row[DS_MARKOV_SEQS_MAX];
+    if (threadIdx.x < n) w1row[threadIdx.x] = (int64_t)prev[threadIdx.x] * w1s;
+    __syncthreads();
+    /* The n rows of w1, eight loads a thread in flight before any is stored. */
+    for (int i0 = threadIdx.x; i0 < n * r; i0 += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < n * r ? ds_cu_load(w1, w1dt, w1row[i / r] + i % r) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * blockDim.x;
+            if (i >= n * r) break;
+            e[i] = v[u];
+            if (blockIdx.x == 0) emb[(i / r) * ess + i % r] = v[u];
+        }
     }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = 8 * lane;
@@ -1263,28 +1303,27 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
                 for (int i = 0; i < 8; i++) f[q][i] = 0.0f;
             }
         }
-        for (int j = 0; j < n; j++) {
-            const float *ej = e + j * r;
-            float b[STEP_BATCH];
+        for (int j0 = 0; j0 < n; j0 += 4) {
+            float p[32]; /* p[4q + s]: row q, sequence j0 + s (past n: a copy of the last, not stored) */
 #pragma unroll
-            for (int q = 0; q < STEP_BATCH; q++) {
-                b[q] = 0.0f;
-                if (k < r)
+            for (int s4 = 0; s4 < 4; s4++) {
+                const float *es = e + (j0 + s4 < n ? j0 + s4 : n - 1) * r;
+                float ev[8];
 #pragma unroll
-                    for (int i = 0; i < 8; i++) b[q] = fmaf(f[q][i], ej[k + i], b[q]);
+                for (int i = 0; i < 8; i++) ev[i] = k < r ? es[k + i] : 0.0f;
+#pragma unroll
+                for (int q = 0; q < STEP_BATCH; q++) {
+                    float acc = 0.0f;
+                    if (k < r)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc = fmaf(f[q][i], ev[i], acc);
+                    p[4 * q + s4] = acc;
+                }
             }
-#pragma unroll
-            for (int q = 0; q < STEP_BATCH; q++)
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) b[q] += __shfl_xor_sync(0xffffffffu, b[q], off);
-            if (lane < STEP_BATCH) { /* lane q stores row q's value (every lane holds them all) */
-                float y = 0.0f;
-#pragma unroll
-                for (int q = 0; q < STEP_BATCH; q++)
-                    if (q == lane) y = b[q];
-                const int64_t m = n0 + jr + lane;
-                if (m < V) rows[j * V + m] = step_logit(base + j * bss, y, m, bf16);
-            }
+            const float v = halving_sum32(p, lane);
+            const int j = j0 + (lane & 3);
+            const int64_t m = n0 + jr + (lane >> 2);
+            if (j < n && m < V) rows[j * V + m] = step_logit(base + j * bss, v, m, bf16);
         }
     }
 }
