@@ -283,4 +283,50 @@ static void test_sample_verify(void) {
     release(&l);
 }
 
-RUN_CUDA_TESTS("cuda_sample", test_argmax, test_sample_probs, test_sample_draw, test_sample_verify)
+/* verify_sample_many (a batched step's verifications, one wait) against
+ * verify_sample job by job on the GPU: the same (accepted, next) for every
+ * job, with every sampling rule (spread and block-per-row distributions),
+ * 0..8 drafts, in one call; then a failing job (a draft outside the
+ * vocabulary) records an error instead of running on. */
+static void test_sample_verify_many(void) {
+    const int64_t V = 3000;
+    enum { M = 12, NMAX = 8 };
+    float *tl = malloc((size_t)M * (NMAX + 1) * V * sizeof *tl), *dp = malloc((size_t)M * NMAX * V * sizeof *dp);
+    float *dl = malloc((size_t)V * sizeof *dl);
+    ds_sampling sv[M];
+    int32_t x[M][NMAX], one[M][2], many[2 * M];
+    double u[M][NMAX + 1];
+    pair lt[M], pd[M];
+    ds_verify_job jobs[M];
+    for (int j = 0; j < M; j++) {
+        const int n = (j * 3) % (NMAX + 1);
+        sv[j] = samp(&SAMP[j % N_SAMP]);
+        float *tj = tl + (size_t)j * (NMAX + 1) * V, *dj = dp + (size_t)j * NMAX * V;
+        for (int r = 0; r <= n; r++) shaped_logits(tj + (size_t)r * V, V, (j + r) % 3);
+        for (int i = 0; i < n; i++) {
+            for (int64_t k = 0; k < V; k++) dl[k] = tj[(size_t)i * V + k] + (j % 2 ? 0.2f : 2.0f) * frand();
+            ds_probs_from_logits(dl, (int)V, &sv[j], dj + (size_t)i * V);
+            x[j][i] = ds_sample_probs(dj + (size_t)i * V, (int)V, &urng);
+        }
+        for (int i = 0; i <= n; i++) u[j][i] = ds_rng_uniform(&urng);
+        lt[j] = act(n + 1, V, tj);
+        pd[j] = act(n > 0 ? n : 1, V, n > 0 ? dj : NULL);
+        jobs[j] = (ds_verify_job){.logits = lt[j].g, .draft_probs = n > 0 ? pd[j].g : ds_no_tensor(), .draft = x[j],
+                                  .n = n, .s = &sv[j], .u = u[j]};
+        ds_spec(gpu)->verify_sample(gpu, jobs[j].logits, x[j], n, jobs[j].draft_probs, &sv[j], u[j], one[j]);
+    }
+    ds_spec(gpu)->verify_sample_many(gpu, M, jobs, many);
+    check_gpu_ok("verify_sample_many");
+    int same = 0;
+    for (int j = 0; j < M; j++) same += many[2 * j] == one[j][0] && many[2 * j + 1] == one[j][1];
+    printf("  verify_sample_many: %d of %d jobs (0..8 drafts, %d rules) equal verify_sample's\n", same, M, N_SAMP);
+    CHECK(same == M, "%d of %d jobs differ from verify_sample alone", M - same, M);
+    x[2][0] = (int32_t)V; /* job 2 has drafts (n = 6): one outside the vocabulary */
+    ds_spec(gpu)->verify_sample_many(gpu, M, jobs, many);
+    CHECK_ERR(ds_backend_check(gpu), "outside the vocabulary");
+    for (int j = 0; j < M; j++) release(&lt[j]), release(&pd[j]);
+    free(tl), free(dp), free(dl);
+}
+
+RUN_CUDA_TESTS("cuda_sample", test_argmax, test_sample_probs, test_sample_draw, test_sample_verify,
+               test_sample_verify_many)

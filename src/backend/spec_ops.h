@@ -16,6 +16,15 @@
 #define DS_MARKOV_BOUND_K 8 /* the most directions a bound may have */
 #define DS_MARKOV_SEQS_MAX 32 /* sequences one markov_sample_seqs call takes */
 
+/* One verification of verify_sample_many: verify_sample's operands. */
+typedef struct {
+    ds_tensor logits, draft_probs;
+    const int32_t *draft;
+    int n;
+    const ds_sampling *s;
+    const double *u;
+} ds_verify_job;
+
 typedef struct {
     ds_tensor proj;   /* [k, r] fp32 */
     ds_tensor coef;   /* [V, k] fp32 */
@@ -75,6 +84,11 @@ struct ds_spec_ops {
      * next token, on the host when the call returns. n <= 64. */
     void (*verify_sample)(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
                           const ds_sampling *s, const double *u, int32_t *out);
+    /* verify_sample for m jobs with one wait: out[2i], out[2i + 1] = job i's
+     * accepted count and next token, the bits verify_sample gives it alone
+     * (a batched step's requests, a wait for all instead of one each).
+     * Optional: NULL runs verify_sample job by job. */
+    void (*verify_sample_many)(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out);
     /* markov_greedy's walk (same operands, no bound), drawing instead of
      * taking the argmax: out[k] = the corrected logits (out.data NULL: not
      * wanted), probs[k] = their processed distribution, tokens[k] =

@@ -50,6 +50,10 @@ typedef struct {
      * what decides whether the next step drafts at all. -1: none yet. */
     float last_conf[DS_MAX_GAMMA];
     int last_nconf;
+    /* This step's sampled verification (or first token), made for every sequence at once (verify_all). */
+    bool vs_ready;
+    int vs_accepted;
+    int32_t vs_next;
 } seq;
 
 struct ds_batch {
@@ -75,6 +79,11 @@ struct ds_batch {
     seq **drafting;
     ds_draft_seq *dseqs;
     ds_proposal *dprops;
+    /* a step's sampled verifications: the sequences, their requests and results */
+    seq **vseqs;
+    ds_round_verify_req *vreq;
+    int *vacc;
+    int32_t *vnext;
     bool *slot_used;
     /* Whether to draft at all (DS_SCHEDULE_CONFIDENCE): the drafter pass's
      * measured seconds by request count (bucket floor(log2 R); 0: not
@@ -149,9 +158,13 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     b->drafting = malloc((size_t)o.max_seqs * sizeof *b->drafting);
     b->dseqs = malloc((size_t)o.max_seqs * sizeof *b->dseqs);
     b->dprops = malloc((size_t)o.max_seqs * sizeof *b->dprops);
+    b->vseqs = malloc((size_t)o.max_seqs * sizeof *b->vseqs);
+    b->vreq = malloc((size_t)o.max_seqs * sizeof *b->vreq);
+    b->vacc = malloc((size_t)o.max_seqs * sizeof *b->vacc);
+    b->vnext = malloc((size_t)o.max_seqs * sizeof *b->vnext);
     if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||
                !b->scratch || !b->slot_used || !b->conf || !b->n_conf || !b->len || !b->drafting || !b->dseqs ||
-               !b->dprops))
+               !b->dprops || !b->vseqs || !b->vreq || !b->vacc || !b->vnext))
         e = ds_errorf("out of memory");
     if (e) {
         ds_batch_free(b);
@@ -186,6 +199,7 @@ void ds_batch_free(ds_batch *b) {
     free(b->zeros), free(b->logits_host), free(b->scratch), free(b->slot_used);
     free(b->conf), free(b->n_conf), free(b->len);
     free(b->drafting), free(b->dseqs), free(b->dprops);
+    free(b->vseqs), free(b->vreq), free(b->vacc), free(b->vnext);
     b->be->ops->release(b->be, &b->draft_probs);
     free(b);
 }
@@ -585,11 +599,48 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     return NULL;
 }
 
+/* The step's sampled verifications and first tokens on the backend, for
+ * every sequence at once with one wait (ds_round_verify_sample_many), before
+ * each sequence's bookkeeping (accept, next_token) takes its result: what
+ * each would get from ds_round_verify_sample, its uniforms drawn from its
+ * own stream as there. A wait a sequence cost a host round trip each (64 a
+ * step at 64 in flight). */
+static ds_error *verify_all(ds_batch *b) {
+    ds_target *t = b->t;
+    if (!ds_spec(t->be)->verify_sample || !ds_spec(t->be)->verify_sample_many) return NULL;
+    int m = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        s->vs_ready = false;
+        if (s->phase != SEQ_RUNNING || s->n_rows == 0 || ds_sampling_greedy(&s->p.sampling)) continue;
+        ds_round_verify_req q = {.row0 = s->logit0, .s = &s->p.sampling, .rng = &s->rng};
+        if (s->prefill_step) { /* after_prefill draws the first token where the prompt ends */
+            if (s->cached + s->n_rows < s->goal || s->started || s->done) continue;
+        } else if (b->d) { /* accept: the drafts against their distributions on the backend */
+            if (!s->prop.probs_dev.data) continue;
+            q.draft = s->prop.tokens, q.n = s->n_drafts, q.draft_probs = s->prop.probs_dev;
+        }
+        b->vreq[m] = q;
+        b->vseqs[m++] = s;
+    }
+    DS_TRY(ds_round_verify_sample_many(t, m, b->vreq, b->vacc, b->vnext));
+    for (int k = 0; k < m; k++) {
+        seq *s = b->vseqs[k];
+        s->vs_ready = true, s->vs_accepted = b->vacc[k], s->vs_next = b->vnext[k];
+    }
+    return NULL;
+}
+
 /* The token after s's logits row l (no drafts): ds_generate's next_token. */
 static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
     ds_target *t = b->t;
     if (ds_sampling_greedy(&s->p.sampling)) {
         *out = b->best[l];
+        return NULL;
+    }
+    if (s->vs_ready) {
+        s->vs_ready = false;
+        *out = s->vs_next;
         return NULL;
     }
     if (ds_spec(t->be)->verify_sample) {
@@ -618,6 +669,12 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
                                  x[i]);
         *accepted = a;
         *next = b->best[l + a];
+        return NULL;
+    }
+    if (s->vs_ready) {
+        s->vs_ready = false;
+        *accepted = s->vs_accepted;
+        *next = s->vs_next;
         return NULL;
     }
     if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample)
@@ -866,6 +923,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     DS_TRY(ds_target_forward_rows(t, &tr));
     if (n_logits) ds_target_argmax(t, n_logits, b->best);
     DS_TRY(ds_backend_check(t->be));
+    DS_TRY(verify_all(b));
     b->stats.steps++;
     b->stats.rows += n;
 

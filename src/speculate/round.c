@@ -1,5 +1,6 @@
 #include "speculate/round.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/clock.h"
@@ -25,6 +26,42 @@ ds_error *ds_round_verify_sample(ds_target *t, int64_t row0, const int32_t *draf
     *accepted = res[0];
     *next = res[1];
     return NULL;
+}
+
+ds_error *ds_round_verify_sample_many(ds_target *t, int m, const ds_round_verify_req *req, int *accepted,
+                                      int32_t *next) {
+    if (m <= 0) return NULL;
+    if (!ds_spec(t->be)->verify_sample_many) {
+        for (int i = 0; i < m; i++)
+            DS_TRY(ds_round_verify_sample(t, req[i].row0, req[i].draft, req[i].n, req[i].draft_probs, req[i].s,
+                                          req[i].rng, &accepted[i], &next[i]));
+        return NULL;
+    }
+    const size_t per = DS_VERIFY_MAX_DRAFT + 1;
+    double *u = malloc((size_t)m * per * sizeof *u);
+    ds_verify_job *jobs = malloc((size_t)m * sizeof *jobs);
+    int32_t *res = malloc((size_t)m * 2 * sizeof *res);
+    ds_error *e = NULL;
+    if (!u || !jobs || !res) e = ds_errorf("out of memory for %d verifications", m);
+    for (int i = 0; i < m && !e; i++) {
+        const int n = req[i].n;
+        if (n < 0 || n > DS_VERIFY_MAX_DRAFT) {
+            e = ds_errorf("verification of %d drafts (at most %d)", n, DS_VERIFY_MAX_DRAFT);
+            break;
+        }
+        for (int k = 0; k <= n; k++) u[i * per + k] = ds_rng_uniform(req[i].rng);
+        jobs[i] = (ds_verify_job){.logits = ds_rows(t->logits, req[i].row0, n + 1),
+                                  .draft_probs = n > 0 ? ds_rows(req[i].draft_probs, 0, n) : ds_no_tensor(),
+                                  .draft = req[i].draft, .n = n, .s = req[i].s, .u = u + i * per};
+    }
+    if (!e) {
+        ds_target_logits_sync(t);
+        ds_spec(t->be)->verify_sample_many(t->be, m, jobs, res);
+        e = ds_backend_check(t->be);
+    }
+    for (int i = 0; i < m && !e; i++) accepted[i] = res[2 * i], next[i] = res[2 * i + 1];
+    free(u), free(jobs), free(res);
+    return e;
 }
 
 _Static_assert(DS_MAX_GAMMA + 2 <= DS_TARGET_STEP_MIN, "a verify step's ids and outputs fit the target's step");

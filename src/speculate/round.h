@@ -72,6 +72,23 @@ ds_error *ds_round_verify_greedy(ds_target *t, int32_t anchor, const ds_proposal
 ds_error *ds_round_verify_sample(ds_target *t, int64_t row0, const int32_t *draft, int n, ds_tensor draft_probs,
                                  const ds_sampling *s, ds_rng *rng, int *accepted, int32_t *next);
 
+/* ds_round_verify_sample for m requests' rows of the last forward at once:
+ * request i verifies rows row0..row0+n with its drafts, draft
+ * distributions and rule, its n + 1 uniforms drawn from its rng as
+ * ds_round_verify_sample draws them; accepted[i] and next[i] are what m
+ * calls of it give, with one wait for all where the backend has
+ * verify_sample_many (a batched step's requests). */
+typedef struct {
+    int64_t row0;
+    const int32_t *draft;
+    int n;
+    ds_tensor draft_probs;
+    const ds_sampling *s;
+    ds_rng *rng;
+} ds_round_verify_req;
+ds_error *ds_round_verify_sample_many(ds_target *t, int m, const ds_round_verify_req *req, int *accepted,
+                                      int32_t *next);
+
 /* The last forward's first rows of logits on the host; a failed device op
  * surfaces here, the download waiting for the backend. */
 ds_error *ds_round_fetch_logits(ds_target *t, int rows, float *logits);

@@ -219,6 +219,7 @@ static const ds_spec_ops cuda_spec_ops = {
     .conf_cut = ds_cu_conf_cut,
     .accept_prefix = ds_cu_accept_prefix,
     .verify_sample = ds_cu_verify_sample,
+    .verify_sample_many = ds_cu_verify_sample_many,
     .markov_sample = ds_cu_markov_sample,
     .markov_sample_seqs = ds_cu_markov_sample_seqs,
     .markov_greedy_latent = ds_cu_markov_greedy_latent,

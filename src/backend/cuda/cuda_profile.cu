@@ -180,6 +180,10 @@ static void p_markov_sample(ds_backend *be, ds_tensor b, ds_tensor o, ds_tensor 
     PROF("markov_sample", prof_of(be)->inner->spec->markov_sample(be, b, o, p, w1, w2, bf, a, s, u, e, t));
     prof_flush(be);
 }
+static void p_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out) {
+    PROF("verify_sample_many", prof_of(be)->inner->spec->verify_sample_many(be, m, jobs, out));
+    prof_flush(be);
+}
 static bool p_markov_sample_seqs(ds_backend *be, int n, ds_tensor b, ds_tensor w1, ds_tensor w2, bool bf,
                                  const int32_t *a, const ds_sampling *const *s, const double *u, ds_tensor e,
                                  int32_t *t) {
@@ -269,6 +273,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     spec.markov_greedy = p_markov;
     spec.markov_greedy_head = p_markov_head;
     spec.verify_sample = p_verify_sample;
+    if (spec.verify_sample_many) spec.verify_sample_many = p_verify_sample_many;
     spec.markov_sample = p_markov_sample;
     if (spec.markov_sample_seqs) spec.markov_sample_seqs = p_markov_sample_seqs;
     ops.spec = &spec;

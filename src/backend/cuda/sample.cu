@@ -1331,32 +1331,29 @@ void ds_cu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out
         ds_cu_ok(cb, "sample", cudaStreamSynchronize(cb->stream));
 }
 
-void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
-                         const ds_sampling *s, const double *u, int32_t *out) {
-    ds_cuda_backend *cb = ds_cu(be);
-    out[0] = 0;
-    out[1] = 0;
+/* verify_sample's work queued, its two results into d (device); false with a recorded failure. */
+static bool verify_queue(ds_cuda_backend *cb, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
+                         const ds_sampling *s, const double *u, int32_t *d) {
     const int64_t V = logits.cols;
-    if (!sampling_ok(cb, "verify_sample", s, V)) return;
+    if (!sampling_ok(cb, "verify_sample", s, V)) return false;
     if (n < 0 || n > SAMPLE_MAX_ROWS || logits.rows < n + 1 ||
         (n > 0 && (draft_probs.rows < n || draft_probs.cols != V || draft_probs.dtype != DS_F32))) {
         ds_cu_fail(cb, "verify_sample", "%d drafts (at most %d) for logits %lldx%lld and draft probs %lldx%lld", n,
                    SAMPLE_MAX_ROWS, (long long)logits.rows, (long long)V, (long long)draft_probs.rows,
                    (long long)draft_probs.cols);
-        return;
+        return false;
     }
     for (int i = 0; i < n; i++)
         if (draft[i] < 0 || draft[i] >= V) {
             ds_cu_fail(cb, "verify_sample", "draft token %d at %d is outside the vocabulary", draft[i], i);
-            return;
+            return false;
         }
     /* The n + 1 target distributions (spread: rows x slices; else one
      * block each), then the decision (spread: slices of row a). */
     const bool spread = ds_cu_dist_fast(V, s);
     const size_t pt_bytes = dist_align((size_t)(n + 1) * (size_t)V * sizeof(float));
     char *buf = (char *)ds_cu_scratch(cb, "verify_sample", pt_bytes + (spread ? ds_cu_dist_bytes(n + 1, V) : 0));
-    int32_t *d = ds_cu_indices(cb, "verify_sample", 2);
-    if (!buf || !d) return;
+    if (!buf) return false;
     float *pt = (float *)buf;
     void *ws = buf + pt_bytes;
     sample_args args;
@@ -1369,20 +1366,44 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
         if (!ds_cu_dist_reset(cb, "verify_sample", ws, n + 1) ||
             !ds_cu_dist_run(cb, "verify_sample", ws, n + 1, 0, (const float *)logits.data, logits.stride, pt, V,
                             n + 1, V, s, NULL, NULL, false))
-            return;
+            return false;
         ds_cu_launch(dist_verify_kernel, (unsigned)dist_nb(V), DIST_THREADS, cb->stream, (const float *)pt, V, dp,
                      dps, n, dist_carve(ws, n + 1, V, 0), args, d);
     } else {
         ds_cu_launch(probs_kernel, (unsigned)(n + 1), SAMPLE_THREADS, cb->stream, (const float *)logits.data,
                      logits.stride, pt, V, V, s->temperature, s->top_k, s->top_p);
-        if (!ds_cu_launched(cb, "verify_sample")) return;
+        if (!ds_cu_launched(cb, "verify_sample")) return false;
         ds_cu_launch(accept_kernel, 1, SAMPLE_THREADS, cb->stream, (const float *)pt, V, dp, dps, n, args, d);
     }
-    if (!ds_cu_launched(cb, "verify_sample")) return;
-    int32_t got[2];
-    if (ds_cu_ok(cb, "verify_sample", cudaMemcpyAsync(got, d, sizeof got, cudaMemcpyDeviceToHost, cb->stream)) &&
-        ds_cu_ok(cb, "verify_sample", cudaStreamSynchronize(cb->stream))) {
-        out[0] = got[0];
-        out[1] = got[1];
-    }
+    return ds_cu_launched(cb, "verify_sample");
+}
+
+/* The m pairs at d to out, one wait. */
+static void verify_results(ds_cuda_backend *cb, const char *op, const int32_t *d, int m, int32_t *out) {
+    ds_cu_ok(cb, op, cudaMemcpyAsync(out, d, (size_t)(2 * m) * sizeof(int32_t), cudaMemcpyDeviceToHost, cb->stream)) &&
+        ds_cu_ok(cb, op, cudaStreamSynchronize(cb->stream));
+}
+
+void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
+                         const ds_sampling *s, const double *u, int32_t *out) {
+    ds_cuda_backend *cb = ds_cu(be);
+    out[0] = 0;
+    out[1] = 0;
+    int32_t *d = ds_cu_indices(cb, "verify_sample", 2);
+    if (d && verify_queue(cb, logits, draft, n, draft_probs, s, u, d)) verify_results(cb, "verify_sample", d, 1, out);
+}
+
+/* Each job queued in turn (the scratch they share is reused in stream order), the pairs into one device array,
+ * one wait. */
+void ds_cu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out) {
+    ds_cuda_backend *cb = ds_cu(be);
+    memset(out, 0, (size_t)(2 * m) * sizeof *out);
+    if (m <= 0) return;
+    int32_t *d = ds_cu_indices(cb, "verify_sample_many", 2 * m);
+    if (!d) return;
+    for (int i = 0; i < m; i++)
+        if (!verify_queue(cb, jobs[i].logits, jobs[i].draft, jobs[i].n, jobs[i].draft_probs, jobs[i].s, jobs[i].u,
+                          d + 2 * i))
+            return;
+    verify_results(cb, "verify_sample_many", d, m, out);
 }
