@@ -421,4 +421,56 @@ static void test_sample_markov_seqs(void) {
     CHECK(declined == 4, "markov_sample_seqs took %d calls it must decline", 4 - declined);
 }
 
-RUN_CUDA_TESTS("cuda_markov", test_markov_greedy, test_markov_greedy_head, test_sample_markov, test_sample_markov_seqs)
+/* markov_greedy_seqs (the batched drafter's greedy walks, one wait)
+ * against markov_greedy on each sequence alone, both on the GPU and pruned
+ * by the same bound: tokens and Markov inputs bit for bit. */
+static void test_greedy_markov_seqs(void) {
+    const struct {
+        int64_t V;
+        int n;
+    } cfg[] = {{3000, 5}, {151936, 12}};
+    const int r = 64, G = 7;
+    int walks = 0, tok_differ = 0, emb_differ = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
+        const int64_t V = cfg[ci].V;
+        const int n = cfg[ci].n;
+        float *w1 = malloc((size_t)(V * r) * sizeof *w1), *w2 = malloc((size_t)(V * r) * sizeof *w2);
+        float *base = malloc((size_t)n * G * V * sizeof *base), *eb = malloc((size_t)n * G * r * sizeof *eb);
+        float es[7 * 64];
+        for (int64_t i = 0; i < V * r; i++) /* exact in bf16: the bound, built from these values, holds */
+            w1[i] = (float)(int)(frand() * 16) / 256.0f, w2[i] = (float)(int)(frand() * 16) / 256.0f;
+        for (int64_t i = 0; i < (int64_t)n * G * V; i++) base[i] = (float)(int)(frand() * 96) / 64.0f;
+        pair pw1 = weight_of(DS_BF16, w1, V, r), pw2 = weight_of(DS_BF16, w2, V, r);
+        test_bound tb;
+        if (!test_bound_make(&tb, w2, (int)V, r)) break;
+        int32_t anchors[DS_MARKOV_SEQS_MAX], tb_tok[DS_MARKOV_SEQS_MAX * 7], ts[7];
+        for (int j = 0; j < n; j++) anchors[j] = (int32_t)((V / 11) * (j % 11) + j);
+        pair pbat = act((int64_t)n * G, V, base), pe = act((int64_t)n * G, r + 3, NULL);
+        const bool took = ds_spec(gpu)->markov_greedy_seqs(gpu, n, pbat.g, pw1.g, pw2.g, &tb.b, true, anchors,
+                                                           ds_cols(pe.g, 2, r), tb_tok);
+        check_gpu_ok("markov_greedy_seqs");
+        CHECK(took, "markov_greedy_seqs declined V=%lld n=%d", (long long)V, n);
+        gpu->ops->download(gpu, ds_cols(pe.g, 2, r), eb);
+        for (int j = 0; j < n && took; j++) {
+            pair p1 = act(G, V, base + (size_t)j * G * V), pe1 = act(G, r + 3, NULL);
+            ds_spec(gpu)->markov_greedy(gpu, p1.g, ds_no_tensor(), pw1.g, pw2.g, &tb.b, true, anchors[j],
+                                        ds_cols(pe1.g, 2, r), ts);
+            check_gpu_ok("markov_greedy");
+            gpu->ops->download(gpu, ds_cols(pe1.g, 2, r), es);
+            walks++;
+            tok_differ += memcmp(ts, tb_tok + j * G, sizeof ts) != 0;
+            emb_differ += memcmp(es, eb + (size_t)j * G * r, (size_t)G * r * sizeof *es) != 0;
+            release(&p1), release(&pe1);
+        }
+        test_bound_free(&tb);
+        release(&pbat), release(&pe), release(&pw1), release(&pw2);
+        free(w1), free(w2), free(base), free(eb);
+    }
+    printf("  markov_greedy_seqs (V 3000 / 151936, r 64, 5 / 12 sequences, pruned): %d walks vs alone: %d differ in "
+           "tokens, %d in Markov inputs\n", walks, tok_differ, emb_differ);
+    CHECK(walks == 5 + 12, "%d walks compared", walks);
+    CHECK(tok_differ == 0 && emb_differ == 0, "batched greedy walks differ from the walks alone");
+}
+
+RUN_CUDA_TESTS("cuda_markov", test_markov_greedy, test_markov_greedy_head, test_sample_markov, test_sample_markov_seqs,
+               test_greedy_markov_seqs)

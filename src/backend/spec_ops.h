@@ -107,6 +107,16 @@ struct ds_spec_ops {
      * position for all n. Returns false, having done nothing, where it does
      * not apply (shapes, rank, n > DS_MARKOV_SEQS_MAX): then a markov_sample
      * per sequence. Optional. */
+    /* markov_greedy (a vanilla head's walk, no corrected logits kept) for n
+     * sequences with one wait: sequence j's block is rows j*G.. of base and
+     * emb, its anchor anchors[j], its tokens tokens[j*G + k]; each sequence's
+     * tokens and emb rows are markov_greedy's bits for it alone (its walk's
+     * kernels, queued one sequence after another). Returns false, having
+     * done nothing, where it does not apply (no head, n >
+     * DS_MARKOV_SEQS_MAX). Optional. */
+    bool (*markov_greedy_seqs)(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2,
+                               const ds_markov_bound *bound, bool bf16, const int32_t *anchors, ds_tensor emb,
+                               int32_t *tokens);
     bool (*markov_sample_seqs)(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2, bool bf16,
                                const int32_t *anchors, const ds_sampling *const *s, const double *u, ds_tensor emb,
                                int32_t *tokens);

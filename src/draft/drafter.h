@@ -182,15 +182,16 @@ void ds_markov_walk_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
 bool ds_markov_head_walk(const ds_drafter *d);
 void ds_markov_walk_head_queue(ds_drafter *d, int32_t anchor, int32_t *tokens);
 void ds_markov_walk_finish(ds_drafter *d, ds_proposal *out);
-/* Sampled walks of n <= DS_MARKOV_SEQS_MAX sequences at once (the batched
- * round; backend markov_sample_seqs): sequence j's block is rows j*G.. of
- * hidden (final hidden states) and logits (base logits, overwritten with its
- * distributions), anchors[j], s[j], rng[j]. out[j] gets what
+/* The walks of n <= DS_MARKOV_SEQS_MAX sequences at once, all greedy or
+ * all sampled (the batched round; backend markov_greedy_seqs /
+ * markov_sample_seqs): sequence j's block is rows j*G.. of hidden (final
+ * hidden states) and logits (base logits; a sampled walk overwrites them
+ * with its distributions), anchors[j], s[j], rng[j]. out[j] gets what
  * ds_markov_chain gives sequence j alone, bit for bit (tokens, confidence
- * logits; probs_dev: its rows of logits), n and n_kept not set; each rng
- * advances as there. False where the walk does not apply (a greedy or
- * non-vanilla head, kept logits, the backend's op declines): nothing done,
- * no rng moved. */
+ * logits; probs_dev: its rows of logits when sampled), n and n_kept not
+ * set; each rng advances as there. False where the walk does not apply
+ * (mixed rules, a non-vanilla head, kept logits, the backend's op declines):
+ * nothing done, no rng moved. */
 bool ds_markov_chain_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int n, const int32_t *anchors,
                           const ds_sampling *const *s, ds_rng *const *rng, ds_proposal *out);
 /* After a queued walk: the confidence logits of the block into column 0 of

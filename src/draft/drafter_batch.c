@@ -33,7 +33,8 @@ ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs) {
     DS_TRY(regrow(be, &d->batch_taps, ctx, (int64_t)d->n_taps * d->hidden));
     if (d->ctx.rows < ctx_rows) DS_TRY(regrow(be, &d->ctx, ctx_rows, d->hidden));
     DS_TRY(d->ops->reserve(d, (int)rows, ctx_rows));
-    if (ds_spec(be)->markov_sample_seqs && d->markov == DS_MARKOV_VANILLA && !d->seqs_feat.data) {
+    if ((ds_spec(be)->markov_sample_seqs || ds_spec(be)->markov_greedy_seqs) && d->markov == DS_MARKOV_VANILLA &&
+        !d->seqs_feat.data) {
         DS_TRY(regrow(be, &d->seqs_feat, (int64_t)DS_MARKOV_SEQS_MAX * G, (int64_t)d->hidden + d->markov_rank));
         DS_TRY(regrow(be, &d->seqs_conf, (int64_t)DS_MARKOV_SEQS_MAX * G, 1));
     }
@@ -133,15 +134,16 @@ static void walk(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, const
     d->logits = keep_logits;
 }
 
-/* The sampled walks of sequences j.. (at most left of them) at once, where
- * at least two in a row sample and the backend takes them
+/* The walks of sequences j.. (at most left of them) at once, where at least
+ * two in a row are greedy, or sample, and the backend takes them
  * (ds_markov_chain_seqs): the proposals walk() would give each, bit for
  * bit. Returns how many it took (0: none; walk() each). */
 static int walk_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, int left, const ds_draft_seq *q,
                      ds_proposal *out) {
     const int G = d->gamma;
     int m = 0;
-    while (m < left && m < DS_MARKOV_SEQS_MAX && !ds_sampling_greedy(q[m].sampling)) m++;
+    const bool greedy = ds_sampling_greedy(q[0].sampling);
+    while (m < left && m < DS_MARKOV_SEQS_MAX && ds_sampling_greedy(q[m].sampling) == greedy) m++;
     if (m < 2) return 0;
     int32_t anchors[DS_MARKOV_SEQS_MAX];
     const ds_sampling *s[DS_MARKOV_SEQS_MAX];

@@ -280,40 +280,15 @@ void ds_markov_chain(ds_drafter *d, int32_t anchor, const ds_sampling *s, ds_rng
     if (d->confidence) confidence(d, out);
 }
 
-bool ds_markov_chain_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int n, const int32_t *anchors,
-                          const ds_sampling *const *s, ds_rng *const *rng, ds_proposal *out) {
+/* score_confidence for n sequences' blocks at once: hidden rows j*G.. and
+ * the Markov inputs (already in d->seqs_feat's last columns) through the
+ * head's linear at most 32 rows a call (the narrow kernels, row invariant
+ * as a sequence's G-row call alone), one download. */
+static void confidence_seqs(ds_drafter *d, ds_tensor hidden, int n, ds_proposal *out) {
     ds_backend *be = d->be;
-    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
-    if (n < 1 || n > DS_MARKOV_SEQS_MAX || !ds_spec(be)->markov_sample_seqs || d->markov != DS_MARKOV_VANILLA ||
-        d->keep_logits || !d->seqs_feat.data || !d->probs.data || !d->mlogits.data)
-        return false;
-    for (int j = 0; j < n; j++)
-        if (ds_sampling_greedy(s[j])) return false;
-    /* Each sequence's G uniforms, drawn as device_sample_chain draws them, from copies of the streams until
-     * the backend takes the walk. */
-    double u[DS_MARKOV_SEQS_MAX * DS_MAX_GAMMA];
-    ds_rng moved[DS_MARKOV_SEQS_MAX];
-    for (int j = 0; j < n; j++) {
-        moved[j] = *rng[j];
-        for (int k = 0; k < G; k++) u[j * G + k] = ds_rng_uniform(&moved[j]);
-    }
-    const int rows = n * G;
+    const int G = d->gamma, H = d->hidden, rows = n * G;
+    const int F = H + (d->confidence_with_markov ? d->markov_rank : 0);
     const ds_tensor feat = ds_rows(d->seqs_feat, 0, rows);
-    int32_t tokens[DS_MARKOV_SEQS_MAX * DS_MAX_GAMMA];
-    if (!ds_spec(be)->markov_sample_seqs(be, n, ds_rows(logits, 0, rows), d->markov_w1, d->markov_w2, d->logits_bf16,
-                                         anchors, s, u, ds_cols(feat, H, r), tokens))
-        return false;
-    for (int j = 0; j < n; j++) *rng[j] = moved[j];
-    for (int j = 0; j < n; j++) {
-        memcpy(out[j].tokens, tokens + j * G, (size_t)G * sizeof *tokens);
-        out[j].logits = NULL;
-        out[j].probs = NULL;
-        out[j].probs_dev = ds_rows(logits, (int64_t)j * G, G);
-    }
-    if (!d->confidence) return true;
-    /* score_confidence for every sequence: the head's linear over at most 32 rows a call (the narrow kernels,
-     * row invariant as the G-row call of a sequence alone), one download. */
-    const int F = H + (d->confidence_with_markov ? r : 0);
     be->ops->copy(be, ds_cols(feat, 0, H), ds_rows(hidden, 0, rows));
     const int per = 32 / G > 0 ? 32 / G * G : G;
     for (int i = 0; i < rows; i += per) {
@@ -324,5 +299,47 @@ bool ds_markov_chain_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int
     be->ops->download(be, ds_rows(d->seqs_conf, 0, rows), conf);
     if (d->logits_bf16) ds_round_bf16_n(conf, (size_t)rows); /* the linear runs in bf16, then is cast to fp32 */
     for (int j = 0; j < n; j++) memcpy(out[j].conf_logit, conf + j * G, (size_t)G * sizeof *conf);
+}
+
+bool ds_markov_chain_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int n, const int32_t *anchors,
+                          const ds_sampling *const *s, ds_rng *const *rng, ds_proposal *out) {
+    ds_backend *be = d->be;
+    const int G = d->gamma, H = d->hidden, r = d->markov_rank;
+    if (n < 1 || n > DS_MARKOV_SEQS_MAX || d->markov != DS_MARKOV_VANILLA || d->keep_logits || !d->seqs_feat.data ||
+        !d->mlogits.data)
+        return false;
+    const bool greedy = ds_sampling_greedy(s[0]);
+    for (int j = 1; j < n; j++)
+        if (ds_sampling_greedy(s[j]) != greedy) return false;
+    const int rows = n * G;
+    const ds_tensor emb = ds_cols(ds_rows(d->seqs_feat, 0, rows), H, r);
+    int32_t tokens[DS_MARKOV_SEQS_MAX * DS_MAX_GAMMA];
+    if (greedy) { /* ds_markov_walk_queue's walk, each sequence's queued after the last, one wait */
+        if (!ds_spec(be)->markov_greedy_seqs ||
+            !ds_spec(be)->markov_greedy_seqs(be, n, ds_rows(logits, 0, rows), d->markov_w1, d->markov_w2,
+                                             walk_bound(d), d->logits_bf16, anchors, emb, tokens))
+            return false;
+    } else {
+        if (!ds_spec(be)->markov_sample_seqs || !d->probs.data) return false;
+        /* Each sequence's G uniforms, drawn as device_sample_chain draws them, from copies of the streams until
+         * the backend takes the walk. */
+        double u[DS_MARKOV_SEQS_MAX * DS_MAX_GAMMA];
+        ds_rng moved[DS_MARKOV_SEQS_MAX];
+        for (int j = 0; j < n; j++) {
+            moved[j] = *rng[j];
+            for (int k = 0; k < G; k++) u[j * G + k] = ds_rng_uniform(&moved[j]);
+        }
+        if (!ds_spec(be)->markov_sample_seqs(be, n, ds_rows(logits, 0, rows), d->markov_w1, d->markov_w2,
+                                             d->logits_bf16, anchors, s, u, emb, tokens))
+            return false;
+        for (int j = 0; j < n; j++) *rng[j] = moved[j];
+    }
+    for (int j = 0; j < n; j++) {
+        memcpy(out[j].tokens, tokens + j * G, (size_t)G * sizeof *tokens);
+        out[j].logits = NULL;
+        out[j].probs = NULL;
+        out[j].probs_dev = greedy ? ds_no_tensor() : ds_rows(logits, (int64_t)j * G, G);
+    }
+    if (d->confidence) confidence_seqs(d, hidden, n, out);
     return true;
 }

@@ -221,6 +221,7 @@ static const ds_spec_ops cuda_spec_ops = {
     .verify_sample = ds_cu_verify_sample,
     .verify_sample_many = ds_cu_verify_sample_many,
     .markov_sample = ds_cu_markov_sample,
+    .markov_greedy_seqs = ds_cu_markov_greedy_seqs,
     .markov_sample_seqs = ds_cu_markov_sample_seqs,
     .markov_greedy_latent = ds_cu_markov_greedy_latent,
     .markov_sample_latent = ds_cu_markov_sample_latent,

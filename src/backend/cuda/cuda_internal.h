@@ -372,6 +372,9 @@ void ds_cu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, 
 void ds_cu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                          bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                          int32_t *tokens);
+bool ds_cu_markov_greedy_seqs(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2,
+                              const ds_markov_bound *bound, bool bf16, const int32_t *anchors, ds_tensor emb,
+                              int32_t *tokens);
 bool ds_cu_markov_sample_seqs(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2, bool bf16,
                               const int32_t *anchors, const ds_sampling *const *s, const double *u, ds_tensor emb,
                               int32_t *tokens);

@@ -184,6 +184,13 @@ static void p_verify_sample_many(ds_backend *be, int m, const ds_verify_job *job
     PROF("verify_sample_many", prof_of(be)->inner->spec->verify_sample_many(be, m, jobs, out));
     prof_flush(be);
 }
+static bool p_markov_greedy_seqs(ds_backend *be, int n, ds_tensor b, ds_tensor w1, ds_tensor w2,
+                                 const ds_markov_bound *bd, bool bf, const int32_t *a, ds_tensor e, int32_t *t) {
+    bool done = false;
+    PROF("markov_greedy_seqs", done = prof_of(be)->inner->spec->markov_greedy_seqs(be, n, b, w1, w2, bd, bf, a, e, t));
+    prof_flush(be);
+    return done;
+}
 static bool p_markov_sample_seqs(ds_backend *be, int n, ds_tensor b, ds_tensor w1, ds_tensor w2, bool bf,
                                  const int32_t *a, const ds_sampling *const *s, const double *u, ds_tensor e,
                                  int32_t *t) {
@@ -276,6 +283,7 @@ void ds_cu_profile_wrap(ds_cuda_backend *cb) {
     if (spec.verify_sample_many) spec.verify_sample_many = p_verify_sample_many;
     spec.markov_sample = p_markov_sample;
     if (spec.markov_sample_seqs) spec.markov_sample_seqs = p_markov_sample_seqs;
+    if (spec.markov_greedy_seqs) spec.markov_greedy_seqs = p_markov_greedy_seqs;
     ops.spec = &spec;
     ops.probs = p_probs;
     ops.sample = p_sample;

@@ -860,10 +860,13 @@ static bool latent_step(ds_cuda_backend *cb, const char *op, const ds_markov_lat
     return ds_cu_launched(cb, op);
 }
 
-/* markov_greedy, and with lat its gated / RNN walk (markov_greedy_latent). */
+/* markov_greedy, and with lat its gated / RNN walk (markov_greedy_latent).
+ * given: the walk's index slot (G + 3 entries, the anchor and zeros already
+ * there), its tokens left there for the caller to fetch (markov_greedy_seqs);
+ * NULL: walk_indices' slot, the tokens fetched here. */
 static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor base, ds_tensor out, ds_tensor w1,
                         ds_tensor w2, const ds_markov_bound *bound, bool bf16, int32_t anchor, ds_tensor emb,
-                        int32_t *tokens) {
+                        int32_t *tokens, int32_t *given = nullptr) {
     ds_cuda_backend *cb = ds_cu(be);
     const int G = (int)base.rows;
     const int64_t V = base.cols;
@@ -895,8 +898,8 @@ static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor b
         return;
     }
     if (lat && !latent_fits(cb, "markov_greedy", lat, G, w1.cols)) return;
-    int32_t *dtok = NULL, *idx;
-    if (!walk_indices(cb, "markov_greedy", G, anchor, tokens, &idx, &dtok)) return;
+    int32_t *dtok = NULL, *idx = given;
+    if (!given && !walk_indices(cb, "markov_greedy", G, anchor, tokens, &idx, &dtok)) return;
     unsigned *ticket = (unsigned *)(idx + G + 1), *rows_done = (unsigned *)(idx + G + 2);
     const int r = (int)w1.cols;
     const bool one_launch = markov && step_fits(w2, emb), prune = one_launch && !keep && bound;
@@ -998,7 +1001,45 @@ static void greedy_walk(ds_backend *be, const ds_markov_latent *lat, ds_tensor b
             if (!ds_cu_argmax_dev(cb, ok, idx + k + 1)) return;
         }
     }
-    walk_results(cb, "markov_greedy", G, idx, dtok, prune, V, tokens);
+    if (!given) walk_results(cb, "markov_greedy", G, idx, dtok, prune, V, tokens);
+}
+
+bool ds_cu_markov_greedy_seqs(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2,
+                              const ds_markov_bound *bound, bool bf16, const int32_t *anchors, ds_tensor emb,
+                              int32_t *tokens) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const char *op = "markov_greedy_seqs";
+    if (n < 1 || n > DS_MARKOV_SEQS_MAX || base.rows % n || cb->reg.active || !w1.data || !w2.data) return false;
+    const int G = (int)(base.rows / n), S = G + 3;
+    const int64_t V = base.cols;
+    if (G < 1 || G > DS_CU_ROWS || emb.rows < base.rows) return false;
+    /* Every walk's slot: [anchor, tokens[G], ticket, rows], one upload. */
+    int32_t init[DS_MARKOV_SEQS_MAX * (DS_CU_ROWS + 3)];
+    memset(init, 0, (size_t)n * S * sizeof *init);
+    for (int j = 0; j < n; j++) init[j * S] = anchors[j];
+    int32_t *idx = ds_cu_indices(cb, op, n * S);
+    if (!idx || !ds_cu_ok(cb, op, cudaMemcpyAsync(idx, init, (size_t)n * S * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                                  cb->stream)))
+        return true; /* a recorded failure */
+    for (int j = 0; j < n && !cb->err; j++)
+        greedy_walk(be, NULL, ds_rows(base, (int64_t)j * G, G), ds_no_tensor(), w1, w2, bound, bf16, anchors[j],
+                    ds_rows(emb, (int64_t)j * G, G), tokens + (size_t)j * G, idx + (size_t)j * S);
+    if (cb->err) return true;
+    const bool prune = bound && step_fits(w2, emb);
+    cb->stats.d2h++;
+    if (!ds_cu_ok(cb, op, cudaMemcpyAsync(init, idx, (size_t)n * S * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                          cb->stream)) ||
+        !ds_cu_ok(cb, op, cudaStreamSynchronize(cb->stream)))
+        return true;
+    for (int j = 0; j < n; j++) {
+        memcpy(tokens + (size_t)j * G, init + j * S + 1, (size_t)G * sizeof *tokens);
+        if (prune) {
+            cb->markov_rows += (uint32_t)init[j * S + G + 2];
+            cb->markov_steps += (uint64_t)G;
+            cb->markov_vocab = V;
+        }
+    }
+    return true;
 }
 
 void ds_cu_markov_greedy(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor w1, ds_tensor w2,
