@@ -4,6 +4,7 @@
 #     DS_BACKEND=cuda DS_CUDA_INVARIANT=1 test_batch (every request == its solo run);
 #  2. at the Qwen3-8B shape (dspark synth; simulated mtbench-t1 acceptance), 64 in flight, T = 1:
 #     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma, attention packing auto and 1 (DS_CUDA_ATT_PACK);
+#     and the bundled pair (measured acceptance) at 1..64 in flight, T = 0 / 1 (must-show 4);
 #  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows), the batched walk's step kernel
 #     and a distribution kernel (fixed).
 #   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_profile.sh
@@ -23,6 +24,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 240 ./$B/tests/test_batch >"$OUT/test_batch.log" 2>&1
   t "test_batch (invariant) rc=$?: $(tail -1 "$OUT/test_batch.log")"
 fi
+# Must-show 4: the bundled pair, measured acceptance, AR / fixed / Algorithm 1 at 1..64 in flight, T = 0 and 1.
+for temp in 0 1; do
+  timeout 150 ./$B/dspark bench --concurrency 1,8,32,64 --backend cuda --prompt-len 64 --decode 64 --temp $temp \
+    >"$OUT/pico_T$temp.txt" 2>"$OUT/pico_T$temp.err"
+  t "pico T=$temp rc=$?"; cat "$OUT/pico_T$temp.txt"
+done
 ds_synth_8b
 t "synth rc=$?"
 ARGS=(--concurrency 64 --backend cuda -m $M8 -d $M8-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json
