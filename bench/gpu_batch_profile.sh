@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 39: where a batched GPU step's time goes, in one device call (~7 min on a fresh machine).
-#  1. build; test_cuda_markov (the batched sampled walk against each walk alone), test_cuda_attention,
+#  1. build; test_cuda_markov / test_cuda_sample (the batched walks and verifications against each alone),
+#     test_cuda_attention,
 #     DS_BACKEND=cuda DS_CUDA_INVARIANT=1 test_batch (every request == its solo run);
 #  2. at the Qwen3-8B shape (dspark synth; simulated mtbench-t1 acceptance), 64 in flight, T = 1:
 #     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma, attention packing auto and 1 (DS_CUDA_ATT_PACK);
@@ -16,11 +17,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 ds_build || exit 1
 t "built"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  for x in test_cuda_markov test_cuda_attention; do
+  for x in test_cuda_markov test_cuda_sample test_cuda_attention; do
     timeout 200 ./$B/tests/$x >"$OUT/$x.log" 2>&1
     t "$x rc=$?: $(tail -1 "$OUT/$x.log")"
   done
-  grep -E "markov_sample_seqs|FAIL" "$OUT/test_cuda_markov.log"
+  grep -hE "_seqs|verify_sample_many|FAIL" "$OUT/test_cuda_markov.log" "$OUT/test_cuda_sample.log"
   DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 240 ./$B/tests/test_batch >"$OUT/test_batch.log" 2>&1
   t "test_batch (invariant) rc=$?: $(tail -1 "$OUT/test_batch.log")"
 fi
