@@ -17,7 +17,7 @@ LEVELS=${LEVELS:-1,8,32,64,128,256}
 DECODE=${DECODE:-64}
 export DS_CUDA_INVARIANT=${INV:-1}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-[ -x $B/dspark ] || ds_build dspark_cli || exit 1
+ds_build dspark_cli || exit 1 # incremental: a warm machine's build follows the tree
 M=$M8
 ds_synth_8b
 t "model ready (invariant $DS_CUDA_INVARIANT)"

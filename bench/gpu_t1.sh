@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_lib.sh
-[ -x $B/dspark ] || ds_build dspark_cli || exit 1
+ds_build dspark_cli || exit 1 # incremental: a warm machine's build follows the tree
 gen() { # label args...
   local l=$1; shift
   timeout 120 ./$B/dspark generate --backend cuda --json --prompt-file models/prompts-dev.jsonl -n 128 "$@" \
