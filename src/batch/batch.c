@@ -542,8 +542,6 @@ static ds_error *draft_all(ds_batch *b, bool context_only) {
     return e;
 }
 
-static ds_error *append_pending(ds_batch *b, seq *s);
-
 /* A step that does not draft (Algorithm 1 found it does not pay): each
  * decoding sequence's pending rows go to its stage instead of the drafter,
  * which takes a stage only once it is full (here, one pass for all such),
@@ -553,20 +551,8 @@ static ds_error *append_pending(ds_batch *b, seq *s);
  * pass a step cost up to ~10 % of a pico step on the CPU.) */
 static ds_error *stash_all(ds_batch *b) {
     const int G = b->d->gamma, per = b->stage_rows + G + 1;
-    if (!b->stage.data) { /* where the memory is not there, the context is appended every step as before */
-        ds_error *e = b->be->ops->alloc(b->be, DS_F32, (int64_t)b->o.max_seqs * per, b->t->taps.cols, &b->stage);
-        if (e) {
-            ds_error_free(e);
-            b->stage_rows = 0;
-            for (int i = 0; i < b->n_seqs; i++) {
-                seq *s = b->seqs[i];
-                if (s->phase == SEQ_RUNNING && !s->prefill_step && s->started && s->cached >= s->goal &&
-                    s->n_rows == 0)
-                    DS_TRY(append_pending(b, s));
-            }
-            return draft_all(b, true);
-        }
-    }
+    if (!b->stage.data)
+        DS_TRY(b->be->ops->alloc(b->be, DS_F32, (int64_t)b->o.max_seqs * per, b->t->taps.cols, &b->stage));
     int R = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
