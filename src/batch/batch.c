@@ -30,9 +30,6 @@ typedef struct {
     /* The drafter: context positions 0..d_nctx-1; the rows of the last
      * forward whose taps it has not received yet (anchor + accepted drafts). */
     int d_nctx, ctx_row0, ctx_pos0, ctx_n;
-    /* Rows whose taps wait in its stage (positions stage_pos0.., right after d_nctx) for the drafter: Algorithm
-     * 1's steps that do not draft defer the context append (stash). */
-    int stage_pos0, stage_n;
     ds_page_list tp, dp;
     ds_rng rng;
     ds_gen_result res;
@@ -78,8 +75,6 @@ struct ds_batch {
     float *conf;  /* [max_seqs * gamma]: this step's calibrated confidences, for Algorithm 1 */
     int *n_conf, *len;
     ds_tensor draft_probs; /* [max_seqs * gamma, V]: each running sequence's proposal distributions */
-    ds_tensor stage;       /* [max_seqs * stage_rows, taps]: each running sequence's deferred context rows */
-    int stage_rows;
     /* a step's drafter round: the sequences drafting, their arguments and proposals */
     seq **drafting;
     ds_draft_seq *dseqs;
@@ -145,14 +140,6 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     if (!b) return ds_errorf("out of memory");
     b->t = t, b->d = d, b->be = t->be, b->o = o;
     const int R = o.step_rows, G = d ? d->gamma : 0, V = t->vocab;
-    /* Deferred context rows (stash_all), for Algorithm 1's steps that do not draft: up to 32 rows a sequence, 1 MiB
-     * of taps a sequence, and room behind them for a step's pending rows within one append. */
-    if (d && o.schedule == DS_SCHEDULE_CONFIDENCE) {
-        const int64_t row_bytes = t->taps.cols * (int64_t)sizeof(float);
-        int rows = d->max_rows - (G + 1) < 32 ? d->max_rows - (G + 1) : 32;
-        if (row_bytes > 0 && rows > (1 << 20) / row_bytes) rows = (int)((1 << 20) / row_bytes);
-        b->stage_rows = rows >= 2 ? rows : 0;
-    }
     const int zrows = d && d->max_rows > G ? d->max_rows : G > 0 ? G : 1;
     ds_error *e = ds_page_pool_init(&b->tpool, o.n_pages, o.page_rows);
     if (!e && d) e = ds_page_pool_init(&b->dpool, ds_batch_drafter_rows(&o, G) / o.page_rows, o.page_rows);
@@ -192,7 +179,6 @@ static void seq_release(ds_batch *b, seq *s) {
     if (b->d) ds_page_list_release(&b->dpool, &s->dp);
     if (s->slot >= 0) b->slot_used[s->slot] = false;
     s->slot = -1;
-    s->stage_n = 0; /* a stage belongs to its slot; a recompute rebuilds the context */
     free(s->host_probs);
     s->host_probs = NULL;
 }
@@ -215,7 +201,6 @@ void ds_batch_free(ds_batch *b) {
     free(b->drafting), free(b->dseqs), free(b->dprops);
     free(b->vseqs), free(b->vreq), free(b->vacc), free(b->vnext);
     b->be->ops->release(b->be, &b->draft_probs);
-    b->be->ops->release(b->be, &b->stage);
     free(b);
 }
 
@@ -501,77 +486,24 @@ static ds_error *drafted(void *ctx, int r, ds_proposal *out) {
  * overwrites): each one's pending context rows, then a block after its
  * anchor, on its own pages, in one pass (draft/drafter_batch.h). With
  * context_only, the pending rows alone (a step that does not draft). */
-/* s's rows the drafter has not taken: its stage with the pending rows
- * copied behind it, or the pending rows where they are (the last forward's
- * taps) when nothing is staged; *pos0, *n: their positions. */
-static ds_tensor pending_taps(ds_batch *b, seq *s, int *pos0, int *n) {
-    if (s->stage_n == 0) {
-        *pos0 = s->ctx_pos0, *n = s->ctx_n;
-        return s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n) : ds_no_tensor();
-    }
-    const int64_t at = (int64_t)s->slot * (b->stage_rows + b->d->gamma + 1);
-    if (s->ctx_n)
-        b->be->ops->copy(b->be, ds_rows(b->stage, at + s->stage_n, s->ctx_n), ds_rows(b->t->taps, s->ctx_row0, s->ctx_n));
-    *pos0 = s->stage_pos0, *n = s->stage_n + s->ctx_n;
-    return ds_rows(b->stage, at, *n);
-}
-
-/* s's entry in a batched drafter call (its pending rows: pending_taps). */
-static ds_draft_seq draft_seq_of(ds_batch *b, seq *s) {
-    int pos0, n;
-    const ds_tensor taps = pending_taps(b, s, &pos0, &n);
-    return (ds_draft_seq){.id = s->id, .taps = taps, .pos0 = pos0, .n = n, .anchor = s->anchor, .start = s->start,
-                          .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
-                          .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
-}
-
 static ds_error *draft_all(ds_batch *b, bool context_only) {
     int R = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
         if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
-        if (context_only && s->ctx_n == 0 && s->stage_n == 0) continue;
-        b->dseqs[R] = draft_seq_of(b, s);
+        if (context_only && s->ctx_n == 0) continue;
+        b->dseqs[R] = (ds_draft_seq){.id = s->id, .taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n)
+                                                                   : ds_no_tensor(),
+                                     .pos0 = s->ctx_pos0, .n = s->ctx_n, .anchor = s->anchor, .start = s->start,
+                                     .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
+                                     .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
         b->drafting[R++] = s;
         s->drafted_now = !context_only;
     }
     const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
     ds_error *e = context_only ? ds_drafter_context_batch(b->d, R, b->dseqs, &o)
                                : ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
-    for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0, b->drafting[r]->stage_n = 0;
-    return e;
-}
-
-/* A step that does not draft (Algorithm 1 found it does not pay): each
- * decoding sequence's pending rows go to its stage instead of the drafter,
- * which takes a stage only once it is full (here, one pass for all such),
- * when its sequence drafts (draft_all), or never, where the sequence ends
- * first. The same rows reach the same positions of the drafter's context
- * before any draft reads them: the proposals do not change. (A context
- * pass a step cost up to ~10 % of a pico step on the CPU.) */
-static ds_error *stash_all(ds_batch *b) {
-    const int G = b->d->gamma, per = b->stage_rows + G + 1;
-    if (!b->stage.data)
-        DS_TRY(b->be->ops->alloc(b->be, DS_F32, (int64_t)b->o.max_seqs * per, b->t->taps.cols, &b->stage));
-    int R = 0;
-    for (int i = 0; i < b->n_seqs; i++) {
-        seq *s = b->seqs[i];
-        if (s->phase != SEQ_RUNNING || s->prefill_step || !s->started || s->cached < s->goal || s->ctx_n == 0)
-            continue;
-        if (s->stage_n + s->ctx_n <= b->stage_rows) {
-            if (s->stage_n == 0) s->stage_pos0 = s->ctx_pos0;
-            b->be->ops->copy(b->be, ds_rows(b->stage, (int64_t)s->slot * per + s->stage_n, s->ctx_n),
-                             ds_rows(b->t->taps, s->ctx_row0, s->ctx_n));
-            s->stage_n += s->ctx_n;
-            s->ctx_n = 0;
-            continue;
-        }
-        b->dseqs[R] = draft_seq_of(b, s);
-        b->drafting[R++] = s;
-    }
-    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
-    ds_error *e = R ? ds_drafter_context_batch(b->d, R, b->dseqs, &o) : NULL;
-    for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0, b->drafting[r]->stage_n = 0;
+    for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;
     return e;
 }
 
@@ -580,16 +512,13 @@ static ds_error *stash_all(ds_batch *b) {
  * decoding sequence that does not draft this step (no rows this step, or a
  * step that skips drafting) appends its pending rows alone. */
 static ds_error *append_pending(ds_batch *b, seq *s) {
-    if (s->ctx_n == 0 && s->stage_n == 0) return NULL;
-    int pos0, n;
-    const ds_tensor taps = pending_taps(b, s, &pos0, &n);
+    if (s->ctx_n == 0) return NULL;
     ds_kv_pages pg;
     set_drafter_pages(b, s, &pg);
-    ds_error *e = ds_drafter_append(b->d, taps, pos0, n);
+    ds_error *e = ds_drafter_append(b->d, ds_rows(b->t->taps, s->ctx_row0, s->ctx_n), s->ctx_pos0, s->ctx_n);
     s->d_nctx = b->d->n_ctx;
     b->d->pages = NULL;
     s->ctx_n = 0;
-    s->stage_n = 0;
     return ds_error_wrap(e, "request %lld: drafter context", (long long)s->id);
 }
 
@@ -934,7 +863,6 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     int R = 0; /* decoding sequences with rows this step */
     if (d) {
         DS_TRY(drafting_pays(b, &draft_now));
-        const bool stash = !draft_now && b->stage_rows > 0;
         for (int i = 0; i < b->n_seqs; i++) {
             seq *s = b->seqs[i];
             const bool decoding = s->phase == SEQ_RUNNING && !s->prefill_step && s->started && s->cached >= s->goal;
@@ -942,10 +870,9 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             if (!decoding) continue;
             R += s->n_rows > 0;
             if (!draft_now) s->prop.n = 0;
-            if (s->n_rows == 0 && !stash) DS_TRY(append_pending(b, s)); /* draft_all takes the others' */
+            if (s->n_rows == 0) DS_TRY(append_pending(b, s)); /* draft_all takes the others' */
         }
-        if (stash) DS_TRY(stash_all(b));
-        else if (R > 0) DS_TRY(draft_all(b, !draft_now));
+        if (R > 0) DS_TRY(draft_all(b, !draft_now));
         if (R > 0 && draft_now) {
             b->steps_undrafted = 0;
         } else if (R > 0) {
