@@ -575,9 +575,9 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps) return NULL;
     const int G = b->d->gamma;
     int R = 0;
-    for (int i = 0; i < b->n_seqs; i++) {
+    for (int i = 0; i < b->n_seqs; i++) { /* the decoding sequences (asked before the step gives out its rows) */
         const seq *s = b->seqs[i];
-        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        if (s->phase != SEQ_RUNNING || !s->started || s->cached < s->goal) continue;
         const int n = s->last_nconf < 0 ? G : s->last_nconf;
         for (int j = 0; j < n; j++) b->conf[R * G + j] = s->last_nconf < 0 ? 1.0f : s->last_conf[j];
         b->n_conf[R++] = n;
@@ -825,6 +825,14 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     }
     admit(b);
 
+    /* Whether this step drafts, before its rows are given out: a step that
+     * does not gives each decoding sequence one row, not gamma + 1, and
+     * prefill chunks the rest (reserved and unused, they cost Algorithm 1's
+     * plain steps their prefill rows: 5 steps more than AR's 51, pico at 32
+     * in flight). */
+    bool draft_now = false;
+    if (d) DS_TRY(drafting_pays(b, &draft_now));
+
     /* Pages first, for every row this step may write, preempting the
      * youngest where the pool is short: a sequence's random stream moves only
      * once its step is sure to run. Decoding sequences take their rows
@@ -839,7 +847,7 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
             s->n_rows = 0;
             s->prefill_step = !decoding;
             if (decoding) {
-                const int gamma = seq_gamma(b, s);
+                const int gamma = draft_now ? seq_gamma(b, s) : 0;
                 const int cap = gamma < t->max_ctx - s->start - 1 ? gamma : t->max_ctx - s->start - 1;
                 if (rows + cap + 1 > b->o.step_rows) continue; /* next step */
                 if (!reserve(b, s, target_need(b, s), s->start + G)) continue;
@@ -859,10 +867,8 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     /* Draft for every decoding sequence that got its rows, when drafting
      * pays; the others' pending context rows go to the drafter alone. */
     const double t0 = ds_now_s();
-    bool draft_now = false;
     int R = 0; /* decoding sequences with rows this step */
     if (d) {
-        DS_TRY(drafting_pays(b, &draft_now));
         for (int i = 0; i < b->n_seqs; i++) {
             seq *s = b->seqs[i];
             const bool decoding = s->phase == SEQ_RUNNING && !s->prefill_step && s->started && s->cached >= s->goal;
