@@ -354,7 +354,6 @@ static inline ds_error *ds_backend_bandwidth(ds_backend *be, size_t bytes, int r
     return be->ops->bandwidth(be, bytes, reps, out);
 }
 
-/* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
 /* "cuda 1 threads invariant": what a cached step-cost curve was measured on
  * (the ops' name, threads, mode), into buf; snprintf's return. */
 static inline int ds_backend_label(const ds_backend *be, char *buf, size_t n) {
@@ -362,6 +361,7 @@ static inline int ds_backend_label(const ds_backend *be, char *buf, size_t n) {
     return snprintf(buf, n, "%s %d threads%s%s", be->ops->name, be->n_threads, mode ? " " : "", mode ? be->mode : "");
 }
 
+/* The pending error of a backend's ops, if any (see ds_backend_ops.check). */
 static inline ds_error *ds_backend_check(ds_backend *be) { return be->ops->check ? be->ops->check(be) : NULL; }
 
 static inline ds_tensor ds_no_tensor(void) {

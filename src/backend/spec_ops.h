@@ -97,16 +97,6 @@ struct ds_spec_ops {
     void (*markov_sample)(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                           bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                           int32_t *tokens);
-    /* markov_sample for n sequences at once (the batched drafter round):
-     * sequence j's block is rows j*G..j*G+G-1 of base and emb (G =
-     * base.rows / n), its anchor anchors[j], sampling s[j], uniforms
-     * u[j*G + k], tokens tokens[j*G + k]; its distributions overwrite its
-     * base rows (probs in place: row k is read before it is written), no
-     * corrected logits are kept. Each sequence's tokens, distributions and
-     * emb rows are the bits markov_sample gives it alone; w2 is read once a
-     * position for all n. Returns false, having done nothing, where it does
-     * not apply (shapes, rank, n > DS_MARKOV_SEQS_MAX): then a markov_sample
-     * per sequence. Optional. */
     /* markov_greedy (a vanilla head's walk, no corrected logits kept) for n
      * sequences with one wait: sequence j's block is rows j*G.. of base and
      * emb, its anchor anchors[j], its tokens tokens[j*G + k]; each sequence's
@@ -117,6 +107,16 @@ struct ds_spec_ops {
     bool (*markov_greedy_seqs)(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2,
                                const ds_markov_bound *bound, bool bf16, const int32_t *anchors, ds_tensor emb,
                                int32_t *tokens);
+    /* markov_sample for n sequences at once (the batched drafter round):
+     * sequence j's block is rows j*G..j*G+G-1 of base and emb (G =
+     * base.rows / n), its anchor anchors[j], sampling s[j], uniforms
+     * u[j*G + k], tokens tokens[j*G + k]; its distributions overwrite its
+     * base rows (probs in place: row k is read before it is written), no
+     * corrected logits are kept. Each sequence's tokens, distributions and
+     * emb rows are the bits markov_sample gives it alone; w2 is read once a
+     * position for all n. Returns false, having done nothing, where it does
+     * not apply (shapes, rank, n > DS_MARKOV_SEQS_MAX): then a markov_sample
+     * per sequence. Optional. */
     bool (*markov_sample_seqs)(ds_backend *be, int n, ds_tensor base, ds_tensor w1, ds_tensor w2, bool bf16,
                                const int32_t *anchors, const ds_sampling *const *s, const double *u, ds_tensor emb,
                                int32_t *tokens);

@@ -607,7 +607,7 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
  * step at 64 in flight). */
 static ds_error *verify_all(ds_batch *b) {
     ds_target *t = b->t;
-    if (!ds_spec(t->be)->verify_sample || !ds_spec(t->be)->verify_sample_many) return NULL;
+    if (!ds_spec(t->be)->verify_sample) return NULL;
     int m = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
@@ -631,6 +631,16 @@ static ds_error *verify_all(ds_batch *b) {
     return NULL;
 }
 
+/* s's result from verify_all (which makes every one this step's sampled rows need where the backend verifies). */
+static ds_error *verified(seq *s, int *accepted, int32_t *next) {
+    if (!s->vs_ready)
+        return ds_errorf("request %lld: its sampled verification was not made with the step's", (long long)s->id);
+    s->vs_ready = false;
+    if (accepted) *accepted = s->vs_accepted;
+    *next = s->vs_next;
+    return NULL;
+}
+
 /* The token after s's logits row l (no drafts): ds_generate's next_token. */
 static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
     ds_target *t = b->t;
@@ -638,15 +648,7 @@ static ds_error *next_token(ds_batch *b, seq *s, int l, int32_t *out) {
         *out = b->best[l];
         return NULL;
     }
-    if (s->vs_ready) {
-        s->vs_ready = false;
-        *out = s->vs_next;
-        return NULL;
-    }
-    if (ds_spec(t->be)->verify_sample) {
-        int unused;
-        return ds_round_verify_sample(t, l, NULL, 0, ds_no_tensor(), &s->p.sampling, &s->rng, &unused, out);
-    }
+    if (ds_spec(t->be)->verify_sample) return verified(s, NULL, out); /* drawn by verify_all */
     ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, l, 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
@@ -671,14 +673,7 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
         *next = b->best[l + a];
         return NULL;
     }
-    if (s->vs_ready) {
-        s->vs_ready = false;
-        *accepted = s->vs_accepted;
-        *next = s->vs_next;
-        return NULL;
-    }
-    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample)
-        return ds_round_verify_sample(t, l, x, n, s->prop.probs_dev, &s->p.sampling, &s->rng, accepted, next);
+    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample) return verified(s, accepted, next); /* verify_all */
     ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, l, n + 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));

@@ -93,7 +93,7 @@ struct ds_drafter {
     int max_seqs;
     ds_tensor batch_hidden, batch_logits, batch_taps;
     /* ds_markov_chain_seqs: the confidence head's features [DS_MARKOV_SEQS_MAX * gamma, hidden (+ rank)]
-     * and its logits [.., 1], allocated where the backend has markov_sample_seqs. */
+     * and its logits [.., 1], allocated where the backend has markov_greedy_seqs or markov_sample_seqs. */
     ds_tensor seqs_feat, seqs_conf;
 };
 

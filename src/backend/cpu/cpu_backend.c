@@ -266,7 +266,6 @@ static const ds_spec_ops cpu_spec_ops = {
     .conf_cut = cpu_conf_cut,
     .accept_prefix = cpu_accept_prefix,
     .verify_sample = ds_cpu_verify_sample,
-    .verify_sample_many = ds_cpu_verify_sample_many,
     .markov_sample = ds_cpu_markov_sample,
 };
 

@@ -118,7 +118,6 @@ void ds_cpu_probs(ds_backend *be, ds_tensor out, ds_tensor logits, const ds_samp
 void ds_cpu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out);
 void ds_cpu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft, int n, ds_tensor draft_probs,
                           const ds_sampling *s, const double *u, int32_t *out);
-void ds_cpu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out);
 void ds_cpu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
                           bool bf16, int32_t anchor, const ds_sampling *s, const double *u, ds_tensor emb,
                           int32_t *tokens);

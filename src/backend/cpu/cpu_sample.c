@@ -61,12 +61,6 @@ void ds_cpu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft
     free(scratch);
 }
 
-void ds_cpu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out) {
-    for (int i = 0; i < m; i++)
-        ds_cpu_verify_sample(be, jobs[i].logits, jobs[i].draft, jobs[i].n, jobs[i].draft_probs, jobs[i].s, jobs[i].u,
-                             out + 2 * i);
-}
-
 /* The host walk of draft/markov.c, step by step on this backend's own ops
  * (embed, the 1-row linear), so the bias of every step is the same bits. */
 void ds_cpu_markov_sample(ds_backend *be, ds_tensor base, ds_tensor out, ds_tensor probs, ds_tensor w1, ds_tensor w2,
