@@ -221,6 +221,30 @@ static void test_refusals(void) {
     ds_target_free(t);
 }
 
+/* The step-cost profile times steps of up to step_rows rows, more than one
+ * sequence's context holds: it spreads them over scratch sequences (a step
+ * of 80 rows with a context of 32: three). */
+static void test_profile_past_context(void) {
+    ds_target *t;
+    const ds_batch_opts bo = {.max_seqs = 4, .step_rows = 80, .page_rows = PAGE_ROWS, .n_pages = 8};
+    ds_target_opts to = {.max_rows = 80, .max_logit_rows = 80, .cache_rows = 8 * PAGE_ROWS, .max_ctx = 32};
+    CHECK_OK(ds_target_open(be, DS_MODELS "/pico-qwen3", &to, &t));
+    CHECK(t->max_ctx == 32, "context %d", t->max_ctx);
+    ds_batch *b;
+    CHECK_OK(ds_batch_new(t, NULL, &bo, &b));
+    ds_step_cost *sps = NULL;
+    CHECK_OK(ds_batch_profile(b, NULL, NULL, NULL, &sps));
+    int n = sps ? ds_step_cost_n(sps) : 0, last = 0;
+    double sec = 0, measured = 0;
+    if (n > 0) ds_step_cost_bucket(sps, n - 1, &last, &sec, &measured);
+    printf("  step-cost profile, steps of up to 80 rows, context 32: %d buckets, the last %d rows %.3g s\n", n, last,
+           sec);
+    CHECK(n >= 2 && last == 80 && sec > 0, "%d buckets, the last %d rows %g s", n, last, sec);
+    ds_step_cost_free(sps);
+    ds_batch_free(b);
+    ds_target_free(t);
+}
+
 static void setup(void) {
     CHECK_OK(test_backend_new(&be));
     n_prompts = pico_load_prompts(prompts, PICO_MAX_PROMPTS);
@@ -238,4 +262,4 @@ static void teardown(void) {
     if (be) be->ops->destroy(be);
 }
 
-RUN_TESTS("batch", setup, test_solo_equals_batched, test_refusals, teardown)
+RUN_TESTS("batch", setup, test_solo_equals_batched, test_refusals, test_profile_past_context, teardown)

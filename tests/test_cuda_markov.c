@@ -390,11 +390,13 @@ static void test_sample_markov_seqs(void) {
             release(&p1), release(&pp), release(&pe1);
         }
         /* Where it must decline: nothing done. */
-        if (ci == 0) {
-            const ds_sampling slow = samp(&SAMP[6]); /* top-k 5000: the block-per-row kernels */
+        if (ci == 3) { /* (V = 3000 would take top-k 5000 as no top-k) */
+            const ds_sampling slow = samp(&SAMP[6]); /* top-k 5000 of 151936: the block-per-row kernels */
             const ds_sampling *mixed[2] = {sp[0], &slow};
             declined += !ds_spec(gpu)->markov_sample_seqs(gpu, 2, ds_rows(pbat.g, 0, 2 * G), pw1.g, pw2.g, bf16, anchors,
                                                           mixed, u, ds_cols(pe.g, 2, r), tb);
+        }
+        if (ci == 0) {
             pair pw2m = weight_of(cfg[ci].dt, w2, V, r - 4); /* rows of 60: not 16-byte runs of 8 */
             pair pw1m = weight_of(cfg[ci].dt, w1, V, r - 4);
             declined += !ds_spec(gpu)->markov_sample_seqs(gpu, 2, ds_rows(pbat.g, 0, 2 * G), pw1m.g, pw2m.g, bf16,

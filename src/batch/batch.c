@@ -951,17 +951,22 @@ ds_error *ds_batch_run(ds_batch *b) {
     return NULL;
 }
 
-/* One forward of `tokens` rows at positions 0.. of a scratch sequence on
- * the pool, every row with logits (a verify step's work), waited for. */
+/* One forward of `tokens` rows at positions 0.. of scratch sequences on
+ * the pool (one, or as many as the context needs: a sequence holds at most
+ * max_ctx rounded down to whole pages), every row with logits (a verify
+ * step's work), waited for. */
 static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
     ds_batch *b = ctx;
     ds_target *t = b->t;
     if (tokens > b->o.step_rows) tokens = b->o.step_rows;
+    const int P = b->o.page_rows, per_seq = t->max_ctx / P * P;
+    if (per_seq < 1) return ds_errorf("step-cost profile: a context of %d holds no page of %d rows", t->max_ctx, P);
     ds_page_list pl = {0};
     if (!ds_page_list_reserve(&b->tpool, &pl, tokens))
         return ds_errorf("step-cost profile: the pool has no room for %d rows", tokens);
     const int n_logits = tokens < t->max_logit_rows ? tokens : t->max_logit_rows;
-    for (int i = 0; i < tokens; i++) b->ids[i] = i % t->vocab, b->pos[i] = i, b->row_table[i] = 0;
+    for (int i = 0; i < tokens; i++)
+        b->ids[i] = i % t->vocab, b->pos[i] = i % per_seq, b->row_table[i] = i / per_seq * (per_seq / P);
     for (int i = 0; i < n_logits; i++) b->logit_rows[i] = tokens - n_logits + i;
     const ds_kv_pages pg = {.page_rows = b->o.page_rows, .table = pl.pages, .row_table = b->row_table};
     const ds_target_rows tr = {.n = tokens, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,
