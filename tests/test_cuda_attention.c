@@ -1,4 +1,5 @@
-/* The CUDA backend's attention (attention.cu, attention_prefill.cu) against
+/* The CUDA backend's attention (attention.cu, attention_staged.cu,
+ * attention_prefill.cu) against
  * the CPU backend on random inputs, within 2e-5: decode, verify and prefill
  * rows, GQA, head dims 16 to 512, windows, rings, non-causal. Row
  * invariance, bit for bit on the GPU: each row of a call (up to a verify's
@@ -6,9 +7,10 @@
  * windows and rings; a packed block's heads equal each head alone. The
  * fused q/k norm + RoPE + K/V store + attention against the two ops. Paged
  * caches (ds_kv_pages): rows of several sequences in one call (decode,
- * verify, prefill runs, non-causal row_keys, windows, D 32 to 512) against
- * the CPU's paged attention, and bit for bit against the same rows on
- * pages in another order, alone, and on a contiguous cache; the paged
+ * verify, prefill runs, non-causal row_keys, windows, D 32 to 512; fp32
+ * and bf16 caches) against the CPU's paged attention, and bit for bit
+ * against the same rows on pages in another order, alone, and on a
+ * contiguous cache (the staged kernel's rows == the chunk kernel's); the paged
  * qk_norm_rope_attention against its two ops. Skips (exit 77) where no
  * CUDA device can be used. */
 #include <math.h>
@@ -223,6 +225,18 @@ static void test_norm_rope_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) norm_rope_attention_case(&cases[i]);
 }
 
+/* src's values in a new pair of dtype dt (the copy op's rounding). */
+static pair cache_of(ds_dtype dt, const pair *src) {
+    pair c = {ds_no_tensor(), ds_no_tensor(), NULL};
+    ds_error *e = gpu->ops->alloc(gpu, dt, src->g.rows, src->g.cols, &c.g);
+    if (!e) e = cpu->ops->alloc(cpu, dt, src->c.rows, src->c.cols, &c.c);
+    CHECK(!e, "%s", e ? ds_error_message(e) : "");
+    ds_error_free(e);
+    gpu->ops->copy(gpu, c.g, src->g);
+    cpu->ops->copy(cpu, c.c, src->c);
+    return c;
+}
+
 /* ---- paged KV caches ----------------------------------------------------- */
 
 /* One sequence of a paged call: query rows at positions pos0 .. pos0+rows-1,
@@ -307,7 +321,7 @@ static int rows_differ(const float *a, int64_t r0, const float *b, int n, int64_
  * a pool in another page order, each sequence's rows alone (paged), and
  * each sequence's rows on a contiguous cache holding its keys (the
  * contiguous kernels: decode / verify rows, a prefill chunk's tiles). */
-static void paged_case(const pg_case *c) {
+static void paged_case(const pg_case *c, ds_dtype dt) {
     const int kc = c->KVH * c->D, vc = c->KVH * c->Dv, qc = c->H * c->D, oc = c->H * c->Dv;
     float *kh[PG_MAX_SEQ], *vh[PG_MAX_SEQ];
     int M = 0, n_keys = 0, r0s[PG_MAX_SEQ];
@@ -320,6 +334,12 @@ static void paged_case(const pg_case *c) {
         if (K > n_keys) n_keys = K;
     }
     pg_pool a = pg_pool_make(c, kh, vh), b = pg_pool_make(c, kh, vh);
+    if (dt != DS_F32) /* the pools in the caches' dtype */
+        for (pg_pool *pl = &a; pl; pl = pl == &a ? &b : NULL) {
+            pair k16 = cache_of(dt, &pl->k), v16 = cache_of(dt, &pl->v);
+            release(&pl->k), release(&pl->v);
+            pl->k = k16, pl->v = v16;
+        }
     int32_t *pos = malloc((size_t)M * sizeof *pos), *rt = malloc((size_t)M * sizeof *rt);
     int32_t *rk = malloc((size_t)M * sizeof *rk), *zeros = calloc((size_t)M, sizeof *zeros);
     for (int s = 0; s < c->n_seq; s++)
@@ -339,7 +359,7 @@ static void paged_case(const pg_case *c) {
     gpu->ops->attention(gpu, out.g, q.g, a.k.g, a.v.g, &p);
     cpu->ops->attention(cpu, out.c, q.c, a.k.c, a.v.c, &p);
     char what[160];
-    snprintf(what, sizeof what, "paged %s", c->name);
+    snprintf(what, sizeof what, "paged %s, %s caches", c->name, ds_dtype_name(dt));
     compare(out.g, out.c, 2e-5, what);
     float *all = fetch(gpu, out.g);
     ds_attn_params pb = p;
@@ -366,6 +386,11 @@ static void paged_case(const pg_case *c) {
         free(r);
         /* Contiguous: a cache of its keys in position order. */
         pair kq = act(K, kc, kh[s]), vq = act(K, vc, vh[s]);
+        if (dt != DS_F32) {
+            pair k16 = cache_of(dt, &kq), v16 = cache_of(dt, &vq);
+            release(&kq), release(&vq);
+            kq = k16, vq = v16;
+        }
         ds_attn_params p2 = p1;
         p2.pages = NULL;
         gpu->ops->attention(gpu, one.g, ds_rows(q.g, r0, sq->rows), kq.g, vq.g, &p2);
@@ -414,7 +439,10 @@ static void test_paged_attention(void) {
          16, 3, {{400, 36, 0}, {250, 4, 0}, {60, 1, 0}}},
         {"pages of 1, D=32 4/1", 4, 1, 32, 32, true, false, 0, 1, 3, {{30, 3, 0}, {5, 2, 0}, {280, 1, 0}}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) paged_case(&cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        paged_case(&cases[i], DS_F32);
+        paged_case(&cases[i], DS_BF16); /* the batched engine's caches at real shapes */
+    }
 }
 
 /* qk_norm_rope_attention on paged caches (the norms, one launch storing the
@@ -497,16 +525,6 @@ static void test_paged_bad_table(void) {
 }
 
 /* A pair of dt tensors holding pair src's values rounded (the copy op: copy_cast_kernel on the GPU). */
-static pair cache_of(ds_dtype dt, const pair *src) {
-    pair c = {ds_no_tensor(), ds_no_tensor(), NULL};
-    ds_error *e = gpu->ops->alloc(gpu, dt, src->g.rows, src->g.cols, &c.g);
-    if (!e) e = cpu->ops->alloc(cpu, dt, src->c.rows, src->c.cols, &c.c);
-    CHECK(!e, "%s", e ? ds_error_message(e) : "");
-    ds_error_free(e);
-    gpu->ops->copy(gpu, c.g, src->g);
-    cpu->ops->copy(cpu, c.c, src->c);
-    return c;
-}
 
 /* K/V caches in bf16 / f16 (the model's dtype, model/kv_cache.h): the copy
  * op's rounding into them equals the CPU's bit for bit (and back out);

@@ -42,127 +42,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cuda/attention_chunk.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/norm_rope_math.cuh"
 #include "backend/cuda/ring_trace.h"
-
-#define ATT_THREADS 256 /* 16..64 keys in flight per block: decode is latency-bound */
-#define ATT_CHUNK 256
-/* Largest partial buffer one launch may use; rows per launch shrink to fit. */
-#define ATT_PART_BYTES ((size_t)256 << 20)
-
-typedef struct {
-    int32_t v[DS_CU_ROWS];
-} pos_arg;
-
-/* A paged launch's table (ds_cu_pages, by value: each row's list start
- * needs no round trip); nothing for a contiguous one. */
-template <bool PAGED> struct page_arg {};
-template <> struct page_arg<true> {
-    const int32_t *tab; /* device */
-    int page_rows;
-    int32_t base[DS_CU_ROWS];
-};
-
-#define ATT_FRESH_MAX 8           /* rows (fresh keys) of a fused launch */
-#define ATT_FRESH_DIM NR_THREADS  /* largest head: the per-head norm's one element per thread */
-
-/* The fused launch's step: raw q, k, v rows (QKV's outputs; row i at the
- * launch's row i position), the norm weights, the caches, RoPE's
- * frequencies. */
-typedef struct {
-    const float *q, *k, *v;
-    int64_t qs, ks, vs;
-    const void *qw, *kw;
-    int qwdt, kwdt, n;
-    float *kc, *vc;
-    int64_t kcs, vcs;
-    float eps;
-    float inv_freq[ATT_FRESH_DIM / 2];
-} fresh_arg;
-
-typedef struct {
-    const float *q, *k, *v;
-    float *out, *part;
-    int64_t qs, ks, vs, os;
-    int H, group, D, Dv, n_keys, causal, window, ring;
-    float scale;
-    int c0, ny; /* chunks c0 .. c0+ny-1 are gridDim.y */
-    const int32_t *dpos, *dnk; /* a step region's positions (of the launch's rows) and n_keys, or NULL */
-    int vec;     /* q, k, v rows (and a fused launch's fresh v rows) 16-byte aligned: vector loads */
-    int kvf16;   /* 16-bit caches (KB = 2) hold f16, not bf16 (model/kv_cache.h) */
-    unsigned long long *trace; /* DS_CUDA_RING_TRACE: this launch's slot (ring_trace.h), or NULL */
-} att_geo;
-
-/* Row m's position and key range. */
-__device__ __forceinline__ int row_pos(const att_geo &g, const pos_arg &pa, int m) {
-    return g.dpos ? g.dpos[m] : pa.v[m];
-}
-
-/* The step's n_keys: a step region's from the device. */
-__device__ __forceinline__ int step_keys(const att_geo &g) { return g.dnk ? *g.dnk : g.n_keys; }
-__device__ __forceinline__ void key_range_of(const att_geo &g, int pos, int n_keys, int *lo, int *hi) {
-    int a = 0, b = n_keys;
-    if (g.causal) {
-        if (pos + 1 < b) b = pos + 1;
-        if (g.window > 0 && pos - g.window + 1 > a) a = pos - g.window + 1;
-    }
-    *lo = a;
-    *hi = b;
-}
-__device__ __forceinline__ void key_range(const att_geo &g, int pos, int *lo, int *hi) {
-    key_range_of(g, pos, step_keys(g), lo, hi);
-}
-
-/* A lane's element i of a head: the lane's i / 4-th group of four
- * consecutive elements, the L lanes of a key side by side (d = 4L * (i / 4)
- * + 4 li + i % 4), so that each group is one 16-byte load where the rows
- * allow it (g.vec) and the L lanes read consecutive 16-byte words (no bank
- * conflict in shared memory). A head's dot product and output take the
- * elements in i order either way: the same bits with or without vectors. */
-template <int L>
-__device__ __forceinline__ int lane_dim(int li, int i) {
-    return (i >> 2) * (4 * L) + 4 * li + (i & 3);
-}
-
-/* n (a multiple of 4) elements of row r in lane_dim order into e, zeros
- * past lim or where !ok; vec: 16-byte loads. */
-template <int L, int NPL>
-__device__ __forceinline__ void load_lane_row(const float *r, bool ok, int lim, int li, bool vec, float e[NPL]) {
-#pragma unroll
-    for (int c = 0; c < NPL / 4; c++) {
-        const int d0 = lane_dim<L>(li, 4 * c);
-        if (vec) {
-            const float4 x = ok && d0 < lim ? *(const float4 *)(r + d0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            e[4 * c] = x.x, e[4 * c + 1] = x.y, e[4 * c + 2] = x.z, e[4 * c + 3] = x.w;
-        } else {
-#pragma unroll
-            for (int u = 0; u < 4; u++) e[4 * c + u] = ok && d0 + u < lim ? r[d0 + u] : 0.0f;
-        }
-    }
-}
-
-/* load_lane_row from a bf16 / f16 cache row (f16: f16), each element
- * widened to fp32 (exact): the values an fp32 cache holding them gives.
- * vec: 8-byte loads (the rows that allow fp32's 16-byte loads allow them). */
-template <int L, int NPL>
-__device__ __forceinline__ void load_lane_row16(const uint16_t *r, bool ok, int lim, int li, bool vec, bool f16,
-                                                float e[NPL]) {
-#pragma unroll
-    for (int c = 0; c < NPL / 4; c++) {
-        const int d0 = lane_dim<L>(li, 4 * c);
-        uint32_t u[4];
-        if (vec) {
-            const uint2 x = ok && d0 < lim ? *(const uint2 *)(r + d0) : make_uint2(0u, 0u);
-            u[0] = x.x & 0xffffu, u[1] = x.x >> 16, u[2] = x.y & 0xffffu, u[3] = x.y >> 16;
-        } else {
-#pragma unroll
-            for (int v = 0; v < 4; v++) u[v] = ok && d0 + v < lim ? r[d0 + v] : 0u;
-        }
-#pragma unroll
-        for (int v = 0; v < 4; v++) e[4 * c + v] = ds_cu_from16(u[v], f16);
-    }
-}
 
 /* Key j's (zeros past j1) elements of kv head kvh in lane_dim order. FRESH:
  * keys from position f0 on are the step's, normed and rotated in fk, their
@@ -329,25 +212,6 @@ __device__ __forceinline__ void fresh_prologue(const att_geo &g, int f0, int pos
     for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) vc[d] = vr[d];
 }
 
-/* One key's score's contribution to the running softmax of one query:
- * the operations written out (no contraction left to the compiler), so a
- * query's result is the same bits whichever R its block packs. */
-template <int L, int NPL>
-__device__ __forceinline__ void att_update(const att_geo &g, bool valid, float s, const float vv[NPL], int li,
-                                           float *mx, float *l, float o[NPL]) {
-#pragma unroll
-    for (int off = L / 2; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
-    if (!valid) return;
-    s = __fmul_rn(s, g.scale);
-    const float mn = fmaxf(*mx, s);
-    const float corr = expf(*mx - mn), p = expf(s - mn);
-    *l = __fmaf_rn(*l, corr, p);
-#pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        if (lane_dim<L>(li, i) < g.Dv) o[i] = __fmaf_rn(o[i], corr, __fmul_rn(p, vv[i]));
-    }
-    *mx = mn;
-}
 
 /* L lanes per key, NPL head dimensions per lane (d = lane + L*i); a block
  * takes R query heads of one kv head (R divides the GQA group): each key
@@ -461,7 +325,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
                         if (d0 + u < g.D) s = __fmaf_rn(q4[u], kv[4 * c + u], s);
                 }
             }
-            att_update<L, NPL>(g, valid, s, vv, li, &mx[r], &l[r], o[r]);
+            att_update<L, NPL>(g.scale, g.Dv, valid, s, vv, li, &mx[r], &l[r], o[r]);
         }
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
@@ -482,35 +346,16 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
 #pragma unroll
         for (int i = 0; i < NPL; i++) s_o[grp][lane_dim<L>(li, i)] = o[r][i];
         __syncthreads();
-        /* Merge the groups in order (a group that saw no key has l = 0): warp 0 takes the max (exact in any
-         * order) and each group's factor once, its lane 0 the sum in group order; every thread computed all G
-         * exponentials before (~1 us of the block's ~3 us merge at G = 32). */
-        if (threadIdx.x < 32) {
-            float M = -INFINITY;
-            for (int k = threadIdx.x; k < G; k += 32)
-                if (s_l[k] > 0) M = fmaxf(M, s_m[k]);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
-            for (int k = threadIdx.x; k < G; k += 32) s_f[k] = s_l[k] > 0 ? expf(s_m[k] - M) : 0.0f;
-            __syncwarp();
-            if (threadIdx.x == 0) {
-                float lsum = 0.0f;
-                for (int k = 0; k < G; k++)
-                    if (s_l[k] > 0) lsum = __fmaf_rn(s_l[k], s_f[k], lsum);
-                s_ml[0] = M;
-                s_ml[1] = lsum;
-            }
-        }
+        /* Warp 0 takes the max and each group's factor once (every thread computed all G exponentials before:
+         * ~1 us of the block's ~3 us merge at G = 32). */
+        if (threadIdx.x < 32) att_merge_warp<G>(s_m, s_l, s_f, s_ml);
         __syncthreads();
         const float M = s_ml[0], lsum = s_ml[1];
         const int h = h0 + r;
         float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
         float *pp = g.part + (((int64_t)m * g.H + h) * g.ny + blockIdx.y) * (g.Dv + 2);
         for (int d = threadIdx.x; d < g.Dv; d += ATT_THREADS) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int k = 0; k < G; k++)
-                if (s_l[k] > 0) acc = __fmaf_rn(s_o[k][d], s_f[k], acc);
+            const float acc = att_merge_dim<G>(&s_o[0][d], L * NPL, s_f, s_l);
             if (single) orow[d] = acc / lsum;
             else pp[2 + d] = acc;
         }
@@ -713,6 +558,22 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         /* The heads a block packs (R, dividing the group): up to 4, for heads up to 128 (the queries in shared
          * memory, R heads' outputs in registers). */
         int R = dmax > ATT_FRESH_DIM ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
+        if (pages) { /* a batched step's rows: the staged kernel, packed (attention_staged.cu), where it fits */
+            page_arg<true> pg = {};
+            pg.tab = pages->tab;
+            pg.page_rows = pages->page_rows;
+            for (int i = 0; i < n; i++) pg.base[i] = pages->base[r0 + i];
+            g.trace = NULL;
+            if (ds_cu_attention_staged(cb, dim3((unsigned)(n * g.H / R), (unsigned)g.ny), R, g, pa, pg, kb, dmax)) {
+                if (!ds_cu_launched(cb, "attention")) return;
+                if (multi) {
+                    ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
+                    if (!ds_cu_launched(cb, "attention")) return;
+                }
+                r0 += n;
+                continue;
+            }
+        }
         const int64_t packed = (int64_t)n * g.H / R * g.ny;
         /* Beyond a wave, packing trades blocks that fit beside each other for ones that do not (R = 4 holds 168
          * registers a thread: one block an SM; a batched step's 64 decode rows at the 8B shape ran 512 such

@@ -13,10 +13,12 @@
  *
  * Rows are grouped into runs of one sequence (the same list start and key
  * limit) at consecutive positions. A run of DS_CU_PREFILL_ROWS rows or more
- * (a prefill chunk) takes the tiled kernel, every other row the chunk
- * kernel, exactly as a contiguous call of that run's rows would; both
- * kernels read a paged key where the contiguous ones read row j and change
- * nothing else. So a row's bits do not depend on the other sequences of the
+ * (a prefill chunk) takes the tiled kernel, every other row the staged
+ * kernel (attention_staged.cu: the chunk kernel's arithmetic, its keys
+ * copied into shared memory a stage at a time; the chunk kernel itself
+ * where the staged one does not fit), exactly as a contiguous call of that
+ * run's rows would; the kernels read a paged key where the contiguous ones
+ * read row j and change nothing else. So a row's bits do not depend on the other sequences of the
  * call, on where its pages lie in the pool, or on the cache being paged at
  * all: paged == contiguous, bit for bit, for the same rows
  * (test_cuda_attention checks all three). A row's key limit (row_keys)
