@@ -4,10 +4,10 @@
 #     test_cuda_attention,
 #     DS_BACKEND=cuda DS_CUDA_INVARIANT=1 test_batch (every request == its solo run);
 #  2. at the Qwen3-8B shape (dspark synth; simulated mtbench-t1 acceptance), 64 in flight, T = 1:
-#     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma, attention packing auto and 1 (DS_CUDA_ATT_PACK);
+#     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma;
 #     and the bundled pair (measured acceptance) at 1..64 in flight, T = 0 / 1 (must-show 4);
-#  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows), the batched walk's step kernel
-#     and a distribution kernel (fixed).
+#  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows, the staged kernel) and the
+#     batched walk's step kernel (fixed).
 #   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_profile.sh
 # Logs in $OUT. SKIP_TESTS=1: parts 2 and 3 only.
 set -uo pipefail
@@ -21,7 +21,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     timeout 200 ./$B/tests/$x >"$OUT/$x.log" 2>&1
     t "$x rc=$?: $(tail -1 "$OUT/$x.log")"
   done
-  grep -hE "_seqs|verify_sample_many|FAIL" "$OUT/test_cuda_markov.log" "$OUT/test_cuda_sample.log"
+  grep -hE "_seqs|verify_sample_many|FAIL|failed" "$OUT"/test_cuda_*.log | head -20
   DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 240 ./$B/tests/test_batch >"$OUT/test_batch.log" 2>&1
   t "test_batch (invariant) rc=$?: $(tail -1 "$OUT/test_batch.log")"
 fi
@@ -29,27 +29,24 @@ fi
 for temp in 0 1; do
   timeout 150 ./$B/dspark bench --concurrency 1,8,32,64 --backend cuda --prompt-len 64 --decode 64 --temp $temp \
     >"$OUT/pico_T$temp.txt" 2>"$OUT/pico_T$temp.err"
-  t "pico T=$temp rc=$?"; cat "$OUT/pico_T$temp.txt"
+  t "pico T=$temp rc=$?"; cat "$OUT/pico_T$temp.txt"; tail -2 "$OUT/pico_T$temp.err"
 done
 ds_synth_8b
 t "synth rc=$?"
 ARGS=(--concurrency 64 --backend cuda -m $M8 -d $M8-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json
   --prompt-len 128 --decode 64)
-for pack in auto 1; do
-  for arm in ar fixed; do
-    l=${arm}_pack$pack
-    DS_CUDA_ATT_PACK=$pack DS_CUDA_PROFILE=1 timeout 120 ./$B/dspark bench --arms $arm "${ARGS[@]}" >"$OUT/$l.txt" 2>"$OUT/$l.err"
-    t "$l rc=$?: $(tail -1 "$OUT/$l.txt")"
-    grep -E "ms in ops|attention|markov|verify_sample" "$OUT/$l.err"
-  done
+for arm in ar fixed; do
+  DS_CUDA_PROFILE=1 timeout 120 ./$B/dspark bench --arms $arm "${ARGS[@]}" >"$OUT/$arm.txt" 2>"$OUT/$arm.err"
+  t "$arm rc=$?: $(tail -1 "$OUT/$arm.txt")"
+  grep -E "ms in ops|attention|markov|verify_sample|linear" "$OUT/$arm.err" | head -12
 done
 run_ncu() { # label kernel-regex launches-to-skip arm
   timeout 150 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     -k "regex:$2" --launch-skip "$3" --launch-count 1 ./$B/dspark bench --arms "$4" "${ARGS[@]}" >"$OUT/ncu_$1.txt" 2>&1
   t "ncu $1 rc=$?"
   grep -E "^  [a-z].*\(|Duration|Registers Per Thread|Achieved Occupancy|Waves Per SM|Warp Cycles Per Issued|DRAM Throughput|Compute \(SM\) Throughput" "$OUT/ncu_$1.txt"
+  grep -iE "stall|bank" "$OUT/ncu_$1.txt" | head -4
 }
-run_ncu attention attn_chunk 1200 ar
+run_ncu attention attn_staged 1200 ar
 run_ncu walk_step markov_seqs_step 20 fixed
-run_ncu dist_sum dist_sum 20 fixed
 t "done"
