@@ -328,5 +328,51 @@ static void test_sample_verify_many(void) {
     free(tl), free(dp), free(dl);
 }
 
+/* verify_sample_many's runs of jobs without drafts (sequences that did not
+ * draft: rows of one logits tensor, one rule) taken as one batch of rows,
+ * against verify_sample on each: the same tokens. V 151936 (many slices)
+ * and 3000; runs broken by a rule change, a job with drafts, a gap in the
+ * rows, and 70 rows (past one launch's 64). */
+static void test_sample_verify_runs(void) {
+    enum { M = 80 };
+    static const int64_t Vs[2] = {151936, 3000};
+    static const int rule[] = {0, 1, 2, 3, 7, 8}; /* SAMP's settings the spread path takes */
+    for (int vi = 0; vi < 2; vi++) {
+        const int64_t V = Vs[vi];
+        float *tl = malloc((size_t)(M + 2) * V * sizeof *tl), *dp = malloc((size_t)V * sizeof *dp);
+        for (int r = 0; r < M + 2; r++) shaped_logits(tl + (size_t)r * V, V, r % 3);
+        pair lt = act(M + 2, V, tl); /* 80 jobs, one of 2 rows, one row skipped */
+        ds_sampling sv[M];
+        ds_verify_job jobs[M];
+        double u[M][2];
+        int32_t one[M][2], many[2 * M], x = 7;
+        int row = 0;
+        for (int j = 0; j < M; j++) {
+            /* rows 0..69 one rule, then runs of 3 of other rules; job 72 drafts one token; a row skipped at 75 */
+            sv[j] = samp(&SAMP[j < 70 ? 0 : rule[1 + (j - 70) / 3 % 5]]);
+            if (j == 75) row++;
+            u[j][0] = ds_rng_uniform(&urng), u[j][1] = ds_rng_uniform(&urng);
+            const int n = j == 72;
+            jobs[j] = (ds_verify_job){.logits = ds_rows(lt.g, row, n + 1), .draft = &x, .n = n, .s = &sv[j], .u = u[j]};
+            row += n + 1;
+        }
+        ds_probs_from_logits(tl + (size_t)73 * V, (int)V, &sv[72], dp); /* job 72's draft distribution */
+        pair pd = act(1, V, dp);
+        jobs[72].draft_probs = pd.g;
+        for (int j = 0; j < M; j++)
+            ds_spec(gpu)->verify_sample(gpu, jobs[j].logits, jobs[j].draft, jobs[j].n, jobs[j].draft_probs, jobs[j].s,
+                                        jobs[j].u, one[j]);
+        ds_spec(gpu)->verify_sample_many(gpu, M, jobs, many);
+        check_gpu_ok("verify_sample_many (runs)");
+        int same = 0;
+        for (int j = 0; j < M; j++) same += many[2 * j] == one[j][0] && many[2 * j + 1] == one[j][1];
+        printf("  verify_sample_many, runs without drafts (V %lld): %d of %d jobs equal verify_sample's\n",
+               (long long)V, same, M);
+        CHECK(same == M, "V %lld: %d of %d jobs differ from verify_sample alone", (long long)V, M - same, M);
+        release(&lt), release(&pd);
+        free(tl), free(dp);
+    }
+}
+
 RUN_CUDA_TESTS("cuda_sample", test_argmax, test_sample_probs, test_sample_draw, test_sample_verify,
-               test_sample_verify_many)
+               test_sample_verify_many, test_sample_verify_runs)

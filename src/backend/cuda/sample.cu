@@ -1115,14 +1115,14 @@ __global__ void __launch_bounds__(DIST_THREADS)
     dist_slice_then_draw(pr, V, dist_block_sum(s, sh), ws, row, args.u[row], sh, tok + row);
 }
 
-/* ds_sample_probs_u on rows of p, u[row] into tok[row]. */
+/* ds_sample_probs_u on rows of p, u[row] into tok[row * ts]. */
 __global__ void __launch_bounds__(DIST_THREADS)
-    dist_draw_kernel(const float *p, int64_t ps, int64_t V, dist_ws ws, sample_args args, int32_t *tok) {
+    dist_draw_kernel(const float *p, int64_t ps, int64_t V, dist_ws ws, sample_args args, int32_t *tok, int ts) {
     ds_cu_grid_wait();
     __shared__ dist_shared sh;
     const int row = blockIdx.y;
     const float *pr = p + (int64_t)row * ps;
-    dist_slice_then_draw(pr, V, dist_slice_mass(pr, NULL, V, sh), ws, row, args.u[row], sh, tok + row);
+    dist_slice_then_draw(pr, V, dist_slice_mass(pr, NULL, V, sh), ws, row, args.u[row], sh, tok + row * ts);
 }
 
 /* ds_verify_uniforms' decision on the processed target rows pt[n+1][V] and
@@ -1320,7 +1320,7 @@ void ds_cu_sample(ds_backend *be, ds_tensor probs, const double *u, int32_t *out
         if (spread)
             ds_cu_launch(dist_draw_kernel, dim3((unsigned)dist_nb(probs.cols), (unsigned)m), DIST_THREADS, cb->stream,
                          (const float *)ds_rows(probs, r0, 1).data, probs.stride, probs.cols,
-                         dist_carve(ws, R, probs.cols, 0), args, d + r0);
+                         dist_carve(ws, R, probs.cols, 0), args, d + r0, 1);
         else
             ds_cu_launch(draw_kernel, (unsigned)m, SAMPLE_THREADS, cb->stream,
                          (const float *)ds_rows(probs, r0, 1).data, probs.stride, probs.cols, args, d + r0);
@@ -1393,17 +1393,66 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
     if (d && verify_queue(cb, logits, draft, n, draft_probs, s, u, d)) verify_results(cb, "verify_sample", d, 1, out);
 }
 
-/* Each job queued in turn (the scratch they share is reused in stream order), the pairs into one device array,
- * one wait. */
+/* How many jobs from i on verify_sample's spread path takes as one batch of rows: jobs without drafts (a
+ * sequence that did not draft: its next token drawn from its one target row), one sampling rule, rows of one
+ * logits tensor at one stride. */
+static int plain_run(const ds_verify_job *jobs, int i, int m) {
+    const ds_verify_job *a = &jobs[i];
+    const int64_t V = a->logits.cols;
+    if (a->n != 0 || a->logits.dtype != DS_F32 || !ds_cu_dist_fast(V, a->s) || ds_sampling_greedy(a->s)) return 1;
+    int j = i + 1;
+    const int64_t st = j < m ? (const float *)jobs[j].logits.data - (const float *)a->logits.data : 0;
+    for (; j < m && j - i < SAMPLE_MAX_ROWS; j++) {
+        const ds_verify_job *b = &jobs[j];
+        if (b->n != 0 || b->logits.cols != V || b->logits.dtype != DS_F32 || b->s->temperature != a->s->temperature ||
+            b->s->top_k != a->s->top_k || b->s->top_p != a->s->top_p || st <= 0 ||
+            (const float *)b->logits.data != (const float *)a->logits.data + (j - i) * st)
+            break;
+    }
+    return j - i;
+}
+
+/* Jobs i .. i+r-1 (plain_run's) as verify_queue's spread path would take each (its distribution, then the draw
+ * dist_verify_kernel makes without drafts: the same slice sums and draw), r rows a launch; the tokens to
+ * d[1], d[3], ... (the accepted counts stay 0). */
+static bool plain_queue(ds_cuda_backend *cb, const ds_verify_job *jobs, int r, int32_t *d) {
+    const char *op = "verify_sample";
+    const int64_t V = jobs[0].logits.cols, xs = r > 1 ? (const float *)jobs[1].logits.data -
+                                                            (const float *)jobs[0].logits.data : V;
+    const size_t pt_bytes = dist_align((size_t)r * (size_t)V * sizeof(float));
+    char *buf = (char *)ds_cu_scratch(cb, op, pt_bytes + ds_cu_dist_bytes(r, V));
+    if (!buf) return false;
+    float *pt = (float *)buf;
+    void *ws = buf + pt_bytes;
+    if (!ds_cu_dist_reset(cb, op, ws, r) ||
+        !ds_cu_dist_run(cb, op, ws, r, 0, (const float *)jobs[0].logits.data, xs, pt, V, r, V, jobs[0].s, NULL, NULL,
+                        false) ||
+        !ds_cu_dist_reset(cb, op, ws, r))
+        return false;
+    sample_args args;
+    memset(&args, 0, sizeof args);
+    for (int i = 0; i < r; i++) args.u[i] = jobs[i].u[0];
+    ds_cu_launch(dist_draw_kernel, dim3((unsigned)dist_nb(V), (unsigned)r), DIST_THREADS, cb->stream, (const float *)pt,
+                 V, V, dist_carve(ws, r, V, 0), args, d + 1, 2);
+    return ds_cu_launched(cb, op);
+}
+
+/* Each job queued in turn (the scratch they share is reused in stream order; runs of jobs without drafts as
+ * one, plain_run), the pairs into one device array, one wait. */
 void ds_cu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, int32_t *out) {
     ds_cuda_backend *cb = ds_cu(be);
     memset(out, 0, (size_t)(2 * m) * sizeof *out);
     if (m <= 0) return;
     int32_t *d = ds_cu_indices(cb, "verify_sample_many", 2 * m);
-    if (!d) return;
-    for (int i = 0; i < m; i++)
-        if (!verify_queue(cb, jobs[i].logits, jobs[i].draft, jobs[i].n, jobs[i].draft_probs, jobs[i].s, jobs[i].u,
-                          d + 2 * i))
+    if (!d || !ds_cu_ok(cb, "verify_sample_many", cudaMemsetAsync(d, 0, (size_t)(2 * m) * sizeof *d, cb->stream)))
+        return;
+    for (int i = 0; i < m;) {
+        const int r = plain_run(jobs, i, m);
+        if (r > 1 ? !plain_queue(cb, jobs + i, r, d + 2 * i)
+                  : !verify_queue(cb, jobs[i].logits, jobs[i].draft, jobs[i].n, jobs[i].draft_probs, jobs[i].s,
+                                  jobs[i].u, d + 2 * i))
             return;
+        i += r;
+    }
     verify_results(cb, "verify_sample_many", d, m, out);
 }
