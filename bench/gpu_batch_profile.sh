@@ -9,7 +9,9 @@
 #  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows, the staged kernel) and the
 #     batched walk's step kernel (fixed).
 #   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_profile.sh
-# Logs in $OUT. SKIP_TESTS=1: parts 2 and 3 only.
+# Logs in $OUT. SKIP_TESTS=1: parts 2 and 3 only. BASE=REV: part 2's profiles also from REV's tree (on the
+# device, git there holds the session's first commit: BASE=HEAD is the tree this session started from),
+# built in /tmp/base, run first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_lib.sh
@@ -35,10 +37,20 @@ ds_synth_8b
 t "synth rc=$?"
 ARGS=(--concurrency 64 --backend cuda -m $M8 -d $M8-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json
   --prompt-len 128 --decode 64)
-for arm in ar fixed; do
-  DS_CUDA_PROFILE=1 timeout 120 ./$B/dspark bench --arms $arm "${ARGS[@]}" >"$OUT/$arm.txt" 2>"$OUT/$arm.err"
-  t "$arm rc=$?: $(tail -1 "$OUT/$arm.txt")"
-  grep -E "ms in ops|attention|markov|verify_sample|linear" "$OUT/$arm.err" | head -12
+BINS=(./$B/dspark)
+if [ -n "${BASE:-}" ]; then
+  rm -rf /tmp/base && mkdir -p /tmp/base && git archive "$BASE" | tar -x -C /tmp/base &&
+    (cd /tmp/base && OUT=$OUT/base && mkdir -p $OUT && B=build && ds_build dspark_cli) &&
+    BINS=(/tmp/base/build/dspark ./$B/dspark)
+  t "base $BASE built: ${#BINS[@]} binaries"
+fi
+for bin in "${BINS[@]}"; do
+  for arm in ar fixed; do
+    l=$arm$([ "$bin" = "./$B/dspark" ] || echo _base)
+    DS_CUDA_PROFILE=1 timeout 120 $bin bench --arms $arm "${ARGS[@]}" >"$OUT/$l.txt" 2>"$OUT/$l.err"
+    t "$l rc=$?: $(tail -1 "$OUT/$l.txt")"
+    grep -E "ms in ops|attention|markov|verify_sample|linear" "$OUT/$l.err" | head -12
+  done
 done
 run_ncu() { # label kernel-regex launches-to-skip arm
   timeout 150 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
