@@ -52,6 +52,10 @@ for bin in "${BINS[@]}"; do
     grep -E "ms in ops|attention|markov|verify_sample|linear" "$OUT/$l.err" | head -12
   done
 done
+# Where a fixed-gamma step's time goes at 8 in flight (the drafter's share is larger there).
+DS_CUDA_PROFILE=1 timeout 120 ./$B/dspark bench --arms fixed "${ARGS[@]}" --concurrency 8 >"$OUT/fixed8.txt" 2>"$OUT/fixed8.err"
+t "fixed at 8 rc=$?: $(tail -1 "$OUT/fixed8.txt")"
+sed -n '/dspark cuda profile/,$p' "$OUT/fixed8.err" | head -24
 run_ncu() { # label kernel-regex launches-to-skip arm
   timeout 150 ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     -k "regex:$2" --launch-skip "$3" --launch-count 1 ./$B/dspark bench --arms "$4" "${ARGS[@]}" >"$OUT/ncu_$1.txt" 2>&1
