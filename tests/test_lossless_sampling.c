@@ -524,8 +524,6 @@ static void test_top_k_top_p_gamma_1(void) {
  * all. */
 static void test_batched_algorithm1(void) {
     if (!n_workers || !W[0].d) return;
-    const char *backend = getenv("DS_BACKEND");
-    if (backend && *backend && strcmp(backend, "cpu")) return; /* paged caches: the CPU backend for now */
     const config c = {.s = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f}};
     const char *q = getenv("DS_TEST_QUICK");
     const int n = q && *q && strcmp(q, "0") ? 2000 : N_FULL; /* the sanitizer build: the batched path is slow there */
@@ -550,7 +548,7 @@ static void test_batched_algorithm1(void) {
     const ds_target_opts to = {.max_rows = bo.step_rows, .max_logit_rows = bo.step_rows,
                                .cache_rows = bo.n_pages * PAGE};
     const ds_drafter_opts dopts = {.cache_rows = ds_batch_drafter_rows(&bo, G)};
-    e = ds_backend_cpu_new(2, &be);
+    e = test_backend_new(&be); /* DS_BACKEND: the CPU (2 threads) or the GPU's batched path */
     if (!e) e = ds_target_open(be, FIX "/target", &to, &t);
     if (!e) e = ds_drafter_open(be, FIX "/drafter-trained", t, &dopts, &d);
     if (!e) e = ds_batch_new(t, d, &bo, &b);
