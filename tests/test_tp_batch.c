@@ -13,10 +13,13 @@
  * lost or changed; and requests that come and go (submit, step, cancel) as the server drives the engine.
  * DS_TEST_QUICK (the sanitizer build): 3 requests of 8 tokens instead of 6 of 16. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/comm.h"
+#include "batch/batch_tp.h"
 #include "dspark.h"
 #include "model/target.h"
 #include "speculate/round.h"
@@ -219,4 +222,56 @@ static void test_come_and_go(void) {
     ds_engine_free(e);
 }
 
-RUN_TESTS("tp_batch", setup, test_modes, test_preemption, test_come_and_go)
+/* ---- a rank that fails alone ------------------------------------------- */
+
+typedef struct {
+    ds_comm *comm;
+    ds_backend *be;
+    ds_target *t;
+    ds_error *err;
+} rank_open;
+
+static void *open_rank(void *p) {
+    rank_open *r = p;
+    const ds_target_opts to = {.comm = r->comm, .max_rows = 64, .max_logit_rows = 64, .cache_rows = 16 * 16};
+    r->err = ds_backend_cpu_new(1, &r->be);
+    if (!r->err) r->err = ds_target_open(r->be, TARGET, &to, &r->t);
+    return NULL;
+}
+
+/* Rank 1's forward fails while rank 0 is in a collective of the same call (its target made to refuse rows
+ * past one a call): the step-cost profile (rank 1 a follower, rank 0 leading and timing) and then a step
+ * return, no rank left waiting, the error naming rank 1; the group stays stopped. */
+static void test_rank_failure(void) {
+    ds_comm ranks[2];
+    ds_comm_group *grp = NULL;
+    CHECK_OK(ds_comm_group_threads(2, &grp, ranks));
+    rank_open ro[2] = {{.comm = &ranks[0]}, {.comm = &ranks[1]}};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, open_rank, &ro[1]) == 0, "rank 1's thread");
+    open_rank(&ro[0]);
+    pthread_join(th, NULL);
+    CHECK_OK(ro[0].err);
+    CHECK_OK(ro[1].err);
+    ds_target *t[2] = {ro[0].t, ro[1].t};
+    const ds_batch_opts bo = {.max_seqs = 4, .step_rows = 64, .page_rows = 16, .n_pages = 16};
+    ds_batch_tp *g = NULL;
+    CHECK_OK(ds_batch_tp_new(2, t, NULL, &bo, &g));
+    ro[1].t->max_rows = 1; /* rank 1 refuses the profile's forwards of 2 rows and more */
+    ds_step_cost *sps = NULL;
+    ds_error *e = ds_batch_tp_profile(g, NULL, NULL, NULL, &sps);
+    const char *msg = e ? ds_error_message(e) : "";
+    printf("  rank 1 failing in the step-cost profile: \"%s\"\n", msg);
+    CHECK(e && strstr(msg, "rank 1") && strstr(msg, "rows") && !sps, "the profile's error names rank 1's forward");
+    ds_error_free(e);
+    int active = 0;
+    e = ds_batch_tp_step(g, &active);
+    msg = e ? ds_error_message(e) : "";
+    CHECK(e && strstr(msg, "stopped after rank 1 failed"), "a stopped group refuses the next step: \"%s\"", msg);
+    ds_error_free(e);
+    ds_batch_tp_free(g);
+    for (int r = 0; r < 2; r++) ds_target_free(ro[r].t), ro[r].be->ops->destroy(ro[r].be);
+    ds_comm_group_free(grp);
+}
+
+RUN_TESTS("tp_batch", setup, test_modes, test_preemption, test_come_and_go, test_rank_failure)

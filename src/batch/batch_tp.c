@@ -6,11 +6,33 @@
 
 #include "backend/comm.h"
 
+typedef struct job job;
+
+/* Ranks 1.. each keep one thread for the engine's life (world > 1), bound
+ * to their backend once, woken for each collective call: a call hands them
+ * jobs under mu and counts them back (a thread made and joined per step
+ * cost each step ~20-50 us a rank). */
+typedef struct {
+    pthread_t th;
+    int rank;
+    struct ds_batch_tp *g;
+    long seen; /* the last call this rank ran */
+    bool started;
+} crew_member;
+
 struct ds_batch_tp {
     int world;
     ds_batch **b;
     ds_backend **be; /* rank r's backend: its thread binds it (its GPU) */
     ds_comm **comm;  /* rank r's handle of the group (world > 1) */
+    crew_member *crew;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    bool sync_made;
+    long call;    /* calls posted */
+    int finished; /* ranks 1.. done with the current call */
+    bool quit;
+    job *jobs;    /* the current call's, one a rank */
 };
 
 ds_batch *ds_batch_tp_lead(const ds_batch_tp *g) { return g->b[0]; }
@@ -20,8 +42,91 @@ static void bind(ds_backend *be) {
     if (be && be->ops->bind_thread) be->ops->bind_thread(be);
 }
 
+/* What one rank runs in a collective call: a step, or the profile. */
+struct job {
+    ds_batch *b;
+    ds_backend *be;
+    ds_comm *comm; /* world > 1 */
+    bool bind;     /* rank 0 (the caller's thread): bind first */
+    bool profile;
+    const ds_step_cost_key *key;
+    const char *cache;
+    FILE *log;
+    ds_step_cost *sps;
+    int active;
+    ds_error *err;
+};
+
+static void run_job(job *j) {
+    if (j->bind) bind(j->be); /* its GPU, in this thread */
+    j->err = j->profile ? ds_batch_profile(j->b, j->key, j->cache, j->log, &j->sps) : ds_batch_step(j->b, &j->active);
+    if (j->err && j->comm) ds_comm_abort(j->comm); /* the others may wait for this rank in a collective */
+}
+
+/* Rank m->rank's thread: bound once, then each posted call's job, until quit. */
+static void *crew_main(void *p) {
+    crew_member *m = p;
+    ds_batch_tp *g = m->g;
+    bind(g->be[m->rank]);
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (!g->quit && g->call == m->seen) pthread_cond_wait(&g->go, &g->mu);
+        if (g->quit) {
+            pthread_mutex_unlock(&g->mu);
+            return NULL;
+        }
+        m->seen = g->call;
+        job *j = &g->jobs[m->rank];
+        pthread_mutex_unlock(&g->mu);
+        run_job(j);
+        pthread_mutex_lock(&g->mu);
+        if (++g->finished == g->world - 1) pthread_cond_signal(&g->done);
+        pthread_mutex_unlock(&g->mu);
+    }
+}
+
+static ds_error *crew_start(ds_batch_tp *g) {
+    if (pthread_mutex_init(&g->mu, NULL)) return ds_errorf("tensor parallel: no mutex for the rank threads");
+    if (pthread_cond_init(&g->go, NULL)) {
+        pthread_mutex_destroy(&g->mu);
+        return ds_errorf("tensor parallel: no condition variable for the rank threads");
+    }
+    if (pthread_cond_init(&g->done, NULL)) {
+        pthread_cond_destroy(&g->go);
+        pthread_mutex_destroy(&g->mu);
+        return ds_errorf("tensor parallel: no condition variable for the rank threads");
+    }
+    g->sync_made = true;
+    if (!(g->crew = calloc((size_t)g->world, sizeof *g->crew))) return ds_errorf("out of memory");
+    for (int r = 1; r < g->world; r++) {
+        g->crew[r] = (crew_member){.rank = r, .g = g};
+        if (pthread_create(&g->crew[r].th, NULL, crew_main, &g->crew[r]))
+            return ds_errorf("tensor parallel: could not start rank %d's thread", r);
+        g->crew[r].started = true;
+    }
+    return NULL;
+}
+
+static void crew_stop(ds_batch_tp *g) {
+    if (!g->crew) return;
+    pthread_mutex_lock(&g->mu);
+    g->quit = true;
+    pthread_cond_broadcast(&g->go);
+    pthread_mutex_unlock(&g->mu);
+    for (int r = 1; r < g->world; r++)
+        if (g->crew[r].started) pthread_join(g->crew[r].th, NULL);
+    free(g->crew);
+    g->crew = NULL;
+}
+
 void ds_batch_tp_free(ds_batch_tp *g) {
     if (!g) return;
+    crew_stop(g);
+    if (g->sync_made) {
+        pthread_mutex_destroy(&g->mu);
+        pthread_cond_destroy(&g->go);
+        pthread_cond_destroy(&g->done);
+    }
     for (int r = g->world - 1; r >= 0 && g->b; r--) { /* rank 0's device last: the caller's */
         if (g->world > 1 && g->be) bind(g->be[r]);
         ds_batch_free(g->b[r]);
@@ -56,6 +161,7 @@ ds_error *ds_batch_tp_new(int world, ds_target *const *t, ds_drafter *const *d, 
         e = ds_batch_new(t[r], d ? d[r] : NULL, opts, &g->b[r]);
         if (e && world > 1) e = ds_error_wrap(e, "tensor-parallel rank %d", r);
     }
+    if (!e && world > 1) e = crew_start(g);
     if (e) {
         ds_batch_tp_free(g);
         return e;
@@ -93,44 +199,31 @@ ds_error *ds_batch_tp_release(ds_batch_tp *g, int64_t id) {
     return NULL;
 }
 
-/* What one rank runs in a collective call: a step, or the profile. */
-typedef struct {
-    ds_batch *b;
-    ds_backend *be;
-    ds_comm *comm; /* world > 1 */
-    bool bind;
-    bool profile;
-    const ds_step_cost_key *key;
-    const char *cache;
-    FILE *log;
-    ds_step_cost *sps;
-    int active;
-    ds_error *err;
-} job;
-
-static void *rank_main(void *p) {
-    job *j = p;
-    if (j->bind) bind(j->be); /* its GPU, in this thread */
-    j->err = j->profile ? ds_batch_profile(j->b, j->key, j->cache, j->log, &j->sps) : ds_batch_step(j->b, &j->active);
-    if (j->err && j->comm) ds_comm_abort(j->comm); /* the others may wait for this rank in a collective */
-    return NULL;
-}
-
-/* jobs[r] on a thread of rank r's (rank 0's in this one), all at once, all joined; the error of the rank that
+/* jobs[r] on rank r's thread (rank 0's in this one), all at once, all waited for; the error of the rank that
  * stopped the group (the others' are what its absence did to them), else the first (rank 0's first); the others
  * freed. A stopped group stays stopped. */
 static ds_error *on_every_rank(ds_batch_tp *g, job *jobs) {
     if (g->world > 1 && ds_comm_failed_rank(g->comm[0]) >= 0)
         return ds_errorf("tensor parallel: the ranks stopped after rank %d failed; reopen the engine",
                          ds_comm_failed_rank(g->comm[0]));
-    pthread_t th[64];
     for (int r = 0; r < g->world; r++)
-        jobs[r].b = g->b[r], jobs[r].be = g->be[r], jobs[r].bind = g->world > 1,
+        jobs[r].b = g->b[r], jobs[r].be = g->be[r], jobs[r].bind = r == 0 && g->world > 1,
         jobs[r].comm = g->world > 1 ? g->comm[r] : NULL;
-    for (int r = 1; r < g->world; r++)
-        if (pthread_create(&th[r], NULL, rank_main, &jobs[r])) abort(); /* the started ranks would wait forever */
-    rank_main(&jobs[0]);
-    for (int r = 1; r < g->world; r++) pthread_join(th[r], NULL);
+    if (g->world > 1) {
+        pthread_mutex_lock(&g->mu);
+        g->jobs = jobs;
+        g->finished = 0;
+        g->call++;
+        pthread_cond_broadcast(&g->go);
+        pthread_mutex_unlock(&g->mu);
+    }
+    run_job(&jobs[0]);
+    if (g->world > 1) {
+        pthread_mutex_lock(&g->mu);
+        while (g->finished < g->world - 1) pthread_cond_wait(&g->done, &g->mu);
+        g->jobs = NULL;
+        pthread_mutex_unlock(&g->mu);
+    }
     const int failed = g->world > 1 ? ds_comm_failed_rank(g->comm[0]) : -1;
     ds_error *err = NULL;
     for (int r = 0; r < g->world; r++) {
