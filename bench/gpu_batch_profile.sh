@@ -6,8 +6,8 @@
 #  2. at the Qwen3-8B shape (dspark synth; simulated mtbench-t1 acceptance), 64 in flight, T = 1:
 #     DS_CUDA_PROFILE=1 per-op tables for AR and fixed gamma;
 #     and the bundled pair (measured acceptance) at 1..64 in flight, T = 0 / 1 (must-show 4);
-#  3. ncu on one launch each, mid-run: the paged attention (AR's decode rows, the staged kernel) and the
-#     batched walk's step kernel (fixed).
+#  3. ncu on one launch mid-run: the paged attention (AR's decode rows, the staged kernel);
+#  4. DS_BACKEND=cuda test_lossless_sampling (must-show 1's chi-square through the batched path).
 #   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_profile.sh
 # Logs in $OUT. SKIP_TESTS=1: parts 2 and 3 only. BASE=REV: part 2's profiles also from REV's tree (on the
 # device, git there holds the session's first commit: BASE=HEAD is the tree this session started from),
