@@ -616,10 +616,10 @@ static ds_error *verify_all(ds_batch *b) {
         ds_round_verify_req q = {.row0 = s->logit0, .s = &s->p.sampling, .rng = &s->rng};
         if (s->prefill_step) { /* after_prefill draws the first token where the prompt ends */
             if (s->cached + s->n_rows < s->goal || s->started || s->done) continue;
-        } else if (b->d) { /* accept: the drafts against their distributions on the backend */
+        } else if (b->d && s->n_drafts > 0) { /* accept: the drafts against their distributions on the backend */
             if (!s->prop.probs_dev.data) continue;
             q.draft = s->prop.tokens, q.n = s->n_drafts, q.draft_probs = s->prop.probs_dev;
-        }
+        } /* (no drafts verified this step: the next token drawn there too, as autoregressive decoding's) */
         b->vreq[m] = q;
         b->vseqs[m++] = s;
     }
@@ -673,7 +673,7 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
         *next = b->best[l + a];
         return NULL;
     }
-    if (s->prop.probs_dev.data && ds_spec(t->be)->verify_sample) return verified(s, accepted, next); /* verify_all */
+    if ((n == 0 || s->prop.probs_dev.data) && ds_spec(t->be)->verify_sample) return verified(s, accepted, next); /* verify_all */
     ds_target_logits_sync(t);
     t->be->ops->download(t->be, ds_rows(t->logits, l, n + 1), b->logits_host);
     DS_TRY(ds_backend_check(t->be));
