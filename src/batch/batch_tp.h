@@ -13,7 +13,8 @@
  * the same plan. What arrives from outside between steps (submit, cancel,
  * release) is host work only, applied to every rank's engine in the
  * caller's thread in the same order. A step runs one thread a rank (rank 0
- * in the caller's); afterwards the ranks' hashes of every committed token
+ * in the caller's, the others kept for the engine's life); afterwards the
+ * ranks' hashes of every committed token
  * are compared, so a rank that went its own way is an error, not a wrong
  * answer.
  *
