@@ -284,13 +284,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
             s_q[e / g.D][e % g.D] = g.q[m * g.qs + (int64_t)h0 * g.D + e];
     if (PAGED || (!FRESH && R > 1)) __syncthreads();
     float o[R][NPL], mx[R], l[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        mx[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
-    }
+    att_state_init<R, NPL>(o, mx, l);
     if (!early) load_kv<L, NPL, FRESH, PAGED, KB>(g, j0 + grp, j1, kvh, li, kv, vv, fa, f0, s_fk, srow, j0);
     /* A = 2: two groups ahead (a grid of one block an SM or fewer has the
      * registers; decode at prompt 64 is three groups of keys, each a round

@@ -151,6 +151,18 @@ __device__ __forceinline__ void att_update(float scale, int Dv, bool valid, floa
     *mx = mn;
 }
 
+/* R queries' running softmax states before their first key. */
+template <int R, int NPL>
+__device__ __forceinline__ void att_state_init(float o[R][NPL], float mx[R], float l[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        mx[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
+    }
+}
+
 /* The merge of a block's G key groups for one query, part one (a whole warp;
  * a group that saw no key has l = 0): the largest max (exact in any order),
  * each group's factor exp(m_k - M) into sf, and lane 0 the sum of l_k times

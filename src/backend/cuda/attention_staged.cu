@@ -95,13 +95,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
     if (ns > 1) stage(1, 1);
     else ds_cu_cp_commit();
     float o[R][NPL], mx[R], l[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        mx[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) o[r][i] = 0.0f;
-    }
+    att_state_init<R, NPL>(o, mx, l);
     for (int s = 0; s < ns; s++) {
         ds_cu_cp_wait<1>();
         __syncthreads();
