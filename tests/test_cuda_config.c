@@ -9,8 +9,7 @@
 #include "testlib.h"
 
 static const char *const VARS[] = {"DS_CUDA_GRAPHS", "DS_CUDA_PROFILE", "DS_CUDA_RING", "DS_CUDA_RING_BOXES",
-                                   "DS_CUDA_HEAD_BOUND", "DS_CUDA_MARKOV_FUSED", "DS_CUDA_ATT_PACK",
-                                   "DS_CUDA_INVARIANT", "DS_CUDA_QUANT", "DS_CUDA_RING_TRACE"};
+                                   "DS_CUDA_HEAD_BOUND", "DS_CUDA_MARKOV_FUSED", "DS_CUDA_INVARIANT", "DS_CUDA_QUANT", "DS_CUDA_RING_TRACE"};
 
 static void clear_env(void) {
     for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) unsetenv(VARS[i]);
@@ -35,7 +34,7 @@ static void test_defaults(void) {
     CHECK(parse("DS_CUDA_GRAPHS", NULL, &c, why, sizeof why), "unset environment: %s", why);
     const ds_cuda_config d = ds_cuda_config_default();
     CHECK(c.graphs && !c.profile && c.ring && c.head_bound && c.quant && !c.invariant, "switches' defaults");
-    CHECK(c.markov_fused == -1 && c.att_pack == -1 && c.ring_boxes == DS_CU_BOXES_AUTO, "auto settings");
+    CHECK(c.markov_fused == -1 && c.ring_boxes == DS_CU_BOXES_AUTO, "auto settings");
     CHECK(c.ring_min_tiles == d.ring_min_tiles && c.fused_attn_min_rows == d.fused_attn_min_rows &&
               c.att_pack_min_blocks == d.att_pack_min_blocks && !strcmp(c.ring_trace, d.ring_trace),
           "an unset environment gives ds_cuda_config_default()'s thresholds");
@@ -44,9 +43,6 @@ static void test_defaults(void) {
 static void test_values(void) {
     ds_cuda_config c;
     char why[256];
-    CHECK(parse("DS_CUDA_ATT_PACK", "0", &c, why, sizeof why) && c.att_pack == 0, "DS_CUDA_ATT_PACK=0: %s", why);
-    CHECK(parse("DS_CUDA_ATT_PACK", "1", &c, why, sizeof why) && c.att_pack == 1, "DS_CUDA_ATT_PACK=1: %s", why);
-    CHECK(parse("DS_CUDA_ATT_PACK", "auto", &c, why, sizeof why) && c.att_pack == -1, "DS_CUDA_ATT_PACK=auto");
     CHECK(parse("DS_CUDA_INVARIANT", "1", &c, why, sizeof why) && c.invariant, "DS_CUDA_INVARIANT=1");
     CHECK(parse("DS_CUDA_GRAPHS", "0", &c, why, sizeof why) && !c.graphs, "DS_CUDA_GRAPHS=0");
     CHECK(parse("DS_CUDA_QUANT", "0", &c, why, sizeof why) && !c.quant, "DS_CUDA_QUANT=0");
@@ -62,7 +58,7 @@ static void test_malformed(void) {
     char why[256];
     const struct {
         const char *name, *value;
-    } bad[] = {{"DS_CUDA_ATT_PACK", "2"}, {"DS_CUDA_ATT_PACK", "yes"}, {"DS_CUDA_RING_BOXES", "some"}};
+    } bad[] = {{"DS_CUDA_RING_BOXES", "2"}, {"DS_CUDA_RING_BOXES", "yes"}, {"DS_CUDA_RING_BOXES", "some"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const bool ok = parse(bad[i].name, bad[i].value, &c, why, sizeof why);
         CHECK(!ok && strstr(why, bad[i].name) && strstr(why, bad[i].value), "%s=%s: refused naming both (\"%s\")",

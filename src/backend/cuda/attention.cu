@@ -572,7 +572,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         /* Beyond a wave, packing trades blocks that fit beside each other for ones that do not (R = 4 holds 168
          * registers a thread: one block an SM; a batched step's 64 decode rows at the 8B shape ran 512 such
          * blocks in 3.9 waves, 154 us, issue-bound at 11.4 cycles an instruction: ncu, session 37). */
-        if (packed < pack_min || cb->cfg.att_pack == 0 || (cb->cfg.att_pack < 0 && packed > cb->sms)) R = 1;
+        if (packed < pack_min || packed > cb->sms) R = 1;
         dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
         g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
         /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has

@@ -16,7 +16,6 @@ ds_cuda_config ds_cuda_config_default(void) {
         .head_bound = true,
         .quant = true,
         .markov_fused = -1,
-        .att_pack = -1,
         .fused_attn_min_rows = DS_CU_ATT_FUSED_MIN_ROWS,
         .att_pack_min_blocks = DS_CU_ATT_PACK_MIN_BLOCKS,
     };
@@ -52,11 +51,6 @@ ds_error *ds_cuda_config_from_env(ds_cuda_config *out) {
     }
     c.head_bound = env_not_zero("DS_CUDA_HEAD_BOUND");
     if ((v = getenv("DS_CUDA_MARKOV_FUSED"))) c.markov_fused = strcmp(v, "0") != 0;
-    if ((v = getenv("DS_CUDA_ATT_PACK")) && *v && strcmp(v, "auto")) {
-        if (strcmp(v, "0") && strcmp(v, "1"))
-            return ds_errorf("cuda backend: DS_CUDA_ATT_PACK must be auto, 0 or 1, not '%s'", v);
-        c.att_pack = v[0] == '1';
-    }
     c.invariant = env_true("DS_CUDA_INVARIANT");
     c.quant = env_not_zero("DS_CUDA_QUANT");
     *out = c;

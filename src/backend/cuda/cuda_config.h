@@ -33,11 +33,6 @@ typedef struct {
                            * count (the batched engine's batch invariance): projections of more than
                            * DS_CU_NARROW_M rows run as slabs of that many on the narrow kernels instead of cuBLAS,
                            * paged attention rows never on the prefill kernel. Slower at many rows (bench it). */
-    int att_pack;         /* DS_CUDA_ATT_PACK=auto|1|0: attention packs a kv head's query heads in one block only
-                           * where the packed grid is at most a wave (-1, auto; a packed block holds ~170 registers,
-                           * one an SM), wherever it keeps att_pack_min_blocks blocks (1), or never (0). The same
-                           * bits every way; a diagnostic for timing the choice. Contiguous caches only: paged rows
-                           * take the staged kernel, always packed. */
     bool quant;           /* DS_CUDA_QUANT=0: quantized weights are refused at load (matmul_quant.cu; a kill switch,
                            * read at each weight_quant) */
     /* Not in the environment: tests lower them so that their small shapes reach the paths they check. */
