@@ -10,8 +10,8 @@ typedef struct job job;
 
 /* Ranks 1.. each keep one thread for the engine's life (world > 1), bound
  * to their backend once, woken for each collective call: a call hands them
- * jobs under mu and counts them back (a thread made and joined per step
- * cost each step ~20-50 us a rank). */
+ * jobs under mu and counts them back, where a thread was made, bound and
+ * joined per rank per step before. */
 typedef struct {
     pthread_t th;
     int rank;
