@@ -552,43 +552,31 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         /* The heads a block packs (R, dividing the group): up to 4, for heads up to 128 (the queries in shared
          * memory, R heads' outputs in registers). */
         int R = dmax > ATT_FRESH_DIM ? 1 : g.group % 4 == 0 ? 4 : g.group % 2 == 0 ? 2 : 1;
-        if (pages) { /* a batched step's rows: the staged kernel, packed (attention_staged.cu), where it fits */
-            page_arg<true> pg = {};
-            pg.tab = pages->tab;
-            pg.page_rows = pages->page_rows;
-            for (int i = 0; i < n; i++) pg.base[i] = pages->base[r0 + i];
-            g.trace = NULL;
-            if (ds_cu_attention_staged(cb, dim3((unsigned)(n * g.H / R), (unsigned)g.ny), R, g, pa, pg, kb, dmax)) {
-                if (!ds_cu_launched(cb, "attention")) return;
-                if (multi) {
-                    ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
-                    if (!ds_cu_launched(cb, "attention")) return;
-                }
-                r0 += n;
-                continue;
-            }
-        }
-        const int64_t packed = (int64_t)n * g.H / R * g.ny;
-        /* Beyond a wave, packing trades blocks that fit beside each other for ones that do not (R = 4 holds 168
-         * registers a thread: one block an SM; a batched step's 64 decode rows at the 8B shape ran 512 such
-         * blocks in 3.9 waves, 154 us, issue-bound at 11.4 cycles an instruction: ncu, session 37). */
-        if (packed < pack_min || packed > cb->sms) R = 1;
-        dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
-        g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
-        /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has
-         * no more blocks than SMs. */
-        const bool ahead2 = R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
+        page_arg<true> pg = {};
         if (pages) {
-            page_arg<true> pg = {};
             pg.tab = pages->tab;
             pg.page_rows = pages->page_rows;
             for (int i = 0; i < n; i++) pg.base[i] = pages->base[r0 + i];
-            if (kb == 2) launch_for_heads<true, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
-            else launch_for_heads<true, 4>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
-        } else if (kb == 2) {
-            launch_for_heads<false, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, page_arg<false>{});
-        } else {
-            launch_for_heads<false, 4>(cb, dmax, grid, R, fa != NULL, ahead2, g, pa, f, page_arg<false>{});
+        }
+        /* A batched step's rows: the staged kernel, packed (attention_staged.cu), where it fits. */
+        g.trace = NULL;
+        const bool staged =
+            pages && ds_cu_attention_staged(cb, dim3((unsigned)(n * g.H / R), (unsigned)g.ny), R, g, pa, pg, kb, dmax);
+        if (!staged) {
+            const int64_t packed = (int64_t)n * g.H / R * g.ny;
+            /* Beyond a wave, packing trades blocks that fit beside each other for ones that do not (R = 4 holds
+             * 168 registers a thread: one block an SM; a batched step's 64 decode rows at the 8B shape ran 512
+             * such blocks in 3.9 waves, 154 us, issue-bound at 11.4 cycles an instruction: ncu, session 37). */
+            if (packed < pack_min || packed > cb->sms) R = 1;
+            dim3 grid((unsigned)(n * g.H / R), (unsigned)g.ny);
+            g.trace = ds_cu_ring_trace_slot(cb, n, RT_KIND_ATTENTION, g.ny, (int)(grid.x * grid.y));
+            /* Keys two groups ahead take 32 more registers a thread: one block an SM, so only where the grid has
+             * no more blocks than SMs. */
+            const bool ahead2 = R == 1 && (int64_t)grid.x * grid.y <= cb->sms;
+            if (pages && kb == 2) launch_for_heads<true, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+            else if (pages) launch_for_heads<true, 4>(cb, dmax, grid, R, false, ahead2, g, pa, f, pg);
+            else if (kb == 2) launch_for_heads<false, 2>(cb, dmax, grid, R, false, ahead2, g, pa, f, page_arg<false>{});
+            else launch_for_heads<false, 4>(cb, dmax, grid, R, fa != NULL, ahead2, g, pa, f, page_arg<false>{});
         }
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
