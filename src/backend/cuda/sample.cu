@@ -1396,9 +1396,10 @@ void ds_cu_verify_sample(ds_backend *be, ds_tensor logits, const int32_t *draft,
 /* How many jobs from i on verify_sample's spread path takes as one batch of rows: jobs without drafts (a
  * sequence that did not draft: its next token drawn from its one target row), one sampling rule, rows of one
  * logits tensor at one stride. */
-static int plain_run(const ds_verify_job *jobs, int i, int m) {
+static int plain_run(const ds_verify_job *jobs, int i, int m, int64_t *stride) {
     const ds_verify_job *a = &jobs[i];
     const int64_t V = a->logits.cols;
+    *stride = 0;
     if (a->n != 0 || a->logits.dtype != DS_F32 || !ds_cu_dist_fast(V, a->s) || ds_sampling_greedy(a->s)) return 1;
     int j = i + 1;
     const int64_t st = j < m ? (const float *)jobs[j].logits.data - (const float *)a->logits.data : 0;
@@ -1409,16 +1410,16 @@ static int plain_run(const ds_verify_job *jobs, int i, int m) {
             (const float *)b->logits.data != (const float *)a->logits.data + (j - i) * st)
             break;
     }
+    *stride = st;
     return j - i;
 }
 
-/* Jobs i .. i+r-1 (plain_run's) as verify_queue's spread path would take each (its distribution, then the draw
- * dist_verify_kernel makes without drafts: the same slice sums and draw), r rows a launch; the tokens to
- * d[1], d[3], ... (the accepted counts stay 0). */
-static bool plain_queue(ds_cuda_backend *cb, const ds_verify_job *jobs, int r, int32_t *d) {
+/* Jobs i .. i+r-1 (plain_run's, their rows xs floats apart) as verify_queue's spread path would take each
+ * (its distribution, then the draw dist_verify_kernel makes without drafts: the same slice sums and draw), r
+ * rows a launch; the tokens to d[1], d[3], ... (the accepted counts stay 0). */
+static bool plain_queue(ds_cuda_backend *cb, const ds_verify_job *jobs, int r, int64_t xs, int32_t *d) {
     const char *op = "verify_sample";
-    const int64_t V = jobs[0].logits.cols, xs = r > 1 ? (const float *)jobs[1].logits.data -
-                                                            (const float *)jobs[0].logits.data : V;
+    const int64_t V = jobs[0].logits.cols;
     const size_t pt_bytes = dist_align((size_t)r * (size_t)V * sizeof(float));
     char *buf = (char *)ds_cu_scratch(cb, op, pt_bytes + ds_cu_dist_bytes(r, V));
     if (!buf) return false;
@@ -1447,8 +1448,9 @@ void ds_cu_verify_sample_many(ds_backend *be, int m, const ds_verify_job *jobs, 
     if (!d || !ds_cu_ok(cb, "verify_sample_many", cudaMemsetAsync(d, 0, (size_t)(2 * m) * sizeof *d, cb->stream)))
         return;
     for (int i = 0; i < m;) {
-        const int r = plain_run(jobs, i, m);
-        if (r > 1 ? !plain_queue(cb, jobs + i, r, d + 2 * i)
+        int64_t xs;
+        const int r = plain_run(jobs, i, m, &xs);
+        if (r > 1 ? !plain_queue(cb, jobs + i, r, xs, d + 2 * i)
                   : !verify_queue(cb, jobs[i].logits, jobs[i].draft, jobs[i].n, jobs[i].draft_probs, jobs[i].s,
                                   jobs[i].u, d + 2 * i))
             return;
