@@ -28,24 +28,6 @@ static int st_row_bytes(int D, int kb, int L) {
     return raw + ((want - raw) % 128 + 128) % 128;
 }
 
-/* A lane's elements of row r of a stage (lane_dim order, zeros past lim, as
- * load_lane_row / load_lane_row16 give them from the cache). */
-template <int L, int NPL, int KB>
-__device__ __forceinline__ void stage_lane_row(const unsigned char *r, int lim, int li, bool f16, float e[NPL]) {
-#pragma unroll
-    for (int c = 0; c < NPL / 4; c++) {
-        const int d0 = lane_dim<L>(li, 4 * c);
-        if constexpr (KB == 2) {
-            const uint2 x = d0 < lim ? *(const uint2 *)(r + 2 * d0) : make_uint2(0u, 0u);
-            e[4 * c] = ds_cu_from16(x.x & 0xffffu, f16), e[4 * c + 1] = ds_cu_from16(x.x >> 16, f16);
-            e[4 * c + 2] = ds_cu_from16(x.y & 0xffffu, f16), e[4 * c + 3] = ds_cu_from16(x.y >> 16, f16);
-        } else {
-            const float4 x = d0 < lim ? *(const float4 *)(r + 4 * d0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            e[4 * c] = x.x, e[4 * c + 1] = x.y, e[4 * c + 2] = x.z, e[4 * c + 3] = x.w;
-        }
-    }
-}
-
 template <int L, int NPL, int R, int KB>
 __global__ void __launch_bounds__(ATT_THREADS, 2)
     attn_staged_kernel(att_geo g, pos_arg pa, page_arg<true> pg, int krb, int vrb) {
@@ -107,8 +89,16 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
             const int i = kk * G + grp;
             const bool valid = s * ST_KEYS + i < nk;
             float kv[NPL], vv[NPL];
-            stage_lane_row<L, NPL, KB>(bk + i * krb, valid ? g.D : 0, li, g.kvf16, kv);
-            stage_lane_row<L, NPL, KB>(bv + i * vrb, valid ? g.Dv : 0, li, g.kvf16, vv);
+            /* (the chunk kernel's loads from the cache, here from the stage) */
+            if constexpr (KB == 2) {
+                load_lane_row16<L, NPL>((const uint16_t *)(const void *)(bk + i * krb), valid, g.D, li, true,
+                                        g.kvf16, kv);
+                load_lane_row16<L, NPL>((const uint16_t *)(const void *)(bv + i * vrb), valid, g.Dv, li, true,
+                                        g.kvf16, vv);
+            } else {
+                load_lane_row<L, NPL>((const float *)(const void *)(bk + i * krb), valid, g.D, li, true, kv);
+                load_lane_row<L, NPL>((const float *)(const void *)(bv + i * vrb), valid, g.Dv, li, true, vv);
+            }
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 float sc = 0.0f;
