@@ -7,13 +7,15 @@
  * shapes against the device's copy bandwidth. Reported, not checked;
  * `dspark bench` measures the whole engine.
  *
- *   bench_cuda_ops [--device N] [--test-config]
+ *   bench_cuda_ops [--device N] [--test-config] [--batched]
  *
  * --test-config: the thresholds the op tests lower (every shape through the
  * ring matmul however few its tiles, the fused norm + attention from one
  * row, packed attention however small the grid), as these numbers were
  * printed by test_cuda_ops before; without it the engine's config
- * (environment switches included). Exits 77 without a CUDA device. */
+ * (environment switches included). --batched: only the projections, at the
+ * batched engine's row counts (8-512), with cfg.invariant off, then on.
+ * Exits 77 without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,10 +123,12 @@ static void linear_bandwidth(void) {
     release(&out);
 }
 
-/* The Qwen3-8B decode projections as the model calls them (fused ops, M = 1
- * and 8), each alternating two copies of its weights so that L2 (50 MB)
- * does not hold them: where the in-model matmul time goes, shape by shape. */
-static void model_shapes_bandwidth(void) {
+/* The Qwen3-8B projections as the model calls them (fused ops, M rows each
+ * of Ms: decode 1 and 8 by default; --batched the batched engine's row
+ * counts, with cfg.invariant off and on), each alternating two copies of its
+ * weights so that L2 (50 MB) does not hold them: where the in-model matmul
+ * time goes, shape by shape, and the TFLOP/s the wide calls reach. */
+static void model_shapes_bandwidth(const int64_t *Ms, int nm) {
     const int64_t H = 4096, F = 12288, KV = 1024;
     uint16_t *host = malloc((size_t)(F * H) * 2); /* random bf16, shared by every weight */
     for (int64_t i = 0; i < F * H; i++) host[i] = ds_f32_to_bf16((float)((int)(frand() * 1023.0f)) / 1024.0f);
@@ -135,8 +139,11 @@ static void model_shapes_bandwidth(void) {
         d[c] = bw_weight(host, H, F);
     }
     free(host);
-    ds_tensor nw = weight(1, H), xs = act_rand(8, F, 1.0f), hs = act_rand(8, F, 1.0f);
-    ds_tensor oq = act(8, H, NULL), ok = act(8, KV, NULL), ov = act(8, KV, NULL), res = act_rand(8, H, 1.0f);
+    int64_t maxm = 1;
+    for (int i = 0; i < nm; i++) maxm = Ms[i] > maxm ? Ms[i] : maxm;
+    ds_tensor nw = weight(1, H), xs = act_rand(maxm, F, 1.0f), hs = act_rand(maxm, F, 1.0f);
+    ds_tensor oq = act(maxm, H, NULL), ok = act(maxm, KV, NULL), ov = act(maxm, KV, NULL);
+    ds_tensor res = act_rand(maxm, H, 1.0f);
     /* The last: o_proj on one copy of its weights (32 MB, held by L2 after the warm-up): how fast an SM takes
      * weights that do not come from HBM (session 18: a ring landed before the first product was not consumed
      * faster than a streamed one). Session 19, H200: 16.0 us vs 16.2 from HBM at one row, 10.2 vs 12.4 at 8:
@@ -146,10 +153,12 @@ static void model_shapes_bandwidth(void) {
                            "gate/up: rmsnorm_linear_swiglu 2 x 12288 x 4096", "down: linear_residual 4096 x 12288",
                            "o_proj, one copy of the weights (from L2)"};
     const double bytes[5] = {2.0 * (H + 2 * KV) * H, 2.0 * H * H, 4.0 * F * H, 2.0 * H * F, 2.0 * H * H};
-    for (int mi = 0; mi < 2; mi++) {
-        const int64_t M = mi ? 8 : 1;
+    for (int mi = 0; mi < nm; mi++) {
+        const int64_t M = Ms[mi];
         ds_tensor xh = ds_cols(ds_rows(xs, 0, M), 0, H), xf = ds_rows(xs, 0, M), hh = ds_rows(hs, 0, M);
+        double layer = 0;
         for (int op = 0; op < 5; op++) {
+            if (op == 4 && M > 8) continue; /* the L2 probe is about decode */
             const int reps = 40;
             double t0 = 0;
             for (int r = -2; r < reps; r++) { /* two warm-up calls */
@@ -175,9 +184,12 @@ static void model_shapes_bandwidth(void) {
             }
             check_gpu_ok("bandwidth");
             const double dt = (now_s() - t0) / reps;
-            printf("  %-52s M=%lld: %7.1f us  %5.2f TB/s of weights\n", what[op], (long long)M, dt * 1e6,
-                   bytes[op] / dt / 1e12);
+            if (op < 4) layer += dt;
+            printf("  %-52s M=%lld: %7.1f us  %5.2f TB/s of weights  %6.1f TFLOP/s\n", what[op], (long long)M,
+                   dt * 1e6, bytes[op] / dt / 1e12, (double)M * bytes[op] / dt / 1e12);
         }
+        printf("  a layer's projections, M=%lld: %.1f us (%.1f TFLOP/s)\n", (long long)M, layer * 1e6,
+               (double)M * (bytes[0] + bytes[1] + bytes[2] + bytes[3]) / layer / 1e12);
     }
     for (int c = 0; c < 2; c++) {
         ds_tensor *all[] = {&q[c], &k[c], &v[c], &o[c], &g[c], &u[c], &d[c]};
@@ -308,14 +320,16 @@ static void sample_speed(void) {
 
 int main(int argc, char **argv) {
     int device = 0;
-    bool test_config = false;
+    bool test_config = false, batched = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             device = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--test-config")) {
             test_config = true;
+        } else if (!strcmp(argv[i], "--batched")) {
+            batched = true;
         } else {
-            fprintf(stderr, "usage: %s [--device N] [--test-config]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device N] [--test-config] [--batched]\n", argv[0]);
             return 2;
         }
     }
@@ -330,8 +344,20 @@ int main(int argc, char **argv) {
     }
     ds_rng_seed(&urng, 31337);
     printf("# cuda ops, device %d, %s config\n", device, test_config ? "the op tests'" : "the engine's");
+    if (batched) {
+        const int64_t Ms[] = {8, 16, 24, 32, 33, 48, 64, 128, 256, 512};
+        for (int inv = 0; inv < 2; inv++) {
+            ds_cuda_config_of(gpu)->invariant = inv;
+            printf("# batched projections, invariant %d\n", inv);
+            model_shapes_bandwidth(Ms, (int)(sizeof Ms / sizeof Ms[0]));
+        }
+        check_gpu_ok("end");
+        gpu->ops->destroy(gpu);
+        return 0;
+    }
     linear_bandwidth();
-    model_shapes_bandwidth();
+    const int64_t decode_rows[] = {1, 8};
+    model_shapes_bandwidth(decode_rows, 2);
     quant_bandwidth();
     sample_speed();
     check_gpu_ok("end");
