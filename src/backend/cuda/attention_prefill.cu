@@ -235,13 +235,8 @@ template <int QT, int RPT, int LANES, int KT, int DMAX, bool PAGED, int KB = 4>
 static void pa_launch(ds_cuda_backend *cb, const pa_geo &g) {
     auto kernel = attn_prefill_kernel<QT, RPT, LANES, KT, DMAX, PAGED, KB>;
     const size_t smem = pa_smem_bytes<QT, KT>(g.D, g.Dv);
-    static size_t allowed = 0;
-    if (smem > allowed) {
-        if (!ds_cu_ok(cb, "attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            (int)smem)))
-            return; /* the failure is recorded */
-        allowed = smem;
-    }
+    static ds_cu_smem_allowed allowed;
+    if (!ds_cu_allow_smem(cb, "attention", kernel, &allowed, smem)) return; /* the failure is recorded */
     dim3 grid((unsigned)g.H, (unsigned)((g.M + QT - 1) / QT));
     ds_cu_launch_smem(kernel, grid, PA_THREADS, smem, cb->stream, g);
 }

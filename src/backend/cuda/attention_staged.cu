@@ -155,14 +155,8 @@ static bool st_launch(ds_cuda_backend *cb, dim3 grid, const att_geo &g, const po
     const size_t stages = (size_t)2 * ST_KEYS * (krb + vrb), merge = (size_t)R * G * g.Dv * sizeof(float);
     const size_t smem = stages > merge ? stages : merge;
     auto kernel = attn_staged_kernel<L, NPL, R, KB>;
-    static size_t allowed[64]; /* per device: the attribute is a device's */
-    if (cb->device < 0 || cb->device >= 64) return false;
-    if (smem > allowed[cb->device]) {
-        if (!ds_cu_ok(cb, "attention", cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            (int)smem)))
-            return true; /* the failure is recorded */
-        allowed[cb->device] = smem;
-    }
+    static ds_cu_smem_allowed allowed;
+    if (!ds_cu_allow_smem(cb, "attention", kernel, &allowed, smem)) return true; /* the failure is recorded */
     ds_cu_launch_smem(kernel, grid, ATT_THREADS, smem, cb->stream, g, pa, pg, krb, vrb);
     return true;
 }

@@ -289,6 +289,32 @@ static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cud
     ds_cu_launch_smem(kernel, grid, block, 0, stream, static_cast<A &&>(args)...);
 }
 
+/* A kernel's dynamic shared memory above 48 KB must be allowed with
+ * cudaFuncSetAttribute, which is a device's setting: each launch site keeps
+ * `static ds_cu_smem_allowed allowed;` per kernel instantiation and asks
+ * here, which sets the attribute the first time a device needs more than it
+ * was allowed (several devices' backends, tensor parallel, each keep their
+ * own entry). False (recorded on cb) when the device refuses. */
+#define DS_CU_MAX_DEVICES 64
+typedef struct {
+    size_t bytes[DS_CU_MAX_DEVICES];
+} ds_cu_smem_allowed;
+template <typename... P>
+static inline bool ds_cu_allow_smem(ds_cuda_backend *cb, const char *op, void (*kernel)(P...),
+                                    ds_cu_smem_allowed *allowed, size_t bytes) {
+    if (cb->device < 0 || cb->device >= DS_CU_MAX_DEVICES) {
+        ds_cu_fail(cb, op, "device %d is past the %d this build keeps kernel settings for", cb->device,
+                   DS_CU_MAX_DEVICES);
+        return false;
+    }
+    size_t *a = &allowed->bytes[cb->device];
+    if (bytes <= *a || bytes <= 48 * 1024) return true;
+    if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
+        return false;
+    *a = bytes;
+    return true;
+}
+
 /* The two halves of ds_cu_grid_wait(), for a kernel that lets the next one
  * be scheduled later than its wait (attention: the next kernel's weight
  * stream would share HBM with its latency-bound key loads). */

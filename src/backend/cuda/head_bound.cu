@@ -315,9 +315,8 @@ bool ds_cu_head_bounds_run(ds_cuda_backend *cb, const struct ds_cu_head *h, ds_t
                  xinfo);
     if (!ds_cu_launched(cb, "head bounds")) return false;
     const size_t smem = (size_t)HB_ROWS * (h->K + 8) * sizeof(__half);
-    if (!ds_cu_ok(cb, "head bounds",
-                  cudaFuncSetAttribute(head_bounds_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-        return false;
+    static ds_cu_smem_allowed allowed;
+    if (!ds_cu_allow_smem(cb, "head bounds", head_bounds_kernel, &allowed, smem)) return false;
     ds_cu_launch_smem(head_bounds_kernel, blocks, HB_THREADS, smem, cb->stream, (const uint8_t *)h->q,
                       (const float *)h->scale, (const float *)h->err, (const float *)h->norm, (const __half *)xg,
                       (const float *)xinfo, M, (int)h->K, h->V, lo, hi, h->V, pv, pi,

@@ -155,9 +155,8 @@ static bool launch_tiles(ds_cuda_backend *cb, const char *op, float *out, int64_
     constexpr int BN = WN * TN * 16, BM = WM * TM * 8;
     const size_t smem = (size_t)INV_STAGES * SC * (BN + BM) * 64;
     auto kernel = gemm_invariant_kernel<WN, WM, TN, TM, SC>;
-    if (smem > 48 * 1024 &&
-        !ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
-        return false;
+    static ds_cu_smem_allowed allowed;
+    if (!ds_cu_allow_smem(cb, op, kernel, &allowed, smem)) return false;
     const dim3 grid((unsigned)((M + BM - 1) / BM), (unsigned)((N + BN - 1) / BN));
     ds_cu_launch_smem(kernel, grid, WN * WM * 32, smem, cb->stream, out, os, xh, xs, w, ws, M, N, K);
     return ds_cu_launched(cb, op);

@@ -730,15 +730,11 @@ static void qk_launch(void (*kernel)(Pm...), dim3 grid, size_t smem, cudaStream_
 template <int BITS, int P, int MT, int T, bool WIDE>
 static void qk_start(ds_cuda_backend *cb, const char *op, const qk_args &a, unsigned gy) {
     using Q = qk_geo<BITS, P>;
-    static int allowed = 48 * 1024; /* dynamic shared memory this instantiation may use */
+    static ds_cu_smem_allowed allowed;
     const int ring = QK_WARPS * QK_STAGES * Q::stage(T), red = QK_WARPS * T * MT * 128 * (int)sizeof(float);
     const int smem = ring > red ? ring : red;
     auto kernel = quant_mma_kernel<BITS, P, MT, T, WIDE>;
-    if (smem > allowed) {
-        if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
-            return;
-        allowed = smem;
-    }
+    if (!ds_cu_allow_smem(cb, op, kernel, &allowed, (size_t)smem)) return;
     const int64_t tgroups = ((a.N + 15) / 16 + T - 1) / T;
     qk_launch(kernel, dim3((unsigned)(tgroups * QK_SLICES), gy), (size_t)smem, cb->stream, a);
     ds_cu_launched(cb, op);
@@ -746,13 +742,9 @@ static void qk_start(ds_cuda_backend *cb, const char *op, const qk_args &a, unsi
 
 template <int BITS, int P, int MT>
 static void qs_start(ds_cuda_backend *cb, const char *op, const qk_args &a, int smem) {
-    static int allowed = 48 * 1024; /* dynamic shared memory this instantiation may use */
+    static ds_cu_smem_allowed allowed;
     auto kernel = quant_stream_kernel<BITS, P, MT>;
-    if (smem > allowed) {
-        if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
-            return;
-        allowed = smem;
-    }
+    if (!ds_cu_allow_smem(cb, op, kernel, &allowed, (size_t)smem)) return;
     const int tiles = (a.N + 15) / 16, grid = tiles < cb->sms ? tiles : cb->sms;
     ds_cu_launch_smem(kernel, dim3((unsigned)grid), dim3(QS_THREADS), (size_t)smem, cb->stream, a);
     ds_cu_launched(cb, op);

@@ -674,13 +674,9 @@ static bool tensor_map(ds_cuda_backend *cb, const char *op, const void *ptr, int
 template <int MODE, bool NORM, bool XC, bool PAIR = false, int CH = 1>
 static void ring_start(ds_cuda_backend *cb, const char *op, const ds_mma_args *a, const ring_plan &p,
                        const ring_maps &maps, ds_tensor x, int grid, int bytes, int *ctr) {
-    static int allowed = 0; /* dynamic shared memory this instantiation may use */
+    static ds_cu_smem_allowed allowed;
     auto kernel = linear_ring_kernel<MODE, NORM, XC, PAIR, CH>;
-    if (bytes > allowed) {
-        if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)))
-            return;
-        allowed = bytes;
-    }
+    if (!ds_cu_allow_smem(cb, op, kernel, &allowed, (size_t)bytes)) return;
     ds_cu_launch_smem(kernel, (unsigned)grid, RING_THREADS, (size_t)bytes, cb->stream, *a, p, maps,
                       (const float *)x.data, (int)x.rows, (int)x.cols, ctr,
                       ds_cu_ring_trace_slot(cb, (int)x.rows, (int)x.cols, p.tiles, grid));
