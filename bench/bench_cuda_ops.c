@@ -14,7 +14,8 @@
  * row, packed attention however small the grid), as these numbers were
  * printed by test_cuda_ops before; without it the engine's config
  * (environment switches included). --batched: only the projections, at the
- * batched engine's row counts (8-512), with cfg.invariant off, then on.
+ * batched engine's row counts (8-512), with cfg.invariant off, then on, and
+ * 16-32 rows again on the wide path (cfg.narrow_rows 8).
  * Exits 77 without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,11 +346,16 @@ int main(int argc, char **argv) {
     ds_rng_seed(&urng, 31337);
     printf("# cuda ops, device %d, %s config\n", device, test_config ? "the op tests'" : "the engine's");
     if (batched) {
-        const int64_t Ms[] = {8, 16, 24, 32, 33, 48, 64, 128, 256, 512};
+        const int64_t Ms[] = {8, 16, 24, 32, 33, 48, 64, 128, 256, 512}, mid[] = {16, 24, 32};
         for (int inv = 0; inv < 2; inv++) {
             ds_cuda_config_of(gpu)->invariant = inv;
+            ds_cuda_config_of(gpu)->narrow_rows = 32;
             printf("# batched projections, invariant %d\n", inv);
             model_shapes_bandwidth(Ms, (int)(sizeof Ms / sizeof Ms[0]));
+            /* 9..32 rows on the wide path instead of the narrow kernels' 8-row tiles */
+            ds_cuda_config_of(gpu)->narrow_rows = 8;
+            printf("# batched projections, invariant %d, wide from 9 rows (narrow_rows 8)\n", inv);
+            model_shapes_bandwidth(mid, (int)(sizeof mid / sizeof mid[0]));
         }
         check_gpu_ok("end");
         gpu->ops->destroy(gpu);

@@ -18,6 +18,7 @@ ds_cuda_config ds_cuda_config_default(void) {
         .markov_fused = -1,
         .fused_attn_min_rows = DS_CU_ATT_FUSED_MIN_ROWS,
         .att_pack_min_blocks = DS_CU_ATT_PACK_MIN_BLOCKS,
+        .narrow_rows = 32,
     };
 }
 

@@ -50,12 +50,12 @@ static inline unsigned ds_cu_rows_grid(int64_t rows) { return (unsigned)(rows < 
  * row gets in a call of its own slab), unless WIDE_OK: its weights take the
  * row-invariant wide product (matmul_invariant.h), which gives those bits
  * in one call. */
-#define DS_CU_SLABS(cb, M, WIDE_OK, r0, n, CALL)                                     \
-    if ((cb)->cfg.invariant && (M) > DS_CU_NARROW_M && !(WIDE_OK)) {                 \
-        for (int64_t r0 = 0, n; r0 < (M) && (n = (M) - r0 < DS_CU_NARROW_M ? (M) - r0 : DS_CU_NARROW_M, 1); \
-             r0 += DS_CU_NARROW_M)                                                   \
-            CALL;                                                                    \
-        return;                                                                      \
+#define DS_CU_SLABS(cb, M, WIDE_OK, r0, n, CALL)                                                          \
+    if ((cb)->cfg.invariant && (M) > ds_cu_narrow_rows(cb) && !(WIDE_OK)) {                               \
+        const int64_t slab_ = ds_cu_narrow_rows(cb);                                                      \
+        for (int64_t r0 = 0, n; r0 < (M) && (n = (M) - r0 < slab_ ? (M) - r0 : slab_, 1); r0 += slab_) \
+            CALL;                                                                                         \
+        return;                                                                                           \
     }
 #define DS_CU_STEP_MAX 128 /* most ids, positions and outputs a recorded region takes */
 #define DS_CU_STEP_INTS (1 + DS_CU_WALK + 3 * DS_CU_STEP_MAX)
@@ -120,6 +120,13 @@ typedef struct {
     ds_region_stats stats;
     struct ds_cu_page_tables *page_tables; /* paged attention's tables on the device (attention_paged.cu), or NULL */
 } ds_cuda_backend;
+
+/* The most rows a bf16 product takes on the narrow kernels: cfg.narrow_rows, DS_CU_NARROW_M where that is
+ * outside 1..DS_CU_NARROW_M. */
+static inline int64_t ds_cu_narrow_rows(const ds_cuda_backend *cb) {
+    const int n = cb->cfg.narrow_rows;
+    return n < 1 || n > DS_CU_NARROW_M ? DS_CU_NARROW_M : n;
+}
 
 static inline ds_cuda_backend *ds_cu(ds_backend *be) { return (ds_cuda_backend *)be; }
 

@@ -33,7 +33,7 @@ static bool multi_plan(ds_cuda_backend *cb, const char *op, int n, const ds_tens
     bool fused = true;
     for (int i = 0; i < n; i++) {
         if (!ds_cu_linear_ok(cb, op, outs[i], x, ws[i], biases[i])) return false;
-        fused &= ds_cu_mma_eligible(ws[i], x.rows) && ws[i].rows > 0;
+        fused &= ds_cu_mma_eligible(cb, ws[i], x.rows) && ws[i].rows > 0;
     }
     *ok = true;
     *a = ds_mma_args{};
@@ -84,7 +84,7 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
                    (long long)res.rows, (long long)res.cols, (long long)out.rows, (long long)out.cols);
         return;
     }
-    if (ds_cu_mma_eligible(w, x.rows)) {
+    if (ds_cu_mma_eligible(cb, w, x.rows)) {
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = seg_of(out, w, bias);
@@ -119,7 +119,7 @@ static void linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, d
     if (x.rows <= 0 || wg.rows <= 0) return;
     if (!ds_cu_linear_ok(cb, op, out, x, wg, ds_no_tensor()) || !ds_cu_linear_ok(cb, op, out, x, wu, ds_no_tensor()))
         return;
-    if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride) {
+    if (ds_cu_mma_eligible(cb, wg, x.rows) && ds_cu_mma_eligible(cb, wu, x.rows) && wg.stride == wu.stride) {
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = seg_of(out, wg, ds_no_tensor());
@@ -267,8 +267,8 @@ static ds_tensor normed_copy(ds_cuda_backend *cb, const char *op, ds_tensor x, d
 
 /* DS_X_BF16, a prompt's rows (past the narrow kernels) and bf16 weights: the normed copy can be the bf16 values
  * the products take, so that cuBLAS reads it as it is (ds_cu_linear_wide_bf16x): no split launch per weight. */
-static bool wide_bf16(ds_tensor x, int n, const ds_tensor *ws) {
-    if (!DS_X_BF16_ON || x.cols % 32 || x.rows <= DS_CU_NARROW_M || x.rows > INT32_MAX) return false;
+static bool wide_bf16(const ds_cuda_backend *cb, ds_tensor x, int n, const ds_tensor *ws) {
+    if (!DS_X_BF16_ON || x.cols % 32 || x.rows <= ds_cu_narrow_rows(cb) || x.rows > INT32_MAX) return false;
     for (int i = 0; i < n; i++)
         if (ws[i].dtype != DS_BF16 || ws[i].q.bits) return false; /* (a quantized weight's dtype is its scales') */
     return true;
@@ -314,7 +314,7 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
     }
     if (!ok) return;
     const float *rs;
-    if (wide_bf16(x, n, ws)) {
+    if (wide_bf16(cb, x, n, ws)) {
         const uint16_t *xh = normed_bf16(cb, "rmsnorm_linear_multi", x, nw, eps, &rs);
         if (!xh) return;
         for (int i = 0; i < n; i++)
@@ -340,7 +340,7 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
     if (x.rows <= 0 || !norm_ok(cb, op, x, nw)) return;
     if (!ds_cu_linear_ok(cb, op, out, x, wg, ds_no_tensor()) || !ds_cu_linear_ok(cb, op, out, x, wu, ds_no_tensor()))
         return;
-    if (ds_cu_mma_eligible(wg, x.rows) && ds_cu_mma_eligible(wu, x.rows) && wg.stride == wu.stride &&
+    if (ds_cu_mma_eligible(cb, wg, x.rows) && ds_cu_mma_eligible(cb, wu, x.rows) && wg.stride == wu.stride &&
         norm_aligned(nw)) {
         ds_mma_args a = {};
         a.nseg = 1;
@@ -355,7 +355,7 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
     }
     const float *rs;
     const ds_tensor gu[2] = {wg, wu};
-    if (wide_bf16(x, 2, gu)) {
+    if (wide_bf16(cb, x, 2, gu)) {
         const uint16_t *xh = normed_bf16(cb, op, x, nw, eps, &rs);
         float *t = xh ? (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float)) : NULL;
         if (!t) return;

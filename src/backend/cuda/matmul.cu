@@ -318,7 +318,7 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
         ds_cu_linear_quant(cb, "linear", out, x, w, bias);
         return;
     }
-    if (ds_cu_mma_eligible(w, M)) {
+    if (ds_cu_mma_eligible(cb, w, M)) {
         ds_mma_args a = {};
         a.nseg = 1;
         a.seg[0] = ds_mma_seg{(const uint16_t *)w.data, NULL, w.stride, (float *)out.data, out.stride, NULL, 0,
@@ -326,7 +326,7 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
         ds_cu_mma_launch(cb, "linear", DS_MMA_PLAIN, &a, x);
         return;
     }
-    if (M > DS_CU_NARROW_M) {
+    if (M > DS_CU_NARROW_M || (w.dtype == DS_BF16 && M > ds_cu_narrow_rows(cb))) {
         linear_wide(cb, out, x, w, bias);
         return;
     }

@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(MMA_THREADS, early_x(MT, MODE, NORM) ? 2 : 0)
     }
 }
 
-bool ds_cu_mma_eligible(ds_tensor w, int64_t M) {
-    return w.dtype == DS_BF16 && !w.q.bits && M >= 1 && M <= DS_CU_NARROW_M && w.cols % 32 == 0 &&
+bool ds_cu_mma_eligible(const ds_cuda_backend *cb, ds_tensor w, int64_t M) {
+    return w.dtype == DS_BF16 && !w.q.bits && M >= 1 && M <= ds_cu_narrow_rows(cb) && w.cols % 32 == 0 &&
            w.stride % 8 == 0 && (uintptr_t)w.data % 16 == 0;
 }
 

@@ -8,12 +8,12 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/matmul_mma_args.h"
 
-/* bf16 weights, 1 <= M <= DS_CU_NARROW_M, K a multiple of 32, 16-byte rows.
- * Depends on w and on M <= DS_CU_NARROW_M only, never on M otherwise, so a
+/* bf16 weights, 1 <= M <= ds_cu_narrow_rows, K a multiple of 32, 16-byte rows.
+ * Depends on w and on M <= ds_cu_narrow_rows only, never on M otherwise, so a
  * row gets tensor-core sums decoded alone or verified with others; which of
  * the two kernels computes them (ring for M <= 8, per-tile otherwise) does
  * not change a bit (matmul_mma_frag.cuh). */
-bool ds_cu_mma_eligible(ds_tensor w, int64_t M);
+bool ds_cu_mma_eligible(const ds_cuda_backend *cb, ds_tensor w, int64_t M);
 /* Launches mode's kernel over a's segments (every segment: K = x.cols): the
  * ring kernel when it applies, else one block per 16-row tile. */
 void ds_cu_mma_launch(ds_cuda_backend *cb, const char *op, int mode, ds_mma_args *a, ds_tensor x);
