@@ -55,6 +55,12 @@ static inline ds_tensor ds_rows(ds_tensor t, int64_t r0, int64_t n) {
     v.owned = false;
     return v;
 }
+/* Whether b's rows follow a's in memory as rows of one matrix (same dtype,
+ * width and stride, dense): weights_join made them so. */
+static inline bool ds_weights_adjacent(ds_tensor a, ds_tensor b) {
+    return a.data && b.data && !a.q.bits && !b.q.bits && a.dtype == b.dtype && a.cols == b.cols &&
+           a.stride == b.stride && b.data == (const char *)a.data + (size_t)(a.rows * a.stride) * ds_dtype_size(a.dtype);
+}
 /* Most projections one linear_multi call takes (a DSpark drafter's context:
  * K and V of 5 layers from the same rows). */
 #define DS_LINEAR_MULTI_MAX 10
@@ -193,6 +199,13 @@ typedef struct {
      * for a backend without quantized weights (loading one is then an error
      * naming the tensor and the backend). */
     ds_error *(*weight_quant)(ds_backend *be, const ds_quant_src *src, int64_t rows, int64_t cols, ds_tensor *out);
+    /* Moves n weights that one input always meets (QKV; gate and up) into
+     * one allocation, ws[i + 1]'s rows right after ws[i]'s, so that a wide
+     * product of them all can be one GEMM (ds_weights_adjacent). Values and
+     * shapes stay; each is still released on its own (the allocation goes
+     * with the last). Does nothing where they do not qualify (dtype, width,
+     * quantized) or memory is short. Optional: NULL, nothing to gain. */
+    ds_error *(*weights_join)(ds_backend *be, int n, ds_tensor *const *ws);
     void (*release)(ds_backend *be, ds_tensor *t);
     void (*upload)(ds_backend *be, ds_tensor dst, const float *src);  /* host fp32 -> dst (fp32) */
     void (*download)(ds_backend *be, ds_tensor src, float *dst);      /* src (fp32) -> host */

@@ -94,6 +94,14 @@ ds_error *ds_gemma4_layer_load(ds_backend *be, const ds_checkpoint *ck, const ch
     WR(gate, "mlp.gate_proj.weight", L->inter, H, i0, inter_all);
     WR(up, "mlp.up_proj.weight", L->inter, H, i0, inter_all);
     WC(down, "mlp.down_proj.weight", H, L->inter);
+    /* The projections one input meets, as rows of one matrix each (weights_join: a batch's QKV and gate/up one
+     * GEMM each; the products are the same). */
+    if (be->ops->weights_join) {
+        if (L->has_kv)
+            DS_TRY(be->ops->weights_join(be, L->has_v_proj ? 3 : 2,
+                                         (ds_tensor *const[]){&L->q_proj, &L->k_proj, &L->v_proj}));
+        DS_TRY(be->ops->weights_join(be, 2, (ds_tensor *const[]){&L->gate, &L->up}));
+    }
     if (c->ple_dim) {
         W(ple_gate, "per_layer_input_gate.weight", c->ple_dim, H);
         W(ple_proj, "per_layer_projection.weight", H, c->ple_dim);

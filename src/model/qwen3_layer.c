@@ -146,6 +146,12 @@ ds_error *ds_qwen3_layer_load(ds_backend *be, const ds_checkpoint *ck, const cha
     W(gate, "mlp.gate_proj.weight", c->inter, H, DS_SPLIT_ROWS);
     W(up, "mlp.up_proj.weight", c->inter, H, DS_SPLIT_ROWS);
     W(down, "mlp.down_proj.weight", H, c->inter, DS_SPLIT_COLS);
+    /* The projections one input meets, as rows of one matrix each: a batch's QKV and gate/up become one GEMM
+     * each (weights_join; the products are the same). */
+    if (be->ops->weights_join) {
+        DS_TRY(be->ops->weights_join(be, 3, (ds_tensor *const[]){&L->q_proj, &L->k_proj, &L->v_proj}));
+        DS_TRY(be->ops->weights_join(be, 2, (ds_tensor *const[]){&L->gate, &L->up}));
+    }
 #undef W
 #undef V
 #undef VS

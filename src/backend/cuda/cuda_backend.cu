@@ -135,14 +135,86 @@ static ds_error *cu_weight(ds_backend *be, const ds_st_tensor *src, int64_t rows
     return NULL;
 }
 
+/* An allocation of several weights (weights_join): freed with the last of them. */
+struct ds_cu_joined {
+    char *base;
+    size_t bytes;
+    int live;
+};
+
+static struct ds_cu_joined *joined_of(ds_cuda_backend *cb, const void *p) {
+    for (int i = 0; i < cb->n_joined; i++)
+        if ((const char *)p >= cb->joined[i].base && (const char *)p < cb->joined[i].base + cb->joined[i].bytes)
+            return &cb->joined[i];
+    return NULL;
+}
+
 static void cu_release(ds_backend *be, ds_tensor *t) {
+    ds_cuda_backend *cb = ds_cu(be);
     if (t->owned && t->data) {
-        ds_cu(be)->gen++;
-        ds_cu_boxes_drop(ds_cu(be), t->data);
-        ds_cu_head_drop(ds_cu(be), t->data);
-        ds_cu_ok(ds_cu(be), "release", cudaFree(t->data));
+        cb->gen++;
+        ds_cu_boxes_drop(cb, t->data);
+        ds_cu_head_drop(cb, t->data);
+        struct ds_cu_joined *j = joined_of(cb, t->data);
+        if (!j) {
+            ds_cu_ok(cb, "release", cudaFree(t->data));
+        } else if (--j->live == 0) {
+            ds_cu_ok(cb, "release", cudaFree(j->base));
+            *j = cb->joined[--cb->n_joined];
+        }
     }
     *t = ds_no_tensor();
+}
+
+/* weights_join (backend.h): one allocation, each weight copied into place and its own freed. The box copies the
+ * ring streams (weight_boxes.cu) follow the weights to their new addresses. */
+static ds_error *cu_weights_join(ds_backend *be, int n, ds_tensor *const *ws) {
+    ds_cuda_backend *cb = ds_cu(be);
+    if (n < 2) return NULL;
+    const size_t es = ds_dtype_size(ws[0]->dtype);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const ds_tensor *w = ws[i];
+        if (!w->owned || !w->data || w->q.bits || w->dtype != ws[0]->dtype || w->cols != ws[0]->cols ||
+            w->stride != w->cols || joined_of(cb, w->data))
+            return NULL; /* not joinable: each stays where it is */
+        bytes += (size_t)(w->rows * w->cols) * es;
+    }
+    if (cb->n_joined == cb->cap_joined) {
+        const int cap = cb->cap_joined ? 2 * cb->cap_joined : 64;
+        struct ds_cu_joined *g = (struct ds_cu_joined *)realloc(cb->joined, (size_t)cap * sizeof *g);
+        if (!g) return ds_errorf("cuda backend: out of host memory joining %d weights", n);
+        cb->joined = g, cb->cap_joined = cap;
+    }
+    char *base = NULL;
+    if (cudaMalloc(&base, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* short of memory: the weights stay apart (the products are the same) */
+        return NULL;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t b = (size_t)(ws[i]->rows * ws[i]->cols) * es;
+        cudaError_t e = cudaMemcpyAsync(base + off, ws[i]->data, b, cudaMemcpyDeviceToDevice, cb->stream);
+        if (e != cudaSuccess) {
+            cudaFree(base);
+            return ds_errorf("cuda backend: cannot copy a weight of %zu bytes to its joined place: %s", b,
+                             cudaGetErrorString(e));
+        }
+        off += b;
+    }
+    cb->gen++;
+    cb->joined[cb->n_joined++] = (struct ds_cu_joined){base, bytes, n};
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        ds_tensor *w = ws[i];
+        ds_cu_boxes_drop(cb, w->data);
+        cudaFree(w->data); /* (waits for the copy above) */
+        w->data = base + off;
+        off += (size_t)(w->rows * w->cols) * es;
+    }
+    for (int i = 0; i < n; i++)
+        if (ws[i]->dtype == DS_BF16) DS_TRY(ds_cu_boxes_add(cb, "joined weight", ws[i]->data, ws[i]->rows, ws[i]->cols));
+    return NULL;
 }
 
 static void cu_upload(ds_backend *be, ds_tensor dst, const float *src) {
@@ -205,6 +277,8 @@ static void cu_destroy(ds_backend *be) {
     if (cb->ring_ctr) cudaFree(cb->ring_ctr);
     ds_cu_tmaps_free(cb);
     ds_cu_boxes_free(cb);
+    for (int i = 0; i < cb->n_joined; i++) cudaFree(cb->joined[i].base); /* (weights not released) */
+    free(cb->joined);
     ds_cu_head_free(cb);
     ds_cu_page_tables_free(cb);
     if (cb->blas) cublasDestroy(cb->blas);
@@ -235,6 +309,7 @@ static const ds_backend_ops cuda_ops = {
     .alloc = cu_alloc,
     .weight = cu_weight,
     .weight_quant = ds_cu_weight_quant, /* refused with DS_CUDA_QUANT=0 (matmul_quant.cu) */
+    .weights_join = cu_weights_join,
     .release = cu_release,
     .upload = cu_upload,
     .download = cu_download,

@@ -119,6 +119,8 @@ typedef struct {
     int n_retired;
     ds_region_stats stats;
     struct ds_cu_page_tables *page_tables; /* paged attention's tables on the device (attention_paged.cu), or NULL */
+    struct ds_cu_joined *joined; /* allocations weights_join made, each with its live weights */
+    int n_joined, cap_joined;
 } ds_cuda_backend;
 
 /* The most rows a bf16 product takes on the narrow kernels: cfg.narrow_rows, DS_CU_NARROW_M where that is

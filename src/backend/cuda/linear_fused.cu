@@ -189,11 +189,27 @@ __global__ void __launch_bounds__(NORM_ORDER_THREADS)
         store_as(orow + k, w ? __fmul_rn(xr[k], ds_cu_load(w, wdtype, k)) : xr[k]);
 }
 
+/* Whether ws[0..n) are rows of one matrix (the backend's weights_join made them so): *w gets it, so that a
+ * prompt's or a batch's rows meet them all in one GEMM instead of n narrower ones. */
+static bool joined(int n, const ds_tensor *ws, ds_tensor *w) {
+    if (n < 2) return false;
+    int64_t rows = ws[0].rows;
+    for (int i = 1; i < n; i++) {
+        if (!ds_weights_adjacent(ws[i - 1], ws[i])) return false;
+        rows += ws[i].rows;
+    }
+    *w = ws[0];
+    w->rows = rows;
+    w->owned = false;
+    return true;
+}
+
 /* The 1 / rms after the products, for up to DS_MMA_MAX_SEG outputs in one launch (blockIdx.z picks one):
- * y[r] = y[r] * rs[r] (+ bias), as the narrow kernels' epilogue. */
+ * y[r] = src[r] * rs[r] (+ bias), as the narrow kernels' epilogue; src is y, or y's columns of a joined product. */
 struct scale_set {
     float *y[DS_MMA_MAX_SEG];
-    int64_t ys[DS_MMA_MAX_SEG], cols[DS_MMA_MAX_SEG];
+    const float *src[DS_MMA_MAX_SEG];
+    int64_t ys[DS_MMA_MAX_SEG], ss[DS_MMA_MAX_SEG], cols[DS_MMA_MAX_SEG];
     const void *bias[DS_MMA_MAX_SEG];
     int bdtype[DS_MMA_MAX_SEG];
 };
@@ -205,20 +221,23 @@ __global__ void scale_rows_kernel(scale_set set, int64_t rows, const float *rs) 
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
         for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < set.cols[i];
              c += (int64_t)gridDim.x * blockDim.x) {
-            float v = __fmul_rn(y[r * set.ys[i] + c], rs[r]);
+            float v = __fmul_rn(set.src[i][r * set.ss[i] + c], rs[r]);
             if (set.bias[i]) v = __fadd_rn(v, ds_cu_load(set.bias[i], set.bdtype[i], c));
             y[r * set.ys[i] + c] = v;
         }
 }
 
-static void scale_rows(ds_cuda_backend *cb, const char *op, int n, const ds_tensor *ys, const float *rs,
-                       const ds_tensor *biases) {
+/* srcs: NULL (in place), or each output's products. */
+static void scale_rows(ds_cuda_backend *cb, const char *op, int n, const ds_tensor *ys, const ds_tensor *srcs,
+                       const float *rs, const ds_tensor *biases) {
     if (n <= 0 || ys[0].rows <= 0) return;
     scale_set set = {};
     int64_t widest = 0;
     for (int i = 0; i < n; i++) {
         set.y[i] = (float *)ys[i].data;
         set.ys[i] = ys[i].stride;
+        set.src[i] = (const float *)(srcs ? srcs[i] : ys[i]).data;
+        set.ss[i] = (srcs ? srcs[i] : ys[i]).stride;
         set.cols[i] = ys[i].cols;
         set.bias[i] = biases[i].data;
         set.bdtype[i] = (int)biases[i].dtype;
@@ -288,10 +307,11 @@ static const uint16_t *normed_bf16(ds_cuda_backend *cb, const char *op, ds_tenso
     return (const uint16_t *)p;
 }
 
-static void glu_scaled(ds_cuda_backend *cb, const char *op, int act, ds_tensor out, ds_tensor up, const float *rs) {
+static void glu_scaled(ds_cuda_backend *cb, const char *op, int act, ds_tensor out, ds_tensor gate, ds_tensor up,
+                       const float *rs) {
     ds_cu_launch(glu_scaled_kernel, dim3((unsigned)((out.cols + 255) / 256), ds_cu_rows_grid(out.rows)), 256,
-                 cb->stream, (float *)out.data, out.stride, (const float *)out.data, out.stride, (const float *)up.data,
-                 up.stride, out.rows, out.cols, rs, act);
+                 cb->stream, (float *)out.data, out.stride, (const float *)gate.data, gate.stride,
+                 (const float *)up.data, up.stride, out.rows, out.cols, rs, act);
     ds_cu_launched(cb, op);
 }
 
@@ -317,10 +337,21 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
     if (wide_bf16(cb, x, n, ws)) {
         const uint16_t *xh = normed_bf16(cb, "rmsnorm_linear_multi", x, nw, eps, &rs);
         if (!xh) return;
+        ds_tensor wj;
+        if (joined(n, ws, &wj)) { /* one GEMM, then each output's columns scaled out of it */
+            float *t = (float *)ds_cu_tmp(cb, "rmsnorm_linear_multi", (size_t)(x.rows * wj.rows) * sizeof(float));
+            if (!t) return;
+            const ds_tensor all = {DS_F32, t, x.rows, wj.rows, wj.rows, false, {0, 0, NULL, NULL}};
+            if (!ds_cu_linear_wide_bf16x(cb, "rmsnorm_linear_multi", all, xh, x.rows, wj, ds_no_tensor())) return;
+            ds_tensor src[DS_MMA_MAX_SEG];
+            for (int i = 0, c = 0; i < n; c += (int)ws[i].rows, i++) src[i] = ds_cols(all, c, ws[i].rows);
+            scale_rows(cb, "rmsnorm_linear_multi", n, outs, src, rs, biases);
+            return;
+        }
         for (int i = 0; i < n; i++)
             if (!ds_cu_linear_wide_bf16x(cb, "rmsnorm_linear_multi", outs[i], xh, x.rows, ws[i], ds_no_tensor()))
                 return;
-        scale_rows(cb, "rmsnorm_linear_multi", n, outs, rs, biases);
+        scale_rows(cb, "rmsnorm_linear_multi", n, outs, NULL, rs, biases);
         return;
     }
     bool scaled;
@@ -331,7 +362,7 @@ void ds_cu_rmsnorm_linear_multi(ds_backend *be, int n, const ds_tensor *outs, ds
         return;
     }
     for (int i = 0; i < n; i++) ds_cu_linear(be, outs[i], xn, ws[i], ds_no_tensor());
-    scale_rows(cb, "rmsnorm_linear_multi", n, outs, rs, biases);
+    scale_rows(cb, "rmsnorm_linear_multi", n, outs, NULL, rs, biases);
 }
 
 static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tensor out, ds_tensor x, ds_tensor nw,
@@ -357,12 +388,22 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
     const ds_tensor gu[2] = {wg, wu};
     if (wide_bf16(cb, x, 2, gu)) {
         const uint16_t *xh = normed_bf16(cb, op, x, nw, eps, &rs);
+        ds_tensor wj;
+        if (xh && wg.rows == wu.rows && joined(2, gu, &wj)) { /* gate and up in one GEMM */
+            const int64_t F = wg.rows;
+            float *t = (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * 2 * F) * sizeof(float));
+            if (!t) return;
+            const ds_tensor both = {DS_F32, t, out.rows, 2 * F, 2 * F, false, {0, 0, NULL, NULL}};
+            if (ds_cu_linear_wide_bf16x(cb, op, both, xh, x.rows, wj, ds_no_tensor()))
+                glu_scaled(cb, op, act, out, ds_cols(both, 0, F), ds_cols(both, F, F), rs);
+            return;
+        }
         float *t = xh ? (float *)ds_cu_tmp(cb, op, (size_t)(out.rows * out.cols) * sizeof(float)) : NULL;
         if (!t) return;
         const ds_tensor up = {DS_F32, t, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};
         if (ds_cu_linear_wide_bf16x(cb, op, out, xh, x.rows, wg, ds_no_tensor()) &&
             ds_cu_linear_wide_bf16x(cb, op, up, xh, x.rows, wu, ds_no_tensor()))
-            glu_scaled(cb, op, act, out, up, rs);
+            glu_scaled(cb, op, act, out, out, up, rs);
         return;
     }
     bool scaled;
@@ -373,7 +414,7 @@ static void rmsnorm_linear_glu(ds_backend *be, const char *op, int act, ds_tenso
         return;
     }
     const ds_tensor up = glu_products(be, op, out, xn, wg, wu);
-    if (up.data) glu_scaled(cb, op, act, out, up, rs);
+    if (up.data) glu_scaled(cb, op, act, out, out, up, rs);
 }
 
 void ds_cu_rmsnorm_linear_swiglu(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor nw, float eps, ds_tensor wg,
