@@ -138,6 +138,10 @@ static void model_shapes_bandwidth(const int64_t *Ms, int nm) {
         q[c] = bw_weight(host, H, H), k[c] = bw_weight(host, KV, H), v[c] = bw_weight(host, KV, H);
         o[c] = bw_weight(host, H, H), g[c] = bw_weight(host, F, H), u[c] = bw_weight(host, F, H);
         d[c] = bw_weight(host, H, F);
+        /* as the model loads them (qwen3_layer.c): QKV and gate/up joined, one GEMM each on the wide path */
+        ds_tensor *const qkv[3] = {&q[c], &k[c], &v[c]}, *const gu[2] = {&g[c], &u[c]};
+        die_on(gpu->ops->weights_join(gpu, 3, qkv), "join qkv");
+        die_on(gpu->ops->weights_join(gpu, 2, gu), "join gate/up");
     }
     free(host);
     int64_t maxm = 1;
