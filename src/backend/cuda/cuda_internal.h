@@ -359,6 +359,10 @@ void ds_cu_linear(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor w, ds_te
 /* Quantized weights (matmul_quant.cu): the weight_quant op, and ds_cu_linear's path for them (any row count). */
 ds_error *ds_cu_weight_quant(ds_backend *be, const ds_quant_src *src, int64_t rows, int64_t cols, ds_tensor *out);
 void ds_cu_linear_quant(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias);
+/* out += x @ w^T as one cuBLAS GEMM (beta = 1) where the wide bf16 path takes the call and its rows need not be
+ * invariant (linear_residual in place: no temporary, no add launch). False: not taken, nothing done; true:
+ * taken (a failure is recorded). */
+bool ds_cu_linear_accumulate(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w);
 /* DS_X_BF16's prompt-sized product of an x already rounded to bf16 ([M, w.cols] contiguous; the fused norms' copy,
  * linear_fused.cu) with bf16 w: out = xh @ w^T (+ bias) on cuBLAS, no split launch. False (recorded) on failure. */
 bool ds_cu_linear_wide_bf16x(ds_cuda_backend *cb, const char *op, ds_tensor out, const uint16_t *xh, int64_t M,

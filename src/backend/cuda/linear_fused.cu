@@ -93,6 +93,9 @@ void ds_cu_linear_residual(ds_backend *be, ds_tensor out, ds_tensor x, ds_tensor
         ds_cu_mma_launch(cb, "linear_residual", DS_MMA_RESIDUAL, &a, x);
         return;
     }
+    if (out.data == res.data && out.stride == res.stride && !bias.data &&
+        ds_cu_linear_accumulate(cb, "linear_residual", out, x, w))
+        return; /* the residual stream updated in place by the GEMM */
     float *t = (float *)ds_cu_tmp(cb, "linear_residual", (size_t)(out.rows * out.cols) * sizeof(float));
     if (!t) return;
     ds_tensor tmp = {DS_F32, t, out.rows, out.cols, out.cols, false, {0, 0, NULL, NULL}};

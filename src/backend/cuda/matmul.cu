@@ -204,14 +204,15 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
  * cores). With cfg.invariant (DS_X_BF16: hi alone) the row-invariant GEMM
  * instead (matmul_invariant.cu). */
 static bool gemm_bf16(ds_cuda_backend *cb, const char *op, ds_tensor out, const void *hi, const void *lo, int64_t M,
-                      int64_t K, ds_tensor w) {
-    if (!lo && ds_cu_wide_invariant_ok(cb, w)) return ds_cu_gemm_invariant(cb, op, out, (const uint16_t *)hi, M, w);
+                      int64_t K, ds_tensor w, bool accumulate) {
+    if (!lo && !accumulate && ds_cu_wide_invariant_ok(cb, w))
+        return ds_cu_gemm_invariant(cb, op, out, (const uint16_t *)hi, M, w);
     const int64_t N = w.rows;
     const float one = 1.0f, zero = 0.0f;
     for (int part = 0; part < (lo ? 2 : 1); part++) {
         cublasStatus_t st = cublasGemmEx(cb->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w.data,
                                          CUDA_R_16BF, (int)w.stride, part ? lo : hi, CUDA_R_16BF, (int)K,
-                                         part ? &one : &zero, out.data, CUDA_R_32F, (int)out.stride,
+                                         part || accumulate ? &one : &zero, out.data, CUDA_R_32F, (int)out.stride,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS) {
             ds_cu_fail(cb, op, "cublasGemmEx bf16 %lldx%lldx%lld failed (status %d)", (long long)M, (long long)N,
@@ -222,7 +223,8 @@ static bool gemm_bf16(ds_cuda_backend *cb, const char *op, ds_tensor out, const 
     return true;
 }
 
-static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w) {
+/* accumulate: out += x w^T (cuBLAS's beta = 1), never on the invariant product. */
+static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, bool accumulate) {
     const int64_t M = x.rows, K = x.cols;
     const int64_t halves = DS_X_BF16_ON ? 1 : 2; /* DS_X_BF16: x's hi half only */
     __nv_bfloat16 *hi = (__nv_bfloat16 *)ds_cu_scratch(cb, "linear", (size_t)(halves * M * K) * sizeof(__nv_bfloat16));
@@ -232,7 +234,7 @@ static bool linear_wide_bf16(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds
     ds_cu_launch(split_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), 256, cb->stream, hi, lo,
                  (const float *)x.data, x.stride, M, K);
     if (!ds_cu_launched(cb, "linear")) return false;
-    return gemm_bf16(cb, "linear", out, hi, lo, M, K, w);
+    return gemm_bf16(cb, "linear", out, hi, lo, M, K, w, accumulate);
 }
 
 static void add_bias(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor bias) {
@@ -245,7 +247,7 @@ static void add_bias(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tens
 
 bool ds_cu_linear_wide_bf16x(ds_cuda_backend *cb, const char *op, ds_tensor out, const uint16_t *xh, int64_t M,
                              ds_tensor w, ds_tensor bias) {
-    if (!gemm_bf16(cb, op, out, xh, NULL, M, w.cols, w)) return false;
+    if (!gemm_bf16(cb, op, out, xh, NULL, M, w.cols, w, false)) return false;
     add_bias(cb, op, out, bias);
     return true;
 }
@@ -290,8 +292,16 @@ static bool linear_wide_sgemm(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, d
     return true;
 }
 
+bool ds_cu_linear_accumulate(ds_cuda_backend *cb, const char *op, ds_tensor out, ds_tensor x, ds_tensor w) {
+    if (w.dtype != DS_BF16 || w.q.bits || x.rows <= ds_cu_narrow_rows(cb) || ds_cu_wide_invariant_ok(cb, w) ||
+        !ds_cu_linear_ok(cb, op, out, x, w, ds_no_tensor()))
+        return false;
+    linear_wide_bf16(cb, out, x, w, true);
+    return true;
+}
+
 static void linear_wide(ds_cuda_backend *cb, ds_tensor out, ds_tensor x, ds_tensor w, ds_tensor bias) {
-    if (!(w.dtype == DS_BF16 ? linear_wide_bf16(cb, out, x, w) : linear_wide_sgemm(cb, out, x, w))) return;
+    if (!(w.dtype == DS_BF16 ? linear_wide_bf16(cb, out, x, w, false) : linear_wide_sgemm(cb, out, x, w))) return;
     add_bias(cb, "linear", out, bias);
 }
 
