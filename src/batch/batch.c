@@ -783,9 +783,15 @@ static ds_error *schedule(ds_batch *b) {
         b->n_conf[R++] = s->sched;
     }
     if (b->o.schedule == DS_SCHEDULE_CONFIDENCE && R > 0) {
+        /* vLLM's draft cost by request count (schedule.h): Theta = tau* / (t_draft(R) + t_verify(B)), the step's
+         * whole time. The draft pass has run by now whatever B becomes, and without its time in the denominator
+         * the early stop comes where a verify row costs more than the plain step's share, not the round's: at
+         * 8 in flight it verified tau 1.98 where fixed gamma 7 got 3.7 and ran 1.36x faster (H100, session 38).
+         * bench/journal/schedule-sim.md: never below SPEC's Theta, up to 1.3x above it. */
         const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
+        const ds_schedule_opts so = {.draft_seconds = draft_cost_at(b, R)};
         ds_schedule_result res;
-        DS_TRY(ds_schedule_confidence(&in, b->o.sps, NULL, b->len, &res));
+        DS_TRY(ds_schedule_confidence(&in, b->o.sps, &so, b->len, &res));
         R = 0;
         for (int i = 0; i < b->n_seqs; i++) {
             seq *s = b->seqs[i];
