@@ -298,8 +298,9 @@ static inline void ds_cu_launch(void (*kernel)(P...), dim3 grid, dim3 block, cud
     ds_cu_launch_smem(kernel, grid, block, 0, stream, static_cast<A &&>(args)...);
 }
 
-/* A kernel's dynamic shared memory above 48 KB must be allowed with
- * cudaFuncSetAttribute, which is a device's setting: each launch site keeps
+/* A kernel's dynamic shared memory beyond what it may use by default (48 KB
+ * less its static shared memory) must be allowed with cudaFuncSetAttribute,
+ * which is a device's setting: each launch site keeps
  * `static ds_cu_smem_allowed allowed;` per kernel instantiation and asks
  * here, which sets the attribute the first time a device needs more than it
  * was allowed (several devices' backends, tensor parallel, each keep their
@@ -317,7 +318,7 @@ static inline bool ds_cu_allow_smem(ds_cuda_backend *cb, const char *op, void (*
         return false;
     }
     size_t *a = &allowed->bytes[cb->device];
-    if (bytes <= *a || bytes <= 48 * 1024) return true;
+    if (bytes <= *a) return true; /* (no 48 KB shortcut: a kernel's static shared memory counts against it) */
     if (!ds_cu_ok(cb, op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
         return false;
     *a = bytes;
