@@ -7,7 +7,7 @@
  * shapes against the device's copy bandwidth. Reported, not checked;
  * `dspark bench` measures the whole engine.
  *
- *   bench_cuda_ops [--device N] [--test-config] [--batched]
+ *   bench_cuda_ops [--device N] [--test-config] [--batched [--rows M1,M2,...] [--inv 0|1] [--reps N]]
  *
  * --test-config: the thresholds the op tests lower (every shape through the
  * ring matmul however few its tiles, the fused norm + attention from one
@@ -15,7 +15,9 @@
  * printed by test_cuda_ops before; without it the engine's config
  * (environment switches included). --batched: only the projections, at the
  * batched engine's row counts (8-512), with cfg.invariant off, then on, and
- * 16-32 rows again on the wide path (cfg.narrow_rows 8).
+ * 16-32 rows again on the wide path (cfg.narrow_rows 8); --rows / --inv /
+ * --reps narrow that to some row counts, one mode, N timed calls and no
+ * warm-up (for a profiler: --reps 1 launches each projection once).
  * Exits 77 without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +131,7 @@ static void linear_bandwidth(void) {
  * counts, with cfg.invariant off and on), each alternating two copies of its
  * weights so that L2 (50 MB) does not hold them: where the in-model matmul
  * time goes, shape by shape, and the TFLOP/s the wide calls reach. */
+static int bench_reps = 40, bench_warmup = 2;
 static void model_shapes_bandwidth(const int64_t *Ms, int nm) {
     const int64_t H = 4096, F = 12288, KV = 1024;
     uint16_t *host = malloc((size_t)(F * H) * 2); /* random bf16, shared by every weight */
@@ -164,9 +167,9 @@ static void model_shapes_bandwidth(const int64_t *Ms, int nm) {
         double layer = 0;
         for (int op = 0; op < 5; op++) {
             if (op == 4 && M > 8) continue; /* the L2 probe is about decode */
-            const int reps = 40;
+            const int reps = bench_reps;
             double t0 = 0;
-            for (int r = -2; r < reps; r++) { /* two warm-up calls */
+            for (int r = -bench_warmup; r < reps; r++) { /* warm-up calls first */
                 if (r == 0) {
                     check_gpu_ok("bandwidth warm-up");
                     t0 = now_s();
@@ -326,15 +329,30 @@ static void sample_speed(void) {
 int main(int argc, char **argv) {
     int device = 0;
     bool test_config = false, batched = false;
+    int64_t rows[16];
+    int n_rows = 0, only_inv = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             device = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--rows") && i + 1 < argc) {
+            for (char *p = argv[++i]; *p && n_rows < 16; p += *p == ',') {
+                char *end;
+                rows[n_rows] = strtoll(p, &end, 10);
+                if (end == p || rows[n_rows] < 1) break;
+                n_rows++, p = end;
+            }
+        } else if (!strcmp(argv[i], "--inv") && i + 1 < argc) {
+            only_inv = atoi(argv[++i]) != 0;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            bench_reps = atoi(argv[++i]), bench_warmup = 0;
+            if (bench_reps < 1) bench_reps = 1;
         } else if (!strcmp(argv[i], "--test-config")) {
             test_config = true;
         } else if (!strcmp(argv[i], "--batched")) {
             batched = true;
         } else {
-            fprintf(stderr, "usage: %s [--device N] [--test-config] [--batched]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device N] [--test-config] [--batched [--rows M1,M2,...] [--inv 0|1] [--reps N]]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -352,9 +370,14 @@ int main(int argc, char **argv) {
     if (batched) {
         const int64_t Ms[] = {8, 16, 24, 32, 33, 48, 64, 128, 256, 512}, mid[] = {16, 24, 32};
         for (int inv = 0; inv < 2; inv++) {
+            if (only_inv >= 0 && inv != only_inv) continue;
             ds_cuda_config_of(gpu)->invariant = inv;
             ds_cuda_config_of(gpu)->narrow_rows = 32;
             printf("# batched projections, invariant %d\n", inv);
+            if (n_rows) {
+                model_shapes_bandwidth(rows, n_rows);
+                continue;
+            }
             model_shapes_bandwidth(Ms, (int)(sizeof Ms / sizeof Ms[0]));
             /* 9..32 rows on the wide path instead of the narrow kernels' 8-row tiles */
             ds_cuda_config_of(gpu)->narrow_rows = 8;
