@@ -222,8 +222,8 @@ static void test_refusals(void) {
 }
 
 /* The step-cost profile times steps of up to step_rows rows, more than one
- * sequence's context holds: it spreads them over scratch sequences (a step
- * of 80 rows with a context of 32: three). */
+ * sequence's context holds: decode-shaped blocks of 8 rows, each a scratch
+ * sequence at the end of a context that fits (here 24 keys of 32). */
 static void test_profile_past_context(void) {
     ds_target *t;
     const ds_batch_opts bo = {.max_seqs = 4, .step_rows = 80, .page_rows = PAGE_ROWS, .n_pages = 8};

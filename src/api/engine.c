@@ -160,7 +160,7 @@ static ds_error *profile_steps(ds_engine *e, const ds_engine_opts *o) {
     int n = ds_backend_label(e->be, dev, sizeof dev);
     if (e->tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", e->tp);
     snprintf(model, sizeof model, "%s rows<=%d", o->model_dir, e->bo.step_rows);
-    const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
+    const ds_step_cost_key key = {.device = dev, .model = model, .build = DS_BATCH_PROFILE_BUILD};
     ds_batch_opts plain = e->bo; /* the profile times target forwards alone */
     plain.schedule = DS_SCHEDULE_FIXED;
     ds_target *t[64];

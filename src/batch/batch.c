@@ -957,22 +957,34 @@ ds_error *ds_batch_run(ds_batch *b) {
     return NULL;
 }
 
-/* One forward of `tokens` rows at positions 0.. of scratch sequences on
- * the pool (one, or as many as the context needs: a sequence holds at most
- * max_ctx rounded down to whole pages), every row with logits (a verify
- * step's work), waited for. */
+/* One forward of `tokens` rows shaped as a decoding step's (the work
+ * Algorithm 1 weighs verify rows by): blocks of DS_PROBE_BLOCK rows, each
+ * one scratch sequence at positions ctx .. ctx + 7 over a context of ctx
+ * keys (o.profile_context, else 256, within the model's context), every
+ * block reading the same scratch page list; every row with logits;
+ * waited for. (Rows at positions 0.. of long sequences, as a prompt's, made
+ * the curve a prefill's: its attention grows with the square of the rows,
+ * and 2,048 rows cost 13.5x 256 at the Qwen3-8B shape, where verify rows
+ * cost about as much each as decode rows.) The blocks write their keys to
+ * the same cache rows: the values are scratch, only the time is kept. */
+#define DS_PROBE_BLOCK 8
 static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
     ds_batch *b = ctx;
     ds_target *t = b->t;
     if (tokens > b->o.step_rows) tokens = b->o.step_rows;
-    const int P = b->o.page_rows, per_seq = t->max_ctx / P * P;
-    if (per_seq < 1) return ds_errorf("step-cost profile: a context of %d holds no page of %d rows", t->max_ctx, P);
+    const int P = b->o.page_rows;
+    int keys = b->o.profile_context > 0 ? b->o.profile_context : 256;
+    if (keys > t->max_ctx - DS_PROBE_BLOCK) keys = t->max_ctx - DS_PROBE_BLOCK;
+    if (keys > b->tpool.n_pages * P - DS_PROBE_BLOCK) keys = b->tpool.n_pages * P - DS_PROBE_BLOCK;
+    if (keys < 0)
+        return ds_errorf("step-cost profile: a context of %d or a pool of %d pages of %d rows holds no block of %d",
+                         t->max_ctx, b->tpool.n_pages, P, DS_PROBE_BLOCK);
     ds_page_list pl = {0};
-    if (!ds_page_list_reserve(&b->tpool, &pl, tokens))
-        return ds_errorf("step-cost profile: the pool has no room for %d rows", tokens);
+    if (!ds_page_list_reserve(&b->tpool, &pl, keys + DS_PROBE_BLOCK))
+        return ds_errorf("step-cost profile: the pool has no room for %d rows", keys + DS_PROBE_BLOCK);
     const int n_logits = tokens < t->max_logit_rows ? tokens : t->max_logit_rows;
     for (int i = 0; i < tokens; i++)
-        b->ids[i] = i % t->vocab, b->pos[i] = i % per_seq, b->row_table[i] = i / per_seq * (per_seq / P);
+        b->ids[i] = i % t->vocab, b->pos[i] = keys + i % DS_PROBE_BLOCK, b->row_table[i] = 0;
     for (int i = 0; i < n_logits; i++) b->logit_rows[i] = tokens - n_logits + i;
     const ds_kv_pages pg = {.page_rows = b->o.page_rows, .table = pl.pages, .row_table = b->row_table};
     const ds_target_rows tr = {.n = tokens, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,

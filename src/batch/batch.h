@@ -41,6 +41,7 @@ typedef struct {
     ds_schedule_kind schedule;
     const ds_step_cost *sps; /* DS_SCHEDULE_CONFIDENCE: the target's verify step cost by rows (the caller's;
                                 ds_batch_profile makes one) */
+    int profile_context;     /* ds_batch_profile: keys each profiled row attends to (0: 256) */
     /* Diagnostic for benchmarks at real shapes with synthetic weights (dspark bench --sim-acceptance): every
      * kernel runs as it would (draft, verify of the scheduled lengths, KV appends and crops), but each
      * round's confidences and its accepted count are drawn from this profile (one stream a request, from
@@ -99,6 +100,8 @@ ds_error *ds_batch_cancel(ds_batch *b, int64_t id);
  * so finished requests must not pile up. */
 ds_error *ds_batch_release(ds_batch *b, int64_t id);
 
+/* The step-cost cache key's build field: a cached curve of an older probe shape is profiled again. */
+#define DS_BATCH_PROFILE_BUILD "dspark batch v2 (decode-shaped rows)"
 /* Profiles the target's step cost (steps per second by rows a step) on b's
  * own pool, cached at cache_path (NULL: not cached) under key: the curve
  * Algorithm 1 weighs drafts against. Run before any request is submitted.

@@ -307,9 +307,10 @@ int cmd_bench_batch(int argc, char **argv) {
         char dev[160], model[160];
         const int n = ds_backend_label(be, dev, sizeof dev);
         if (o.tp > 1) snprintf(dev + n, sizeof dev - (size_t)n, " tp %d", o.tp);
-        snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d", o.model, t->vocab, t->hidden, t->n_layers,
-                 bo.step_rows);
-        const ds_step_cost_key key = {.device = dev, .model = model, .build = "dspark batch v1"};
+        bo.profile_context = o.prompt_len + o.decode / 2; /* a request's keys halfway through its decoding */
+        snprintf(model, sizeof model, "%s V%d H%d L%d rows<=%d keys %d", o.model, t->vocab, t->hidden, t->n_layers,
+                 bo.step_rows, bo.profile_context);
+        const ds_step_cost_key key = {.device = dev, .model = model, .build = DS_BATCH_PROFILE_BUILD};
         ds_batch_opts po = bo; /* the probe runs the target alone: no drafter, so no simulated acceptance */
         po.sim = NULL;
         e = ds_batch_tp_new(o.tp, k.t, NULL, &po, &probe);
