@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call that checks dev/pending/s40-batched-attention.patch (applied here if the tree lacks it): the
+# attention tests (paged == contiguous bit for bit), the batched engine's invariance (DS_CUDA_INVARIANT=1
+# test_batch), per-op profiles at 256 in flight (AR, fixed; compare attention (wide) with session 40's 651 /
+# 1,196 us a call), the 8B table with the decode-shaped step-cost probe. ~5 min on a fresh H100.
+#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]):
+#     bash dev/pending/check-batched-attention.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -f src/backend/cuda/attention_blocks.cu ] || git apply dev/pending/s40-batched-attention.patch || exit 1
+source bench/device_lib.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+ds_build dspark_cli test_cuda_attention test_batch || exit 1
+t built
+timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
+M=$M8; ds_synth_8b; t "synth rc=$?"
+for arm in ar fixed; do
+  DS_CUDA_PROFILE=1 timeout 100 ./$B/dspark bench --concurrency 256 --arms $arm --backend cuda -m $M -d $M-dspark --temp 0 \
+    --sim-acceptance bench/profiles/mtbench-t1.json --prompt-len 128 --decode 32 > $OUT/p_$arm.txt 2>$OUT/p_$arm.err
+  t "$arm profile rc=$?"; tail -1 $OUT/p_$arm.txt; grep -E "in ops|attention|linear|markov" $OUT/p_$arm.err
+done
+DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.log 2>&1; t "test_batch inv rc=$?"; grep -E "differ|FAIL|passed" $OUT/batch.log | tail -4
+timeout 200 ./$B/dspark bench --concurrency 8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
+  --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --json > $OUT/j1.json 2>$OUT/j1.err; t "table rc=$?"; tail -3 $OUT/j1.err
+python3 - "$OUT" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1] + '/j1.json'))
+for lv in d['levels']:
+    for a in ('ar', 'fixed', 'confidence'):
+        x = lv[a]
+        print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],
+              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'skips', x['draft_skips'], 'fwd %.2f' % x['forward_s'])
+c = json.load(open(sys.argv[1] + '/sps.json'))
+print([(b['tokens'], round(b['seconds'] * 1e3, 2)) for b in c['buckets']])
+PY
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+timeout 90 $NCU --clock-control none -k regex:attn_blocks --launch-skip 100 -c 1 --section SpeedOfLight --section Occupancy \
+  --section WarpStateStats --section LaunchStats ./$B/dspark bench --concurrency 256 --arms fixed --backend cuda -m $M -d $M-dspark \
+  --temp 0 --sim-acceptance bench/profiles/mtbench-t1.json --prompt-len 128 --decode 16 > $OUT/ncu_blocks.txt 2>&1; t "ncu rc=$?"
+grep -E "attn_blocks|Duration|DRAM Through|L2 Cache Through|L1/TEX Cache Through|Compute \(SM\)|Achieved Occ|Registers Per|Warp Cycles Per Issued|Grid Size|Waves" $OUT/ncu_blocks.txt | head -14
+t done
