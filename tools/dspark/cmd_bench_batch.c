@@ -161,6 +161,28 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
+/* The target's matrix-product parameters a row multiplies through (every
+ * 2-D weight but an untied input embedding), for the TFLOP/s the forwards
+ * reach (2 x this x rows / forward seconds; the goal is a share of the
+ * card's bf16 tensor-core peak, which bench_cublas_shapes measures). 0 for a
+ * quantized checkpoint (its packed words do not count elements). */
+static double matmul_params(const ds_checkpoint *ck) {
+    double n = 0, embed = 0;
+    bool head = false;
+    for (size_t s = 0; s < ck->n_shards; s++)
+        for (size_t i = 0; i < ck->shards[s]->n_tensors; i++) {
+            const ds_st_tensor *t = &ck->shards[s]->tensors[i];
+            const size_t len = strlen(t->name);
+            if (t->ndim != 2 || len < 7 || strcmp(t->name + len - 7, ".weight")) continue;
+            if (t->dtype == DS_U32) return 0;
+            const double e = (double)t->shape[0] * (double)t->shape[1];
+            if (strstr(t->name, "embed_tokens")) embed += e;
+            else n += e;
+            if (strstr(t->name, "lm_head")) head = true;
+        }
+    return head ? n : n + embed;
+}
+
 typedef struct {
     double seconds, tokens_per_s, tau;
     long tokens;
@@ -350,6 +372,8 @@ int cmd_bench_batch(int argc, char **argv) {
             if (o.arm[arm]) printf(" | %-11s tok/s  x AR   tau ", arm_names[arm]);
         printf("\n");
     }
+    const double params = e ? 0 : matmul_params(t->ck);
+    if (!e && json) cJSON_AddNumberToObject(json, "target_matmul_params", params);
     for (int li = 0; li < o.n_levels && !e; li++) {
         const int c = o.levels[li];
         arm_result r[3] = {0};
@@ -374,6 +398,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
                 cJSON_AddNumberToObject(a, "draft_skips", (double)r[arm].st.draft_skips);
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
+                if (params > 0 && r[arm].st.forward_s > 0)
+                    cJSON_AddNumberToObject(a, "target_tflops", 2 * params * (double)r[arm].st.rows / r[arm].st.forward_s / 1e12);
             }
             cJSON_AddItemToArray(levels, lv);
         } else {
@@ -382,6 +408,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 if (o.arm[arm])
                     printf(" | %11.1f  %5.2f  %4.2f", r[arm].tokens_per_s, ar > 0 ? r[arm].tokens_per_s / ar : 0,
                            r[arm].tau);
+            if (params > 0 && o.arm[ARM_AR] && r[ARM_AR].st.forward_s > 0) /* every target row, prefill included */
+                printf(" | AR forwards %.3g TFLOP/s", 2 * params * (double)r[ARM_AR].st.rows / r[ARM_AR].st.forward_s / 1e12);
             printf("\n");
         }
         fflush(stdout);
