@@ -206,6 +206,16 @@ typedef struct {
      * with the last). Does nothing where they do not qualify (dtype, width,
      * quantized) or memory is short. Optional: NULL, nothing to gain. */
     ds_error *(*weights_join)(ds_backend *be, int n, ds_tensor *const *ws);
+    /* How many rows a product may have and still give each row the bits a
+     * one-row product gives it: the single-request engine verifies gamma + 1
+     * rows and needs decode's bits there (the default, as many as a verify
+     * takes); the batched engine without batch invariance needs none, and
+     * asks for 1 around its steps, so that rows past it may take faster
+     * kernels whose bits depend on the row count (CUDA: cuBLAS from 9 rows
+     * instead of the narrow kernels; under cfg.invariant nothing changes).
+     * Returns the previous setting, for the caller to restore. Optional:
+     * NULL where every product is row-exact at any row count (CPU). */
+    int (*exact_rows)(ds_backend *be, int rows);
     void (*release)(ds_backend *be, ds_tensor *t);
     void (*upload)(ds_backend *be, ds_tensor dst, const float *src);  /* host fp32 -> dst (fp32) */
     void (*download)(ds_backend *be, ds_tensor src, float *dst);      /* src (fp32) -> host */

@@ -815,7 +815,26 @@ static ds_error *grow_table(ds_batch *b, int need) {
     return NULL;
 }
 
+/* Around the engine's forwards: no product needs one-row bits here (batch
+ * invariance is the backend's own mode, which exact_rows leaves alone), so
+ * the backend may take its fastest kernels at every row count; the
+ * setting is put back after, for a single-request engine on the same
+ * backend. */
+static int rows_free(ds_backend *be) { return be->ops->exact_rows ? be->ops->exact_rows(be, 1) : 0; }
+static void rows_restore(ds_backend *be, int prev) {
+    if (be->ops->exact_rows) be->ops->exact_rows(be, prev);
+}
+
+static ds_error *step(ds_batch *b, int *active);
 ds_error *ds_batch_step(ds_batch *b, int *active) {
+    const int prev = rows_free(b->t->be), dprev = b->d && b->d->be != b->t->be ? rows_free(b->d->be) : 0;
+    ds_error *e = step(b, active);
+    if (b->d && b->d->be != b->t->be) rows_restore(b->d->be, dprev);
+    rows_restore(b->t->be, prev);
+    return e;
+}
+
+static ds_error *step(ds_batch *b, int *active) {
     ds_target *t = b->t;
     ds_drafter *d = b->d;
     const int G = d ? d->gamma : 0;
@@ -989,11 +1008,13 @@ static ds_error *time_rows(void *ctx, int tokens, double *seconds) {
     const ds_kv_pages pg = {.page_rows = b->o.page_rows, .table = pl.pages, .row_table = b->row_table};
     const ds_target_rows tr = {.n = tokens, .ids = b->ids, .pos = b->pos, .pages = &pg, .n_logits = n_logits,
                                .logit_rows = b->logit_rows};
+    const int prev = rows_free(t->be); /* the kernels the steps take */
     const double t0 = ds_now_s();
     ds_error *e = ds_target_forward_rows(t, &tr);
     if (!e) ds_target_argmax(t, n_logits, b->best);
     if (!e) e = ds_backend_check(t->be);
     *seconds = ds_now_s() - t0;
+    rows_restore(t->be, prev);
     ds_page_list_release(&b->tpool, &pl);
     return e;
 }

@@ -301,6 +301,17 @@ static const ds_spec_ops cuda_spec_ops = {
     .markov_sample_latent = ds_cu_markov_sample_latent,
 };
 
+/* cfg.narrow_rows: the narrow kernels up to it, the wide path (cuBLAS) past it; 8 at least (1-8 rows: the ring
+ * kernel, faster than cuBLAS there). Under cfg.invariant it stays: the wide invariant product gives the narrow
+ * kernels' bits, but slower (9-32 rows: 610 us a layer's projections vs 212-309 narrow, H100, session 39). Without
+ * it, 9-32 rows on cuBLAS: 183-186 us. */
+static int cu_exact_rows(ds_backend *be, int rows) {
+    ds_cuda_backend *cb = ds_cu(be);
+    const int prev = (int)ds_cu_narrow_rows(cb);
+    if (!cb->cfg.invariant) cb->cfg.narrow_rows = rows < 8 ? 8 : rows > DS_CU_NARROW_M ? DS_CU_NARROW_M : rows;
+    return prev;
+}
+
 static const ds_backend_ops cuda_ops = {
     .name = "cuda",
     .prefill_rows = 512, /* 8B at 64 rows a chunk: every 64 prompt tokens re-read 16 GB of weights (3.8 ms) */
@@ -310,6 +321,7 @@ static const ds_backend_ops cuda_ops = {
     .weight = cu_weight,
     .weight_quant = ds_cu_weight_quant, /* refused with DS_CUDA_QUANT=0 (matmul_quant.cu) */
     .weights_join = cu_weights_join,
+    .exact_rows = cu_exact_rows,
     .release = cu_release,
     .upload = cu_upload,
     .download = cu_download,

@@ -41,8 +41,10 @@ typedef struct {
     int att_pack_min_blocks; /* attention packs a kv head's query heads where the packed grid keeps this many
                               * blocks (<= 0: never) */
     int narrow_rows;         /* bf16 products of at most this many rows (1..32; else 32) take the narrow tensor-core
-                              * kernels, more the wide path (cuBLAS; under invariant matmul_invariant.cu): a
-                              * bench compares the two at 9..32 rows (bench_cuda_ops --batched) */
+                              * kernels, more the wide path (cuBLAS; under invariant matmul_invariant.cu): 32
+                              * for the single-request engine's verify == decode, 8 around the batched engine's
+                              * steps without invariance (ops->exact_rows); a bench compares the two at 9..32
+                              * rows (bench_cuda_ops --batched) */
 } ds_cuda_config;
 
 /* What an unset environment gives. */
