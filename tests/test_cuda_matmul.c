@@ -384,5 +384,25 @@ static void test_joined_weights(void) {
     release(&nw), release(&bq), release(&x), release(&oq), release(&ok), release(&ov), release(&oh);
 }
 
+/* ops->exact_rows (the batched engine around its steps): 1 sends bf16 products of 9..32 rows to cuBLAS
+ * (cfg.narrow_rows 8; still within the CPU's bound), nothing under cfg.invariant; the previous setting comes back
+ * and restores the single-request engine's 32. */
+static void test_exact_rows(void) {
+    ds_cuda_config *cfg = ds_cuda_config_of(gpu);
+    const bool inv = cfg->invariant;
+    cfg->invariant = false;
+    const int was = gpu->ops->exact_rows(gpu, 1);
+    CHECK(was == 32 && cfg->narrow_rows == 8, "exact_rows(1): previous %d (want 32), narrow_rows %d (want 8)", was,
+          cfg->narrow_rows);
+    linear_case(DS_BF16, 16, 515, 2048, true, false);
+    linear_case(DS_BF16, 31, 300, 1024, false, false);
+    CHECK(gpu->ops->exact_rows(gpu, was) == 8 && cfg->narrow_rows == 32, "exact_rows(32) puts 32 back");
+    cfg->invariant = true;
+    CHECK(gpu->ops->exact_rows(gpu, 1) == 32 && cfg->narrow_rows == 32, "under invariant, exact_rows changes nothing");
+    cfg->invariant = inv;
+    check_gpu_ok("exact_rows");
+}
+
 RUN_CUDA_TESTS("cuda_matmul", test_linear_vs_cpu, test_linear_row_invariance, test_fused_linear,
-               test_fused_row_invariance, test_wide_row_invariance, test_normed_x_paths, test_joined_weights)
+               test_fused_row_invariance, test_wide_row_invariance, test_normed_x_paths, test_joined_weights,
+               test_exact_rows)
