@@ -10,9 +10,10 @@ cd "$(dirname "$0")/../.."
 [ -f src/backend/cuda/attention_blocks.cu ] || git apply dev/pending/s40-batched-attention.patch || exit 1
 source bench/device_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-ds_build dspark_cli test_cuda_attention test_batch || exit 1
+ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul || exit 1
 t built
 timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
+timeout 60 $B/tests/test_cuda_matmul >$OUT/mm.log 2>&1; t "test_cuda_matmul rc=$?"; grep -E "passed|FAIL|fail" $OUT/mm.log | tail -3
 M=$M8; ds_synth_8b; t "synth rc=$?"
 for arm in ar fixed; do
   DS_CUDA_PROFILE=1 timeout 100 ./$B/dspark bench --concurrency 256 --arms $arm --backend cuda -m $M -d $M-dspark --temp 0 \
