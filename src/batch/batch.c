@@ -827,10 +827,9 @@ static void rows_restore(ds_backend *be, int prev) {
 
 static ds_error *step(ds_batch *b, int *active);
 ds_error *ds_batch_step(ds_batch *b, int *active) {
-    const int prev = rows_free(b->t->be), dprev = b->d && b->d->be != b->t->be ? rows_free(b->d->be) : 0;
+    const int prev = rows_free(b->be); /* (the drafter's backend is the target's: ds_batch_new) */
     ds_error *e = step(b, active);
-    if (b->d && b->d->be != b->t->be) rows_restore(b->d->be, dprev);
-    rows_restore(b->t->be, prev);
+    rows_restore(b->be, prev);
     return e;
 }
 

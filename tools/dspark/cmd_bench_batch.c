@@ -183,6 +183,11 @@ static double matmul_params(const ds_checkpoint *ck) {
     return head ? n : n + embed;
 }
 
+/* The TFLOP/s of a run's target forwards (every row, prefill included); 0 where unknown. */
+static double target_tflops(double params, const ds_batch_stats *st) {
+    return params > 0 && st->forward_s > 0 ? 2 * params * (double)st->rows / st->forward_s / 1e12 : 0;
+}
+
 typedef struct {
     double seconds, tokens_per_s, tau;
     long tokens;
@@ -398,8 +403,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
                 cJSON_AddNumberToObject(a, "draft_skips", (double)r[arm].st.draft_skips);
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
-                if (params > 0 && r[arm].st.forward_s > 0)
-                    cJSON_AddNumberToObject(a, "target_tflops", 2 * params * (double)r[arm].st.rows / r[arm].st.forward_s / 1e12);
+                if (target_tflops(params, &r[arm].st) > 0)
+                    cJSON_AddNumberToObject(a, "target_tflops", target_tflops(params, &r[arm].st));
             }
             cJSON_AddItemToArray(levels, lv);
         } else {
@@ -408,8 +413,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 if (o.arm[arm])
                     printf(" | %11.1f  %5.2f  %4.2f", r[arm].tokens_per_s, ar > 0 ? r[arm].tokens_per_s / ar : 0,
                            r[arm].tau);
-            if (params > 0 && o.arm[ARM_AR] && r[ARM_AR].st.forward_s > 0) /* every target row, prefill included */
-                printf(" | AR forwards %.3g TFLOP/s", 2 * params * (double)r[ARM_AR].st.rows / r[ARM_AR].st.forward_s / 1e12);
+            if (o.arm[ARM_AR] && target_tflops(params, &r[ARM_AR].st) > 0)
+                printf(" | AR forwards %.3g TFLOP/s", target_tflops(params, &r[ARM_AR].st));
             printf("\n");
         }
         fflush(stdout);
