@@ -30,7 +30,7 @@ for lv in d['levels']:
     for a in ('ar', 'fixed', 'confidence'):
         x = lv[a]
         print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],
-              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'skips', x['draft_skips'], 'fwd %.2f' % x['forward_s'])
+              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'])
 c = json.load(open(sys.argv[1] + '/sps.json'))
 print([(b['tokens'], round(b['seconds'] * 1e3, 2)) for b in c['buckets']])
 PY

@@ -583,11 +583,16 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
         b->n_conf[R++] = n;
     }
     const double cost = draft_cost_at(b, R);
-    if (R == 0 || cost <= 0) return NULL; /* nothing to decide, or the cost is still to be measured */
+    if (R == 0) return NULL;
+    if (cost <= 0) { /* the cost is still to be measured */
+        b->stats.draft_unmeasured++;
+        return NULL;
+    }
     const double plain = ds_step_cost_seconds(b->o.sps, R);
     const double every = (plain > 0 && 10 * cost / plain > 16 ? 10 * cost / plain : 16) * (1 << b->probe_backoff);
     if (b->steps_undrafted + 1 >= (every < 1000 ? every : 1000)) { /* the probe */
         b->probing = true;
+        b->stats.draft_probes++;
         return NULL;
     }
     const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};

@@ -117,6 +117,10 @@ typedef struct {
     int64_t drafted, verified_drafts; /* drafts proposed (after the threshold) and sent to verification */
     int64_t generation_tokens, finished; /* tokens committed; requests ended */
     int64_t draft_skips; /* steps that decoded autoregressively because drafting was predicted not to pay */
+    /* Drafted steps that Algorithm 1 did not predict to pay: probes (drafting
+     * now and then to keep the confidences and the cost current), and steps
+     * at a request count whose draft cost was not yet measured or bounded. */
+    int64_t draft_probes, draft_unmeasured;
     /* Verify rounds (vLLM's spec_decode counters): rounds with drafts, the
      * drafts they verified, those accepted, and per draft position k the
      * rounds that accepted it. */

@@ -402,6 +402,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "verified_drafts", (double)r[arm].st.verified_drafts);
                 cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
                 cJSON_AddNumberToObject(a, "draft_skips", (double)r[arm].st.draft_skips);
+                cJSON_AddNumberToObject(a, "draft_probes", (double)r[arm].st.draft_probes);
+                cJSON_AddNumberToObject(a, "draft_unmeasured", (double)r[arm].st.draft_unmeasured);
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
                 if (target_tflops(params, &r[arm].st) > 0)
                     cJSON_AddNumberToObject(a, "target_tflops", target_tflops(params, &r[arm].st));
