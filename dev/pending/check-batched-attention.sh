@@ -21,7 +21,7 @@ for arm in ar fixed; do
   t "$arm profile rc=$?"; tail -1 $OUT/p_$arm.txt; grep -E "in ops|attention|linear|markov" $OUT/p_$arm.err
 done
 DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.log 2>&1; t "test_batch inv rc=$?"; grep -E "differ|FAIL|passed" $OUT/batch.log | tail -4
-timeout 200 ./$B/dspark bench --concurrency 8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
+timeout 200 ./$B/dspark bench --concurrency 1,8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
   --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --json > $OUT/j1.json 2>$OUT/j1.err; t "table rc=$?"; tail -3 $OUT/j1.err
 python3 - "$OUT" <<'PY'
 import json, sys
@@ -30,10 +30,13 @@ for lv in d['levels']:
     for a in ('ar', 'fixed', 'confidence'):
         x = lv[a]
         print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],
-              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'])
+              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'], 'decode step ms %.2f' % (1e3 * x.get('decode_step_s', 0)))
 c = json.load(open(sys.argv[1] + '/sps.json'))
 print([(b['tokens'], round(b['seconds'] * 1e3, 2)) for b in c['buckets']])
 PY
+# concurrency 1 against the single-request engine: its round in AR steps (decode_step_s fixed / AR above)
+timeout 120 ./$B/dspark bench --backend cuda -m $M -d $M-dspark --reps 5 --decode 64 --bandwidth-mib 0 > $OUT/single.txt 2>&1
+t "single engine rc=$?"; grep -E "AR step|draft \+ verify|round" $OUT/single.txt | head -6
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 timeout 90 $NCU --clock-control none -k regex:attn_blocks --launch-skip 100 -c 1 --section SpeedOfLight --section Occupancy \
   --section WarpStateStats --section LaunchStats ./$B/dspark bench --concurrency 256 --arms fixed --backend cuda -m $M -d $M-dspark \

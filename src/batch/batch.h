@@ -130,6 +130,11 @@ typedef struct {
     int pages_used, pages_total;   /* now: the target's pool */
     double forward_s;  /* time in target forwards (outputs included) */
     double draft_s;    /* time in drafter rounds */
+    /* Steps with no prefill rows and their whole time (draft, forward,
+     * commit): a speculative round's cost against a plain step's, prompts
+     * left out (bench: decode_step_s per arm). */
+    int64_t decode_steps;
+    double decode_step_s;
     uint64_t token_hash; /* a running hash of every committed (request, token): ranks under TP compare it */
 } ds_batch_stats;
 ds_batch_stats ds_batch_get_stats(const ds_batch *b);

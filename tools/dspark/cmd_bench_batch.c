@@ -405,6 +405,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "draft_probes", (double)r[arm].st.draft_probes);
                 cJSON_AddNumberToObject(a, "draft_unmeasured", (double)r[arm].st.draft_unmeasured);
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
+                if (r[arm].st.decode_steps > 0)
+                    cJSON_AddNumberToObject(a, "decode_step_s", r[arm].st.decode_step_s / (double)r[arm].st.decode_steps);
                 if (target_tflops(params, &r[arm].st) > 0)
                     cJSON_AddNumberToObject(a, "target_tflops", target_tflops(params, &r[arm].st));
             }
