@@ -37,9 +37,4 @@ PY
 # concurrency 1 against the single-request engine: its round in AR steps (decode_step_s fixed / AR above)
 timeout 120 ./$B/dspark bench --backend cuda -m $M -d $M-dspark --reps 5 --decode 64 --bandwidth-mib 0 > $OUT/single.txt 2>&1
 t "single engine rc=$?"; grep -E "AR step|draft \+ verify|round" $OUT/single.txt | head -6
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-timeout 90 $NCU --clock-control none -k regex:attn_blocks --launch-skip 100 -c 1 --section SpeedOfLight --section Occupancy \
-  --section WarpStateStats --section LaunchStats ./$B/dspark bench --concurrency 256 --arms fixed --backend cuda -m $M -d $M-dspark \
-  --temp 0 --sim-acceptance bench/profiles/mtbench-t1.json --prompt-len 128 --decode 16 > $OUT/ncu_blocks.txt 2>&1; t "ncu rc=$?"
-grep -E "attn_blocks|Duration|DRAM Through|L2 Cache Through|L1/TEX Cache Through|Compute \(SM\)|Achieved Occ|Registers Per|Warp Cycles Per Issued|Grid Size|Waves" $OUT/ncu_blocks.txt | head -14
 t done
