@@ -12,9 +12,10 @@ if ! grep -q ds_cu_attention_prefill_runs src/backend/cuda/cuda_internal.h; then
 fi
 source bench/device_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul || exit 1
+ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov || exit 1
 t built
 timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
+timeout 60 $B/tests/test_cuda_markov >$OUT/markov.log 2>&1; t "test_cuda_markov rc=$?"; grep -E "passed|FAIL|fail" $OUT/markov.log | tail -3
 timeout 60 $B/tests/test_cuda_matmul >$OUT/mm.log 2>&1; t "test_cuda_matmul rc=$?"; grep -E "passed|FAIL|fail" $OUT/mm.log | tail -3
 M=$M8; ds_synth_8b; t "synth rc=$?"
 for arm in ar fixed; do

@@ -1270,26 +1270,24 @@ void ds_cu_markov_sample_latent(ds_backend *be, const ds_markov_latent *lat, ds_
 /* ---- sampled walks of many sequences at once (markov_sample_seqs) ------- */
 
 /* The butterfly of markov_step_kernel (v += shfl_xor(v, off), off = 16 ..
- * 1) for 32 values at once, by recursive halving: at each level a lane keeps
- * the half of its values whose index bit matches its lane bit and adds its
- * partner's copy of them. Each value is added with the same partner's value
- * at every level as in the butterfly (a + b == b + a exactly), so the sums
- * are the butterfly's bits; 31 shuffles instead of 160. Lane t returns value
- * t's sum. */
-template <int W> __device__ __forceinline__ void halving_level(float p[32], int lane) {
-    const bool hi = lane & W;
+ * 1) for 32 values at once, by recursive halving, with the values laid out
+ * so that no lane selects: lane l's register p[i] holds value i ^ l. At the
+ * level of width W a lane keeps p[i] (i < W: values whose bit W is the
+ * lane's) and adds its partner's p[i + W], which holds the same value
+ * (((i + W) ^ (l ^ W)) == i ^ l). Each value is added with the same
+ * partner's partial at every level as in the butterfly (a + b == b + a
+ * exactly), so the sums are the butterfly's bits; 31 shuffles instead of
+ * 160. Lane t returns value t's sum (p[0] holds 0 ^ t). */
+template <int W> __device__ __forceinline__ void halving_level(float p[32]) {
 #pragma unroll
-    for (int i = 0; i < W; i++) {
-        const float send = hi ? p[i] : p[i + W], keep = hi ? p[i + W] : p[i];
-        p[i] = keep + __shfl_xor_sync(0xffffffffu, send, W);
-    }
+    for (int i = 0; i < W; i++) p[i] += __shfl_xor_sync(0xffffffffu, p[i + W], W);
 }
-__device__ __forceinline__ float halving_sum32(float p[32], int lane) {
-    halving_level<16>(p, lane);
-    halving_level<8>(p, lane);
-    halving_level<4>(p, lane);
-    halving_level<2>(p, lane);
-    halving_level<1>(p, lane);
+__device__ __forceinline__ float halving_sum32(float p[32]) {
+    halving_level<16>(p);
+    halving_level<8>(p);
+    halving_level<4>(p);
+    halving_level<2>(p);
+    halving_level<1>(p);
     return p[0];
 }
 
@@ -1331,12 +1329,14 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = 8 * lane;
     const int64_t n0 = ((int64_t)blockIdx.x * STEP_WARPS + warp) * STEP_ROWS;
+    /* Register p[4q + s] holds value (4q + s) ^ lane (halving_sum32): row q ^ qx, sequence j0 + (s ^ sx). */
+    const int qx = lane >> 2, sx = lane & 3;
     for (int jr = 0; jr < STEP_ROWS; jr += STEP_BATCH) {
         if (n0 + jr >= V) break;
         float f[STEP_BATCH][8];
 #pragma unroll
         for (int q = 0; q < STEP_BATCH; q++) {
-            const int64_t m = n0 + jr + q;
+            const int64_t m = n0 + jr + (q ^ qx);
             if (k < r && m < V) {
                 ds_cu_load8<DT>(w2, m * w2s + k, f[q]);
             } else {
@@ -1345,10 +1345,11 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
             }
         }
         for (int j0 = 0; j0 < n; j0 += 4) {
-            float p[32]; /* p[4q + s]: row q, sequence j0 + s (past n: a copy of the last, not stored) */
+            float p[32]; /* p[4q + s]: row q ^ qx, sequence j0 + (s ^ sx) (past n: a copy of the last, not stored) */
 #pragma unroll
             for (int s4 = 0; s4 < 4; s4++) {
-                const float *es = e + (j0 + s4 < n ? j0 + s4 : n - 1) * r;
+                const int js = j0 + (s4 ^ sx);
+                const float *es = e + (js < n ? js : n - 1) * r;
                 float ev[8];
 #pragma unroll
                 for (int i = 0; i < 8; i++) ev[i] = k < r ? es[k + i] : 0.0f;
@@ -1361,7 +1362,7 @@ __global__ void __launch_bounds__(STEP_WARPS * 32)
                     p[4 * q + s4] = acc;
                 }
             }
-            const float v = halving_sum32(p, lane);
+            const float v = halving_sum32(p);
             const int j = j0 + (lane & 3);
             const int64_t m = n0 + jr + (lane >> 2);
             if (j < n && m < V) rows[j * V + m] = step_logit(base + j * bss, v, m, bf16);
