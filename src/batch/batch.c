@@ -919,7 +919,11 @@ static ds_error *step(ds_batch *b, int *active) {
     DS_TRY(schedule(b));
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;
-    if (draft_now && R > 0) b->draft_cost[cost_bucket(R)] = rank0_seconds(b, t1 - t0);
+    if (draft_now && R > 0) {
+        b->draft_cost[cost_bucket(R)] = rank0_seconds(b, t1 - t0);
+        b->stats.draft_passes++;
+        b->stats.draft_pass_s += t1 - t0;
+    }
 
     /* The rows of one target forward. */
     int n = 0, n_logits = 0, n_table = 0;

@@ -129,7 +129,9 @@ typedef struct {
     int running, waiting;          /* now: sequences holding pages, sequences queued (or preempted) */
     int pages_used, pages_total;   /* now: the target's pool */
     double forward_s;  /* time in target forwards (outputs included) */
-    double draft_s;    /* time in drafter rounds */
+    double draft_s;    /* time in drafter rounds (steps that verify without drafting: the context append alone) */
+    int64_t draft_passes; /* steps that drafted, and their draft time (the rest of draft_s: context appends) */
+    double draft_pass_s;
     /* Steps with no prefill rows and their whole time (draft, forward,
      * commit): a speculative round's cost against a plain step's, prompts
      * left out (bench: decode_step_s per arm). */

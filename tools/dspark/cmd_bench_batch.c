@@ -401,6 +401,9 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "drafted", (double)r[arm].st.drafted);
                 cJSON_AddNumberToObject(a, "verified_drafts", (double)r[arm].st.verified_drafts);
                 cJSON_AddNumberToObject(a, "draft_s", r[arm].st.draft_s);
+                cJSON_AddNumberToObject(a, "draft_passes", (double)r[arm].st.draft_passes);
+                if (r[arm].st.draft_passes > 0)
+                    cJSON_AddNumberToObject(a, "draft_pass_s", r[arm].st.draft_pass_s / (double)r[arm].st.draft_passes);
                 cJSON_AddNumberToObject(a, "draft_skips", (double)r[arm].st.draft_skips);
                 cJSON_AddNumberToObject(a, "draft_probes", (double)r[arm].st.draft_probes);
                 cJSON_AddNumberToObject(a, "draft_unmeasured", (double)r[arm].st.draft_unmeasured);
