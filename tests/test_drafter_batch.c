@@ -8,7 +8,9 @@
  * once for 3 (passes of 3 + 3 + 1 blocks, the context in chunks) and once
  * for all 7 (one pass). On the pico pair (vanilla head), DFlash (no head),
  * DeepSpec's gated and RNN heads (qwen3-tiny) and a trained Gemma 4 drafter
- * (soft-capped logits). Then the sequences it must refuse. On the GPU,
+ * (soft-capped logits); the pending taps copied a sequence at a time, and
+ * gathered as rows of one tensor (ds_draft_batch_opts.taps). Then the
+ * sequences it must refuse. On the GPU,
  * passes of more than 32 rows are row invariant with DS_CUDA_INVARIANT=1
  * (as test_batch). */
 #include <stdlib.h>
@@ -74,8 +76,9 @@ static ds_error *keep(void *ctx, int r, ds_proposal *out) {
 
 static void seed_rng(ds_rng *rng, int r) { ds_rng_seed(rng, 77 + 1000 * (uint64_t)r); }
 
-/* The batched round over every case (pages_batch), compared with the solo rounds. */
-static void compare_batch(const pair *p, ds_drafter *d, seq_case *c, int R) {
+/* The batched round over every case (pages_batch), compared with the solo
+ * rounds; with src, the pending taps gathered from it (they are its rows). */
+static void compare_batch(const pair *p, ds_drafter *d, seq_case *c, int R, ds_tensor src) {
     const int G = d->gamma, V = d->vocab;
     ds_draft_seq seqs[N_SEQS];
     ds_rng rngs[N_SEQS];
@@ -89,7 +92,7 @@ static void compare_batch(const pair *p, ds_drafter *d, seq_case *c, int R) {
                                  .n_pages = c[r].n_pages, .n_ctx = &c[r].batch_nctx};
     }
     done_ctx k = {.d = d, .c = c};
-    const ds_draft_batch_opts o = {.page_rows = PAGE_ROWS, .done = keep, .ctx = &k};
+    const ds_draft_batch_opts o = {.page_rows = PAGE_ROWS, .taps = src, .done = keep, .ctx = &k};
     CHECK_OK(ds_drafter_round_batch(d, R, seqs, &o, props));
     CHECK(k.calls == R, "%s: %d callbacks for %d sequences", p->name, k.calls, R);
     int same = 0, drafted = 0;
@@ -107,8 +110,8 @@ static void compare_batch(const pair *p, ds_drafter *d, seq_case *c, int R) {
         same += ok;
         drafted += b->n;
     }
-    printf("  %-18s %d a pass: %d/%d proposals identical (%d drafts kept)\n", p->name, d->max_seqs, same, R,
-           drafted);
+    printf("  %-18s %d a pass%s: %d/%d proposals identical (%d drafts kept)\n", p->name, d->max_seqs,
+           src.data ? ", taps gathered" : "", same, R, drafted);
 }
 
 static void check_pair(const pair *p) {
@@ -125,6 +128,8 @@ static void check_pair(const pair *p) {
     int next_page = 0;
     seq_case c[N_SEQS];
     memset(c, 0, sizeof c);
+    ds_tensor all_taps; /* every sequence's pending taps: rows r (G + 1).. */
+    CHECK_OK(be->ops->alloc(be, DS_F32, (int64_t)N_SEQS * (G + 1), t->taps.cols, &all_taps));
     for (int r = 0; r < N_SEQS; r++) {
         seq_case *q = &c[r];
         q->len = 10 + 8 * r;
@@ -145,7 +150,7 @@ static void check_pair(const pair *p) {
         int32_t best;
         CHECK_OK(ds_target_forward_argmax(t, q->ids, q->len, 0, 1, &best));
         q->anchor = best;
-        CHECK_OK(be->ops->alloc(be, DS_F32, G + 1, t->taps.cols, &q->taps));
+        q->taps = ds_rows(all_taps, (int64_t)r * (G + 1), G + 1);
         if (q->pending) be->ops->copy(be, ds_rows(q->taps, 0, q->pending), ds_rows(t->taps, q->pre, q->pending));
         const int32_t *lists[2] = {q->pages_solo, q->pages_batch};
         const int32_t zeros[64] = {0};
@@ -176,14 +181,16 @@ static void check_pair(const pair *p) {
             memcpy(q->solo_probs, q->solo.probs, (size_t)G * V * sizeof(float));
         }
     }
-    compare_batch(p, d, c, N_SEQS); /* opened for one sequence a pass */
+    compare_batch(p, d, c, N_SEQS, ds_no_tensor()); /* opened for one sequence a pass */
     CHECK_OK(ds_drafter_reserve_seqs(d, 3));
     CHECK(d->max_seqs == 3, "%s: max_seqs %d after reserving 3", p->name, d->max_seqs);
-    compare_batch(p, d, c, N_SEQS); /* 3 + 3 + 1 */
+    compare_batch(p, d, c, N_SEQS, ds_no_tensor()); /* 3 + 3 + 1 */
+    compare_batch(p, d, c, N_SEQS, all_taps);
     CHECK_OK(ds_drafter_reserve_seqs(d, N_SEQS));
-    compare_batch(p, d, c, N_SEQS); /* one pass */
+    compare_batch(p, d, c, N_SEQS, ds_no_tensor()); /* one pass */
+    compare_batch(p, d, c, N_SEQS, all_taps);
+    be->ops->release(be, &all_taps);
     for (int r = 0; r < N_SEQS; r++) {
-        be->ops->release(be, &c[r].taps);
         free(c[r].solo_probs);
         free(c[r].batch_probs);
     }
@@ -231,6 +238,18 @@ static void test_refusals(void) {
     seqs[0].anchor = 1;
     seqs[0].n = 2, seqs[0].pos0 = 0, seqs[0].start = 2;
     CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &o, out), "drafter sequence 10: taps of 0 x 0 for 2 rows");
+    ds_tensor taps, other;
+    CHECK_OK(be->ops->alloc(be, DS_F32, 4, (int64_t)d->n_taps * d->hidden, &taps));
+    CHECK_OK(be->ops->alloc(be, DS_F32, 4, (int64_t)d->n_taps * d->hidden, &other));
+    seqs[0].taps = ds_rows(taps, 1, 2);
+    const ds_draft_batch_opts from_other = {.page_rows = PAGE_ROWS, .taps = other};
+    CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &from_other, out),
+              "drafter sequence 10: its 2 taps rows are not rows of the batch's taps tensor");
+    const ds_draft_batch_opts from_short = {.page_rows = PAGE_ROWS, .taps = ds_rows(taps, 0, 2)};
+    CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &from_short, out), "are not rows of the batch's taps tensor");
+    be->ops->release(be, &taps);
+    be->ops->release(be, &other);
+    seqs[0].taps = ds_no_tensor();
     seqs[0].n = 0, seqs[0].start = 0;
     seqs[0].pages = NULL;
     CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &o, out), "drafter sequence 10: no page list");

@@ -500,7 +500,7 @@ static ds_error *draft_all(ds_batch *b, bool context_only) {
         b->drafting[R++] = s;
         s->drafted_now = !context_only;
     }
-    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .done = drafted, .ctx = b};
+    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .taps = b->t->taps, .done = drafted, .ctx = b};
     ds_error *e = context_only ? ds_drafter_context_batch(b->d, R, b->dseqs, &o)
                                : ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
     for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;

@@ -2,6 +2,7 @@
  * head for many sequences, then each sequence's walk (drafter_batch.h). */
 #include "draft/drafter_batch.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,9 +82,27 @@ static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_
  * position, list start, and (blocks) id and key limit. */
 typedef struct {
     int32_t *table, *base;
-    int32_t *cpos, *crt;                  /* context chunk rows */
+    int32_t *cpos, *crt, *csrc;           /* context chunk rows (csrc: row of o->taps it gathers) */
     int32_t *ids, *bpos, *brt, *bkeys;    /* block rows */
 } host_rows;
+
+/* The row of o->taps where q's taps start (check_taps_source: they are rows of it). */
+static int32_t taps_row(const ds_draft_batch_opts *o, const ds_draft_seq *q) {
+    const uintptr_t row_bytes = (uintptr_t)o->taps.stride * sizeof(float);
+    return (int32_t)(((uintptr_t)q->taps.data - (uintptr_t)o->taps.data) / row_bytes);
+}
+
+/* With o->taps: q's pending rows must be whole rows of it. */
+static ds_error *check_taps_source(const ds_draft_batch_opts *o, const ds_draft_seq *q) {
+    if (!o->taps.data || q->n == 0) return NULL;
+    const uintptr_t base = (uintptr_t)o->taps.data, at = (uintptr_t)q->taps.data;
+    const uintptr_t row_bytes = (uintptr_t)o->taps.stride * sizeof(float);
+    if (o->taps.dtype != DS_F32 || o->taps.cols != q->taps.cols || q->taps.stride != o->taps.stride || at < base ||
+        (at - base) % row_bytes || (at - base) / row_bytes + (uintptr_t)q->n > (uintptr_t)o->taps.rows)
+        return ds_errorf("drafter sequence %lld: its %d taps rows are not rows of the batch's taps tensor",
+                         (long long)q->id, q->n);
+    return NULL;
+}
 
 /* The pending context of seqs[0..R): chunks of whole sequences of up to
  * cap rows (all of them at once when d was reserved for R; cap 0: one
@@ -106,9 +125,15 @@ static void context_pass(ds_drafter *d, int R, const ds_draft_seq *seqs, const d
             ds_tensor taps = ds_rows(seqs[last].taps, 0, rows);
             if (used > 1) {
                 taps = ds_rows(d->batch_taps, 0, rows);
-                for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
-                    if (seqs[k].n > 0)
-                        be->ops->copy(be, ds_rows(taps, at, seqs[k].n), ds_rows(seqs[k].taps, 0, seqs[k].n));
+                if (o->taps.data) { /* one gather: each row from its place in o->taps */
+                    for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
+                        for (int i = 0; i < seqs[k].n; i++) h->csrc[at + i] = taps_row(o, &seqs[k]) + i;
+                    be->ops->embed(be, taps, o->taps, h->csrc, 1.0f);
+                } else {
+                    for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
+                        if (seqs[k].n > 0)
+                            be->ops->copy(be, ds_rows(taps, at, seqs[k].n), ds_rows(seqs[k].taps, 0, seqs[k].n));
+                }
             }
             const ds_kv_pages pg = {.page_rows = o->page_rows, .table = h->table, .row_table = h->crt};
             d->pages = &pg;
@@ -172,6 +197,7 @@ static ds_error *begin(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_
     int most = 0;
     for (int r = 0; r < R; r++) {
         DS_TRY(check_seq(d, &seqs[r], o->page_rows));
+        DS_TRY(check_taps_source(o, &seqs[r]));
         n_table += seqs[r].n_pages;
         if (seqs[r].n > most) most = seqs[r].n;
     }
@@ -180,12 +206,12 @@ static ds_error *begin(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_
      * reserve sized batch_taps and the architecture's scratch for). */
     const int cap = S > 1 ? (int)d->batch_taps.rows : 0;
     const int crows = cap > most ? cap : most, brows = S * G;
-    int32_t *m = malloc(((size_t)n_table + (size_t)R + 2 * (size_t)crows + 4 * (size_t)brows) * sizeof *m);
+    int32_t *m = malloc(((size_t)n_table + (size_t)R + 3 * (size_t)crows + 4 * (size_t)brows) * sizeof *m);
     if (!m) return ds_errorf("out of memory");
     *h = (host_rows){.table = m};
     h->base = h->table + n_table;
-    h->cpos = h->base + R, h->crt = h->cpos + crows;
-    h->ids = h->crt + crows, h->bpos = h->ids + brows, h->brt = h->bpos + brows, h->bkeys = h->brt + brows;
+    h->cpos = h->base + R, h->crt = h->cpos + crows, h->csrc = h->crt + crows;
+    h->ids = h->csrc + crows, h->bpos = h->ids + brows, h->brt = h->bpos + brows, h->bkeys = h->brt + brows;
     for (int r = 0, at = 0; r < R; at += seqs[r].n_pages, r++) {
         h->base[r] = at;
         memcpy(h->table + at, seqs[r].pages, (size_t)seqs[r].n_pages * sizeof *h->table);

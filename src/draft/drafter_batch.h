@@ -31,6 +31,11 @@ typedef struct {
 
 typedef struct {
     int page_rows; /* rows a page of the drafter's caches holds */
+    /* Optional: the tensor every sequence's taps are rows of (a view of its
+     * own allocation: the target's taps). The context pass then gathers
+     * them with one row gather (the backend's embed) per 64 rows instead of
+     * one copy a sequence: at 256 in flight, 256 launches a step. */
+    ds_tensor taps;
     /* Optional: called once sequence r's proposal is final, before the next
      * sequence's walk reuses the drafter buffers that out->probs,
      * out->probs_dev and out->logits point into, so the caller can keep
