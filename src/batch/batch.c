@@ -11,6 +11,9 @@
 #include "speculate/round.h"
 #include "speculate/schedule.h"
 
+/* Context rows a sequence may hold (ds_batch.held): two blocks of the largest gamma. */
+#define DS_HELD_MAX (2 * (DS_MAX_GAMMA + 1))
+
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_phase;
 
 typedef struct {
@@ -27,9 +30,14 @@ typedef struct {
     bool started; /* the first token is drawn: decoding resumes after a recompute */
     int32_t anchor; /* the last committed token, at position start (not in the cache yet) */
     int start;
-    /* The drafter: context positions 0..d_nctx-1; the rows of the last
-     * forward whose taps it has not received yet (anchor + accepted drafts). */
+    /* The drafter: context positions 0..d_nctx-1; then held_n rows kept in
+     * ds_batch.held (positions held_pos0.., rows held_rows) that it has not
+     * received yet; then the rows of the last forward whose taps it has not
+     * received (anchor + accepted drafts: ctx_n rows from ctx_row0, at
+     * ctx_pos0), which the next step moves to the held rows. */
     int d_nctx, ctx_row0, ctx_pos0, ctx_n;
+    int held_n, held_pos0;
+    int32_t held_rows[DS_HELD_MAX];
     ds_page_list tp, dp;
     ds_rng rng;
     ds_gen_result res;
@@ -56,6 +64,16 @@ typedef struct {
     int32_t vs_next;
 } seq;
 
+/* The held context (hold_pending): a step that does not draft for a
+ * sequence does not append its new context rows to the drafter; their taps
+ * wait in ds_batch.held (one row gather a step for every sequence) until it
+ * drafts, or until a sequence holds held_cap rows or the buffer is full,
+ * when one context pass appends everything held. Under load, where
+ * Algorithm 1 declines to draft, the drafter's context then costs one pass
+ * every few steps instead of one a step (its projections at several times
+ * the rows), and nothing where a sequence never drafts again before it
+ * ends. The drafter's context rows are row invariant, so a row appended
+ * later holds the same bits. */
 struct ds_batch {
     ds_target *t;
     ds_drafter *d;
@@ -85,6 +103,10 @@ struct ds_batch {
     int *vacc;
     int32_t *vnext;
     bool *slot_used;
+    ds_tensor held;     /* [2 x max_seqs x (gamma + 1), taps]: held context rows (hold_pending) */
+    int held_used;      /* rows of it in use (from 0; emptied when no sequence holds any) */
+    int held_cap;       /* rows a sequence may hold */
+    int32_t *held_src;  /* [max_seqs x (gamma + 1)]: a step's gather, rows of the target's taps */
     /* Whether to draft at all (DS_SCHEDULE_CONFIDENCE): the drafter pass's
      * measured seconds by request count (bucket floor(log2 R); 0: not
      * measured yet) and the steps since the last one drafted. */
@@ -134,7 +156,8 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
         if (d->be != t->be) return ds_errorf("batched engine: the target and the drafter are on different backends");
         if (t->n_taps != d->n_taps || memcmp(t->tap_layers, d->tap_layers, (size_t)d->n_taps * sizeof(int)))
             DS_TRY(ds_target_set_taps(t, d->tap_layers, d->n_taps));
-        DS_TRY(ds_drafter_reserve_seqs(d, o.max_seqs)); /* every decoding sequence's block in one pass */
+        /* every decoding sequence's block in one pass; 2 at least, for the held rows' gather buffer */
+        DS_TRY(ds_drafter_reserve_seqs(d, o.max_seqs > 1 ? o.max_seqs : 2));
     }
     ds_batch *b = calloc(1, sizeof *b);
     if (!b) return ds_errorf("out of memory");
@@ -162,6 +185,14 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
     b->vreq = malloc((size_t)o.max_seqs * sizeof *b->vreq);
     b->vacc = malloc((size_t)o.max_seqs * sizeof *b->vacc);
     b->vnext = malloc((size_t)o.max_seqs * sizeof *b->vnext);
+    if (d) {
+        b->held_src = malloc((size_t)o.max_seqs * (G + 1) * sizeof *b->held_src);
+        b->held_cap = 2 * (G + 1) < DS_HELD_MAX ? 2 * (G + 1) : DS_HELD_MAX;
+        if (b->held_cap > d->max_rows) b->held_cap = d->max_rows;
+        if (b->held_cap > d->batch_taps.rows) b->held_cap = (int)d->batch_taps.rows;
+        if (!e) e = t->be->ops->alloc(t->be, DS_F32, 2 * (int64_t)o.max_seqs * (G + 1), t->taps.cols, &b->held);
+        if (!e && !b->held_src) e = ds_errorf("out of memory");
+    }
     if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||
                !b->scratch || !b->slot_used || !b->conf || !b->n_conf || !b->len || !b->drafting || !b->dseqs ||
                !b->dprops || !b->vseqs || !b->vreq || !b->vacc || !b->vnext))
@@ -199,8 +230,9 @@ void ds_batch_free(ds_batch *b) {
     free(b->zeros), free(b->logits_host), free(b->scratch), free(b->slot_used);
     free(b->conf), free(b->n_conf), free(b->len);
     free(b->drafting), free(b->dseqs), free(b->dprops);
-    free(b->vseqs), free(b->vreq), free(b->vacc), free(b->vnext);
+    free(b->vseqs), free(b->vreq), free(b->vacc), free(b->vnext), free(b->held_src);
     b->be->ops->release(b->be, &b->draft_probs);
+    b->be->ops->release(b->be, &b->held);
     free(b);
 }
 
@@ -371,7 +403,7 @@ static void preempt(ds_batch *b, seq *s) {
     s->phase = SEQ_WAITING;
     s->cached = 0;
     s->d_nctx = 0;
-    s->ctx_n = 0;
+    s->ctx_n = s->held_n = 0;
     s->goal = s->started ? s->start : s->n_prompt;
     b->stats.preemptions++;
 }
@@ -481,45 +513,90 @@ static ds_error *drafted(void *ctx, int r, ds_proposal *out) {
     return ds_error_wrap(keep_proposal(b, s, out), "request %lld", (long long)s->id);
 }
 
-/* One drafter round for every decoding sequence that got its rows (the
- * drafter reads the taps of the last forward, which the next one
- * overwrites): each one's pending context rows, then a block after its
- * anchor, on its own pages, in one pass (draft/drafter_batch.h). With
- * context_only, the pending rows alone (a step that does not draft). */
-static ds_error *draft_all(ds_batch *b, bool context_only) {
+/* s's held context rows as a batched drafter round takes them (before its block at start). */
+static ds_draft_seq held_seq(const ds_batch *b, seq *s) {
+    return (ds_draft_seq){.id = s->id, .taps = b->held, .taps_rows = s->held_rows, .pos0 = s->held_pos0,
+                          .n = s->held_n, .anchor = s->anchor, .start = s->start, .sampling = &s->p.sampling,
+                          .threshold = s->p.threshold, .rng = &s->rng, .pages = s->dp.pages, .n_pages = s->dp.n,
+                          .n_ctx = &s->d_nctx};
+}
+
+/* Empties the held buffer where no running sequence holds rows in it. */
+static void held_compact(ds_batch *b) {
+    for (int i = 0; i < b->n_seqs; i++)
+        if (b->seqs[i]->phase == SEQ_RUNNING && b->seqs[i]->held_n > 0) return;
+    b->held_used = 0;
+}
+
+/* Every held row to the drafter, in one context pass; the buffer empties. */
+static ds_error *flush_held(ds_batch *b) {
     int R = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
-        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
-        if (context_only && s->ctx_n == 0) continue;
-        b->dseqs[R] = (ds_draft_seq){.id = s->id, .taps = s->ctx_n ? ds_rows(b->t->taps, s->ctx_row0, s->ctx_n)
-                                                                   : ds_no_tensor(),
-                                     .pos0 = s->ctx_pos0, .n = s->ctx_n, .anchor = s->anchor, .start = s->start,
-                                     .sampling = &s->p.sampling, .threshold = s->p.threshold, .rng = &s->rng,
-                                     .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
+        if (s->phase != SEQ_RUNNING || s->held_n == 0) continue;
+        b->dseqs[R] = held_seq(b, s);
+        b->dseqs[R].start = s->held_pos0 + s->held_n; /* (its newest rows may still wait in the target's taps) */
         b->drafting[R++] = s;
-        s->drafted_now = !context_only;
     }
-    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .taps = b->t->taps, .done = drafted, .ctx = b};
-    ds_error *e = context_only ? ds_drafter_context_batch(b->d, R, b->dseqs, &o)
-                               : ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
-    for (int r = 0; r < R; r++) b->drafting[r]->ctx_n = 0;
+    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .taps = b->held};
+    ds_error *e = ds_drafter_context_batch(b->d, R, b->dseqs, &o);
+    for (int r = 0; r < R; r++) b->drafting[r]->held_n = 0;
+    b->held_used = 0;
     return e;
 }
 
 /* The drafter's context must take every committed row's taps from the
- * forward that made them, before the next forward overwrites them: a
- * decoding sequence that does not draft this step (no rows this step, or a
- * step that skips drafting) appends its pending rows alone. */
-static ds_error *append_pending(ds_batch *b, seq *s) {
-    if (s->ctx_n == 0) return NULL;
-    ds_kv_pages pg;
-    set_drafter_pages(b, s, &pg);
-    ds_error *e = ds_drafter_append(b->d, ds_rows(b->t->taps, s->ctx_row0, s->ctx_n), s->ctx_pos0, s->ctx_n);
-    s->d_nctx = b->d->n_ctx;
-    b->d->pages = NULL;
-    s->ctx_n = 0;
-    return ds_error_wrap(e, "request %lld: drafter context", (long long)s->id);
+ * forward that made them, before the next forward overwrites them: every
+ * sequence's new context rows are gathered into the held buffer (after
+ * everything held goes to the drafter, where a sequence would hold more
+ * than held_cap rows or the buffer is full). */
+static ds_error *hold_pending(ds_batch *b) {
+    int add = 0;
+    bool flush = false;
+    for (int i = 0; i < b->n_seqs; i++) {
+        const seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->ctx_n == 0) continue;
+        add += s->ctx_n;
+        flush = flush || s->held_n + s->ctx_n > b->held_cap;
+    }
+    if (add == 0) return NULL;
+    if (flush || b->held_used + add > b->held.rows) DS_TRY(flush_held(b));
+    int k = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->ctx_n == 0) continue;
+        if (s->held_n == 0) s->held_pos0 = s->ctx_pos0;
+        if (s->held_pos0 + s->held_n != s->ctx_pos0)
+            return ds_errorf("request %lld: context rows at position %d after %d held from %d", (long long)s->id,
+                             s->ctx_pos0, s->held_n, s->held_pos0);
+        for (int j = 0; j < s->ctx_n; j++, k++) {
+            b->held_src[k] = s->ctx_row0 + j;
+            s->held_rows[s->held_n++] = b->held_used + k;
+        }
+        s->ctx_n = 0;
+    }
+    b->be->ops->embed(b->be, ds_rows(b->held, b->held_used, add), b->t->taps, b->held_src, 1.0f);
+    b->held_used += add;
+    return NULL;
+}
+
+/* One drafter round for every decoding sequence that got its rows: each
+ * one's held context rows, then a block after its anchor, on its own
+ * pages, in one pass (draft/drafter_batch.h). */
+static ds_error *draft_all(ds_batch *b) {
+    int R = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
+        b->dseqs[R] = held_seq(b, s);
+        b->drafting[R++] = s;
+        s->drafted_now = true;
+    }
+    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .taps = b->held, .done = drafted, .ctx = b};
+    ds_error *e = ds_drafter_round_batch(b->d, R, b->dseqs, &o, b->dprops);
+    for (int r = 0; r < R; r++) b->drafting[r]->held_n = 0;
+    held_compact(b);
+    return e;
 }
 
 /* Bucket of the draft-cost table for R sequences. */
@@ -895,8 +972,9 @@ static ds_error *step(ds_batch *b, int *active) {
         }
 
     /* Draft for every decoding sequence that got its rows, when drafting
-     * pays; the others' pending context rows go to the drafter alone. */
+     * pays; every sequence's new context rows wait in the held buffer. */
     const double t0 = ds_now_s();
+    double tc = t0; /* after the held rows' flush */
     int R = 0; /* decoding sequences with rows this step */
     if (d) {
         for (int i = 0; i < b->n_seqs; i++) {
@@ -906,9 +984,13 @@ static ds_error *step(ds_batch *b, int *active) {
             if (!decoding) continue;
             R += s->n_rows > 0;
             if (!draft_now) s->prop.n = 0;
-            if (s->n_rows == 0) DS_TRY(append_pending(b, s)); /* draft_all takes the others' */
         }
-        if (R > 0) DS_TRY(draft_all(b, !draft_now));
+        /* A step that drafts first appends what was held before it (timed apart: the draft cost Algorithm 1
+         * weighs is a drafting step's, whose context is its last verify's rows alone). */
+        if (R > 0 && draft_now) DS_TRY(flush_held(b));
+        tc = ds_now_s();
+        DS_TRY(hold_pending(b));
+        if (R > 0 && draft_now) DS_TRY(draft_all(b));
         if (R > 0 && draft_now) {
             b->steps_undrafted = 0;
         } else if (R > 0) {
@@ -920,9 +1002,9 @@ static ds_error *step(ds_batch *b, int *active) {
     const double t1 = ds_now_s();
     b->stats.draft_s += t1 - t0;
     if (draft_now && R > 0) {
-        b->draft_cost[cost_bucket(R)] = rank0_seconds(b, t1 - t0);
+        b->draft_cost[cost_bucket(R)] = rank0_seconds(b, t1 - tc);
         b->stats.draft_passes++;
-        b->stats.draft_pass_s += t1 - t0;
+        b->stats.draft_pass_s += t1 - tc;
     }
 
     /* The rows of one target forward. */

@@ -2,6 +2,7 @@
  * head for many sequences, then each sequence's walk (drafter_batch.h). */
 #include "draft/drafter_batch.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +45,8 @@ ds_error *ds_drafter_reserve_seqs(ds_drafter *d, int max_seqs) {
 }
 
 /* Everything ds_drafter_round would refuse, and what a batch adds (pages
- * that hold the block), before any op runs. */
-static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_rows) {
+ * that hold the block, where it drafts one), before any op runs. */
+static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_rows, bool block) {
     const long long id = (long long)q->id;
     if (!q->n_ctx || !q->sampling || !q->rng || !q->pages)
         return ds_errorf("drafter sequence %lld: no %s", id,
@@ -71,7 +72,7 @@ static ds_error *check_seq(const ds_drafter *d, const ds_draft_seq *q, int page_
     if (q->anchor < 0 || q->anchor >= d->vocab)
         return ds_errorf("drafter sequence %lld: anchor token %d is outside the vocabulary (0..%d)", id, q->anchor,
                          d->vocab - 1);
-    if ((int64_t)q->n_pages * page_rows < (int64_t)q->start + d->gamma)
+    if (block && (int64_t)q->n_pages * page_rows < (int64_t)q->start + d->gamma)
         return ds_errorf("drafter sequence %lld: %d pages of %d rows cannot hold its block at positions %d..%d", id,
                          q->n_pages, page_rows, q->start, q->start + d->gamma - 1);
     return NULL;
@@ -92,9 +93,26 @@ static int32_t taps_row(const ds_draft_batch_opts *o, const ds_draft_seq *q) {
     return (int32_t)(((uintptr_t)q->taps.data - (uintptr_t)o->taps.data) / row_bytes);
 }
 
-/* With o->taps: q's pending rows must be whole rows of it. */
-static ds_error *check_taps_source(const ds_draft_batch_opts *o, const ds_draft_seq *q) {
+/* The row of o->taps that holds q's pending row i. */
+static int32_t source_row(const ds_draft_batch_opts *o, const ds_draft_seq *q, int i) {
+    return q->taps_rows ? q->taps_rows[i] : taps_row(o, q) + i;
+}
+
+/* With o->taps: q's pending rows must be whole rows of it (or the rows taps_rows names). */
+static ds_error *check_taps_source(const ds_drafter *d, const ds_draft_batch_opts *o, const ds_draft_seq *q) {
+    if (q->taps_rows && !o->taps.data)
+        return ds_errorf("drafter sequence %lld: rows of the batch's taps tensor, but there is none", (long long)q->id);
     if (!o->taps.data || q->n == 0) return NULL;
+    if (q->taps_rows) {
+        if (q->n > d->batch_taps.rows)
+            return ds_errorf("drafter sequence %lld: %d gathered taps rows, but the drafter gathers at most %lld",
+                             (long long)q->id, q->n, (long long)d->batch_taps.rows);
+        for (int i = 0; i < q->n; i++)
+            if (q->taps_rows[i] < 0 || q->taps_rows[i] >= o->taps.rows)
+                return ds_errorf("drafter sequence %lld: taps row %d is outside the batch's %lld", (long long)q->id,
+                                 q->taps_rows[i], (long long)o->taps.rows);
+        return NULL;
+    }
     const uintptr_t base = (uintptr_t)o->taps.data, at = (uintptr_t)q->taps.data;
     const uintptr_t row_bytes = (uintptr_t)o->taps.stride * sizeof(float);
     if (o->taps.dtype != DS_F32 || o->taps.cols != q->taps.cols || q->taps.stride != o->taps.stride || at < base ||
@@ -123,11 +141,11 @@ static void context_pass(ds_drafter *d, int R, const ds_draft_seq *seqs, const d
         }
         if (used > 0) {
             ds_tensor taps = ds_rows(seqs[last].taps, 0, rows);
-            if (used > 1) {
+            if (used > 1 || seqs[last].taps_rows) {
                 taps = ds_rows(d->batch_taps, 0, rows);
                 if (o->taps.data) { /* one gather: each row from its place in o->taps */
                     for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
-                        for (int i = 0; i < seqs[k].n; i++) h->csrc[at + i] = taps_row(o, &seqs[k]) + i;
+                        for (int i = 0; i < seqs[k].n; i++) h->csrc[at + i] = source_row(o, &seqs[k], i);
                     be->ops->embed(be, taps, o->taps, h->csrc, 1.0f);
                 } else {
                     for (int k = r, at = 0; k < r1; at += seqs[k].n, k++)
@@ -188,16 +206,20 @@ static int walk_seqs(ds_drafter *d, ds_tensor hidden, ds_tensor logits, int j, i
  * host rows (h, in *mem, the caller's to free) with every page list
  * concatenated, and append each sequence's pending context rows. *cap: the
  * context rows a chunk takes. */
-static ds_error *begin(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o, host_rows *h,
-                       int32_t **mem) {
+static ds_error *begin(ds_drafter *d, int R, const ds_draft_seq *seqs, const ds_draft_batch_opts *o, bool block,
+                       host_rows *h, int32_t **mem) {
     *mem = NULL;
     if (!seqs || !o) return ds_errorf("drafter batch round: no %s", !seqs ? "sequences" : "options");
     if (o->page_rows < 1) return ds_errorf("drafter batch round: page_rows %d must be at least 1", o->page_rows);
     int64_t n_table = 0;
     int most = 0;
     for (int r = 0; r < R; r++) {
-        DS_TRY(check_seq(d, &seqs[r], o->page_rows));
-        DS_TRY(check_taps_source(o, &seqs[r]));
+        DS_TRY(check_seq(d, &seqs[r], o->page_rows, block));
+        if (!block && (int64_t)seqs[r].n_pages * o->page_rows < (int64_t)seqs[r].pos0 + seqs[r].n)
+            return ds_errorf("drafter sequence %lld: %d pages of %d rows cannot hold its context rows %d..%d",
+                             (long long)seqs[r].id, seqs[r].n_pages, o->page_rows, seqs[r].pos0,
+                             seqs[r].pos0 + seqs[r].n - 1);
+        DS_TRY(check_taps_source(d, o, &seqs[r]));
         n_table += seqs[r].n_pages;
         if (seqs[r].n > most) most = seqs[r].n;
     }
@@ -229,7 +251,7 @@ ds_error *ds_drafter_context_batch(ds_drafter *d, int R, const ds_draft_seq *seq
     if (R <= 0) return NULL;
     host_rows h;
     int32_t *mem;
-    ds_error *e = begin(d, R, seqs, o, &h, &mem);
+    ds_error *e = begin(d, R, seqs, o, false, &h, &mem);
     free(mem);
     return e ? e : ds_backend_check(d->be);
 }
@@ -240,7 +262,7 @@ ds_error *ds_drafter_round_batch(ds_drafter *d, int R, const ds_draft_seq *seqs,
     if (!out) return ds_errorf("drafter batch round: no output array");
     host_rows h;
     int32_t *mem;
-    ds_error *err = begin(d, R, seqs, o, &h, &mem);
+    ds_error *err = begin(d, R, seqs, o, true, &h, &mem);
     if (err) {
         free(mem);
         return err;

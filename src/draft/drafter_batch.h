@@ -18,6 +18,12 @@
 typedef struct {
     int64_t id;                 /* named in errors (the caller's request number) */
     ds_tensor taps;             /* [>= n, n_taps * hidden] fp32: target taps of its pending context rows */
+    /* Optional (with ds_draft_batch_opts.taps): the row of o->taps that
+     * holds each pending row, in position order (taps: o->taps itself): rows
+     * kept over several steps, wherever they are. At most the drafter's
+     * gather buffer (ds_drafter_reserve_seqs: (gamma + 1) x max_seqs rows, 2
+     * or more sequences). */
+    const int32_t *taps_rows;
     int pos0, n;                /* their positions pos0..pos0+n-1 (n 0: none); pos0 <= *n_ctx, n <= d->max_rows */
     int32_t anchor;             /* the block's first token, at position start */
     int start;                  /* pos0 + n (*n_ctx when n is 0) */
