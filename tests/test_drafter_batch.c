@@ -247,6 +247,14 @@ static void test_refusals(void) {
               "drafter sequence 10: its 2 taps rows are not rows of the batch's taps tensor");
     const ds_draft_batch_opts from_short = {.page_rows = PAGE_ROWS, .taps = ds_rows(taps, 0, 2)};
     CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &from_short, out), "are not rows of the batch's taps tensor");
+    const int32_t rows_out[2] = {1, 4}; /* taps_rows: row 4 of a 4-row tensor */
+    seqs[0].taps = taps, seqs[0].taps_rows = rows_out;
+    const ds_draft_batch_opts from_taps = {.page_rows = PAGE_ROWS, .taps = taps};
+    CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &from_taps, out),
+              "drafter sequence 10: taps row 4 is outside the batch's 4");
+    CHECK_ERR(ds_drafter_round_batch(d, 2, seqs, &o, out),
+              "drafter sequence 10: rows of the batch's taps tensor, but there is none");
+    seqs[0].taps_rows = NULL;
     be->ops->release(be, &taps);
     be->ops->release(be, &other);
     seqs[0].taps = ds_no_tensor();
