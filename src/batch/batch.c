@@ -473,12 +473,6 @@ static void admit(ds_batch *b) {
     if (running > b->stats.max_running) b->stats.max_running = running;
 }
 
-static void set_drafter_pages(ds_batch *b, seq *s, ds_kv_pages *pg) {
-    *pg = (ds_kv_pages){.page_rows = b->o.page_rows, .table = s->dp.pages, .row_table = b->zeros};
-    b->d->pages = pg;
-    b->d->n_ctx = s->d_nctx;
-}
-
 /* What s keeps of its proposal once the batched round has walked it (the
  * drafter's buffers serve the next sequence's walk): the proposal, and at
  * T > 0 its distributions in s's slot. */
@@ -763,17 +757,25 @@ static ds_error *accept(ds_batch *b, seq *s, int *accepted, int32_t *next) {
     return NULL;
 }
 
-/* After the forward: s's prefill chunk is in the cache (and its taps in the
- * drafter's context); at the prompt's end the first token is drawn. */
-static ds_error *after_prefill(ds_batch *b, seq *s) {
-    if (b->d) {
-        ds_kv_pages pg;
-        set_drafter_pages(b, s, &pg);
-        ds_error *e = ds_drafter_append(b->d, ds_rows(b->t->taps, s->row0, s->n_rows), s->cached, s->n_rows);
-        s->d_nctx = b->d->n_ctx;
-        b->d->pages = NULL;
-        DS_TRY(e);
+/* After the forward: every prefill chunk's taps to the drafter's context,
+ * all sequences' in one context pass (rows of the target's taps, gathered). */
+static ds_error *append_prefill(ds_batch *b) {
+    int R = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        seq *s = b->seqs[i];
+        if (s->phase != SEQ_RUNNING || !s->prefill_step || s->n_rows == 0) continue;
+        b->dseqs[R] = (ds_draft_seq){.id = s->id, .taps = ds_rows(b->t->taps, s->row0, s->n_rows), .pos0 = s->cached,
+                                     .n = s->n_rows, .start = s->cached + s->n_rows, .sampling = &s->p.sampling,
+                                     .rng = &s->rng, .pages = s->dp.pages, .n_pages = s->dp.n, .n_ctx = &s->d_nctx};
+        R++;
     }
+    const ds_draft_batch_opts o = {.page_rows = b->o.page_rows, .taps = b->t->taps};
+    return ds_drafter_context_batch(b->d, R, b->dseqs, &o);
+}
+
+/* After the forward: s's prefill chunk is in the cache (and its taps in the
+ * drafter's context: append_prefill); at the prompt's end the first token is drawn. */
+static ds_error *after_prefill(ds_batch *b, seq *s) {
     s->cached += s->n_rows;
     if (s->cached < s->goal) return NULL;
     if (s->started) return NULL; /* a recompute: decoding resumes at anchor, start */
@@ -1049,6 +1051,7 @@ static ds_error *step(ds_batch *b, int *active) {
     b->stats.steps++;
     b->stats.rows += n;
 
+    if (d) DS_TRY(append_prefill(b));
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
         if (s->phase != SEQ_RUNNING || s->n_rows == 0) continue;
