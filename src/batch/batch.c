@@ -116,6 +116,11 @@ struct ds_batch {
      * 2^DS_PROBE_BACKOFF_MAX), and whether the last drafted step was a probe. */
     int probe_backoff;
     bool probing;
+    /* This step's decision and predictions (opts.trace): why it drafts or not, the draft cost and the plain
+     * step Algorithm 1 weighed, and (schedule) the verify step it admitted and the tokens it expects. */
+    const char *tr_why;
+    double tr_cost, tr_plain;
+    ds_schedule_result tr_res;
     ds_batch_stats stats;
 };
 
@@ -643,6 +648,7 @@ static double draft_cost_at(const ds_batch *b, int R) {
  * steps. Lossless either way: only how many drafts are verified changes. */
 static ds_error *drafting_pays(ds_batch *b, bool *pays) {
     *pays = true;
+    b->tr_why = "fixed", b->tr_cost = b->tr_plain = 0;
     if (b->o.schedule != DS_SCHEDULE_CONFIDENCE || !b->o.sps) return NULL;
     const int G = b->d->gamma;
     int R = 0;
@@ -654,21 +660,26 @@ static ds_error *drafting_pays(ds_batch *b, bool *pays) {
         b->n_conf[R++] = n;
     }
     const double cost = draft_cost_at(b, R);
+    b->tr_why = "none";
     if (R == 0) return NULL;
     if (cost <= 0) { /* the cost is still to be measured */
         b->stats.draft_unmeasured++;
+        b->tr_why = "unmeasured";
         return NULL;
     }
     const double plain = ds_step_cost_seconds(b->o.sps, R);
+    b->tr_cost = cost, b->tr_plain = plain;
     const double every = (plain > 0 && 10 * cost / plain > 16 ? 10 * cost / plain : 16) * (1 << b->probe_backoff);
     if (b->steps_undrafted + 1 >= (every < 1000 ? every : 1000)) { /* the probe */
         b->probing = true;
         b->stats.draft_probes++;
+        b->tr_why = "probe";
         return NULL;
     }
     const ds_schedule_input in = {.n_requests = R, .gamma = G, .n_drafts = b->n_conf, .conf = b->conf};
     const ds_schedule_opts o = {.draft_seconds = cost};
     DS_TRY(ds_schedule_draft_pays(&in, b->o.sps, &o, pays, NULL));
+    b->tr_why = *pays ? "pays" : "declines";
     if (*pays) b->probe_backoff = 0;
     else if (b->probing && b->probe_backoff < DS_PROBE_BACKOFF_MAX) b->probe_backoff++;
     b->probing = false;
@@ -848,6 +859,7 @@ static ds_error *schedule(ds_batch *b) {
     const ds_drafter *d = b->d;
     const int G = d ? d->gamma : 0;
     int R = 0;
+    b->tr_res = (ds_schedule_result){0};
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
         if (s->phase != SEQ_RUNNING || s->prefill_step || s->n_rows == 0) continue;
@@ -876,6 +888,7 @@ static ds_error *schedule(ds_batch *b) {
         const ds_schedule_opts so = {.draft_seconds = draft_cost_at(b, R)};
         ds_schedule_result res;
         DS_TRY(ds_schedule_confidence(&in, b->o.sps, &so, b->len, &res));
+        b->tr_res = res;
         R = 0;
         for (int i = 0; i < b->n_seqs; i++) {
             seq *s = b->seqs[i];
@@ -923,10 +936,13 @@ ds_error *ds_batch_step(ds_batch *b, int *active) {
     return e;
 }
 
+static void trace_step(ds_batch *b, int R, int rows, bool drafted, double t0, double t1, double t2, int64_t tokens0,
+                       int64_t prefill0);
 static ds_error *step(ds_batch *b, int *active) {
     ds_target *t = b->t;
     ds_drafter *d = b->d;
     const int G = d ? d->gamma : 0;
+    const int64_t tokens0 = b->stats.generation_tokens, prefill0 = b->stats.prefill_rows;
     /* Sequences that need no more steps end here. */
     for (int i = 0; i < b->n_seqs; i++) {
         seq *s = b->seqs[i];
@@ -1064,9 +1080,25 @@ static ds_error *step(ds_batch *b, int *active) {
         s->n_rows = 0;
         if (s->started && s->cached >= s->goal && !wants_step(b, s)) finish(b, s);
     }
-    b->stats.forward_s += ds_now_s() - t1;
+    const double t2 = ds_now_s();
+    b->stats.forward_s += t2 - t1;
     *active = b->n_seqs - b->n_done;
+    if (b->o.trace) trace_step(b, R, n, draft_now && R > 0, t0, t1, t2, tokens0, prefill0);
     return NULL;
+}
+
+/* One line of opts.trace (batch.h): this step's rows, decision and predictions beside what it measured. */
+static void trace_step(ds_batch *b, int R, int rows, bool drafted, double t0, double t1, double t2, int64_t tokens0,
+                       int64_t prefill0) {
+    const ds_schedule_result *r = &b->tr_res;
+    fprintf(b->o.trace,
+            "{\"step\":%lld,\"decoding\":%d,\"rows\":%d,\"prefill_rows\":%lld,\"drafted\":%s,\"why\":\"%s\","
+            "\"draft_cost_pred\":%.6f,\"plain_pred\":%.6f,\"verify_tokens\":%d,\"tau_pred\":%.4f,"
+            "\"step_pred\":%.6f,\"draft_s\":%.6f,\"forward_s\":%.6f,\"tokens\":%lld}\n",
+            (long long)b->stats.steps, R, rows, (long long)(b->stats.prefill_rows - prefill0), drafted ? "true" : "false",
+            b->tr_why ? b->tr_why : "none", b->tr_cost, b->tr_plain, r->verify_tokens, r->tau == r->tau ? r->tau : 0,
+            b->o.sps && rows > 0 ? ds_step_cost_seconds(b->o.sps, rows) : 0, t1 - t0, t2 - t1,
+            (long long)(b->stats.generation_tokens - tokens0));
 }
 
 ds_error *ds_batch_run(ds_batch *b) {

@@ -19,6 +19,8 @@
 #ifndef DS_BATCH_H
 #define DS_BATCH_H
 
+#include <stdio.h>
+
 #include "batch/pages.h"
 #include "speculate/generate.h"
 #include "speculate/sim_acceptance.h"
@@ -49,6 +51,10 @@ typedef struct {
      * for generation. NULL: off. */
     const ds_sim_profile *sim;
     uint64_t sim_seed;
+    /* Diagnostic: one JSON object a line a step (dspark bench --trace): its rows, whether it drafted and why,
+     * Algorithm 1's predictions (draft cost, plain step, verify step, tokens) beside the measured times and
+     * tokens, so that the cost model can be checked against the machine. NULL: off. */
+    FILE *trace;
 } ds_batch_opts;
 
 /* One request: the prompt (copied) and ds_generate's parameters (verify

@@ -158,7 +158,9 @@ ds_error *ds_batch_tp_new(int world, ds_target *const *t, ds_drafter *const *d, 
         g->be[r] = t[r]->be;
         g->comm[r] = t[r]->comm;
         if (world > 1) bind(g->be[r]);
-        e = ds_batch_new(t[r], d ? d[r] : NULL, opts, &g->b[r]);
+        ds_batch_opts ro = *opts;
+        if (r > 0) ro.trace = NULL; /* rank 0's steps alone are traced (every rank takes the same decisions) */
+        e = ds_batch_new(t[r], d ? d[r] : NULL, &ro, &g->b[r]);
         if (e && world > 1) e = ds_error_wrap(e, "tensor-parallel rank %d", r);
     }
     if (!e && world > 1) e = crew_start(g);

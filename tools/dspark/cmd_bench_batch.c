@@ -28,7 +28,8 @@
 #define DEFAULT_DRAFTER DS_DEFAULT_MODEL_DIR "/pico-qwen3-dspark"
 
 typedef struct {
-    const char *model, *drafter, *sim_path, *sps_cache;
+    const char *model, *drafter, *sim_path, *sps_cache, *trace_path;
+    FILE *trace; /* --trace: opened by the command */
     bool cuda, json, arm[3];
     int threads, prompt_len, decode, page_rows, step_rows, n_levels;
     int tp; /* --tp N: the target split across N ranks (1: none) */
@@ -45,7 +46,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dspark bench --concurrency C1,C2,... [-m MODEL_DIR] [-d DRAFTER_DIR] [--backend cpu|cuda]\n"
                "                    [--prompt-len P] [--decode N] [--arms ar,fixed,confidence] [--temp T]\n"
                "                    [--sim-acceptance FILE] [--sps-cache FILE] [--page-rows R] [--step-rows R]\n"
-               "                    [--kv-mem SIZE] [--seed S] [--threads N] [--tp N] [--json]\n"
+               "                    [--kv-mem SIZE] [--seed S] [--threads N] [--tp N] [--trace FILE] [--json]\n"
                "\n"
                "  --concurrency    requests in flight, one run per level (e.g. 1,8,32,64,128,256)\n"
                "  --prompt-len P   random prompt ids per request (default 128)\n"
@@ -54,6 +55,8 @@ static void usage(FILE *f) {
                "  --sim-acceptance FILE  per-position acceptance and confidences drawn from FILE\n"
                "                   (bench/profiles/*.json), for synthetic weights; reported as simulated\n"
                "  --sps-cache FILE the target's step-cost profile, reused while its key matches\n"
+               "  --trace FILE     one JSON line a step (after one naming the run: arm, concurrency): rows,\n"
+               "                   whether it drafted and why, Algorithm 1's predictions, measured times\n"
                "  --page-rows R    rows a KV page holds (default 16)\n"
                "  --step-rows R    most target rows a step (default: the largest level x (gamma + 1), at least 256)\n"
                "  --kv-mem SIZE    the KV pool (target and drafter) from a byte budget, e.g. 8G, 1.5GiB (powers\n"
@@ -78,13 +81,13 @@ static int parse_list(const char *s, int *out, int cap) {
 
 static int parse_args(int argc, char **argv, options *o) {
     enum { O_BACKEND = 256, O_PROMPT_LEN, O_DECODE, O_ARMS, O_TEMP, O_SIM, O_SPS, O_PAGE, O_STEP, O_SEED, O_THREADS,
-           O_JSON, O_CONC, O_KV_MEM, O_TP };
+           O_JSON, O_CONC, O_KV_MEM, O_TP, O_TRACE };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'}, {"drafter", required_argument, 0, 'd'},
         {"backend", required_argument, 0, O_BACKEND}, {"prompt-len", required_argument, 0, O_PROMPT_LEN},
         {"decode", required_argument, 0, O_DECODE}, {"arms", required_argument, 0, O_ARMS},
         {"temp", required_argument, 0, O_TEMP}, {"sim-acceptance", required_argument, 0, O_SIM},
-        {"sps-cache", required_argument, 0, O_SPS}, {"page-rows", required_argument, 0, O_PAGE},
+        {"sps-cache", required_argument, 0, O_SPS}, {"trace", required_argument, 0, O_TRACE}, {"page-rows", required_argument, 0, O_PAGE},
         {"step-rows", required_argument, 0, O_STEP}, {"seed", required_argument, 0, O_SEED},
         {"threads", required_argument, 0, O_THREADS}, {"json", no_argument, 0, O_JSON},
         {"concurrency", required_argument, 0, O_CONC}, {"kv-mem", required_argument, 0, O_KV_MEM},
@@ -114,6 +117,7 @@ static int parse_args(int argc, char **argv, options *o) {
         case O_TEMP: o->temperature = strtof(optarg, &end); break;
         case O_SIM: o->sim_path = optarg; break;
         case O_SPS: o->sps_cache = optarg; break;
+        case O_TRACE: o->trace_path = optarg; break;
         case O_JSON: o->json = true; break;
         case O_KV_MEM: {
             ds_error *e = ds_size_arg("--kv-mem", optarg, &o->kv_mem);
@@ -199,6 +203,8 @@ static ds_error *run_arm(ds_target *const *t, ds_drafter *const *d, const ds_bat
                          const options *o, const int32_t *prompts, arm_result *out) {
     ds_batch_opts bo = *base;
     bo.max_seqs = c;
+    bo.trace = o->trace;
+    if (o->trace) fprintf(o->trace, "{\"run\":{\"arm\":\"%s\",\"concurrency\":%d}}\n", arm_names[arm], c);
     bo.schedule = arm == ARM_ALG1 ? DS_SCHEDULE_CONFIDENCE : DS_SCHEDULE_FIXED;
     if (arm == ARM_AR) bo.sim = NULL;
     ds_batch_tp *g;
@@ -306,6 +312,8 @@ int cmd_bench_batch(int argc, char **argv) {
     ds_batch_tp *probe = NULL;
     int32_t *prompts = NULL;
     ds_error *e = o.sim_path ? ds_sim_profile_load(o.sim_path, &sim) : NULL;
+    if (!e && o.trace_path && !(o.trace = fopen(o.trace_path, "w")))
+        e = ds_errorf("--trace %s: cannot open it for writing", o.trace_path);
     const int G = 32; /* pools are sized before the drafter says its block: the largest block */
     const int per_seq = o.prompt_len + o.decode + G + 1;
     ds_batch_opts bo = {.page_rows = o.page_rows, .sim = sim, .sim_seed = o.seed};
@@ -437,5 +445,6 @@ int cmd_bench_batch(int argc, char **argv) {
     ds_sim_profile_free(sim);
     free(prompts);
     close_ranks(&k, o.tp);
+    if (o.trace && fclose(o.trace) && !e) e = ds_errorf("--trace %s: writing failed", o.trace_path);
     return e ? fail(e) : 0;
 }
