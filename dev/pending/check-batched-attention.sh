@@ -25,7 +25,8 @@ for arm in ar fixed; do
 done
 DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.log 2>&1; t "test_batch inv rc=$?"; grep -E "differ|FAIL|passed" $OUT/batch.log | tail -4
 timeout 200 ./$B/dspark bench --concurrency 1,8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
-  --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --json > $OUT/j1.json 2>$OUT/j1.err; t "table rc=$?"; tail -3 $OUT/j1.err
+  --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --trace $OUT/trace.jsonl --json > $OUT/j1.json 2>$OUT/j1.err
+t "table rc=$?"; tail -3 $OUT/j1.err
 python3 - "$OUT" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1] + '/j1.json'))
@@ -34,6 +35,17 @@ for lv in d['levels']:
         x = lv[a]
         print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],
               'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'passes', x.get('draft_passes'), 'pass ms %.1f' % (1e3 * x.get('draft_pass_s', 0)), 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'], 'decode step ms %.2f' % (1e3 * x.get('decode_step_s', 0)))
+run = None # Algorithm 1's drafted steps and the predictions (--trace), per level
+for line in open(sys.argv[1] + '/trace.jsonl'):
+    x = json.loads(line)
+    if 'run' in x:
+        run = (x['run']['arm'], x['run']['concurrency'])
+        continue
+    if run[0] == 'Algorithm 1' and x['drafted']:
+        print(run[1], 'step', x['step'], x['why'], 'R', x['decoding'], 'rows', x['rows'], 'pf', x['prefill_rows'],
+              'draft pred/meas ms %.1f/%.1f' % (1e3 * x['draft_cost_pred'], 1e3 * x['draft_s']),
+              'fwd pred/meas ms %.1f/%.1f' % (1e3 * x['step_pred'], 1e3 * x['forward_s']),
+              'plain %.1f' % (1e3 * x['plain_pred']), 'tokens pred/meas %.1f/%d' % (x['tau_pred'], x['tokens']))
 c = json.load(open(sys.argv[1] + '/sps.json'))
 print([(b['tokens'], round(b['seconds'] * 1e3, 2)) for b in c['buckets']])
 PY
