@@ -120,6 +120,7 @@ typedef struct {
     int64_t kv_bytes;             /* the pool's K/V caches, target and drafter (its block rows included) */
     int64_t kv_target_row_bytes;  /* bytes one position takes in the target's caches, every layer */
     int64_t kv_drafter_row_bytes; /* the same in the drafter's (0: no drafter) */
+    int64_t held_bytes;           /* the drafter context rows held between its passes (fp32 taps; 0: no drafter) */
 } ds_engine_info;
 void ds_engine_get_info(const ds_engine *e, ds_engine_info *info);
 

@@ -76,6 +76,12 @@ static void test_format(void) {
     in.kv_bytes = 262LL * 16 * 8192;
     ds_kv_pool_line(&in, line, sizeof line);
     CHECK(!strcmp(line, "KV pool: 262 pages x 16 rows = 4192 tokens, 32.8 MiB (target 8.00 KiB per row)"), "%s", line);
+    in.kv_drafter_row_bytes = 3072, in.kv_bytes = 262LL * 16 * 11264;
+    in.held_bytes = 2LL * 256 * 8 * 20480 * 4; /* 256 in flight, gamma 7, 5 taps of 4096 */
+    ds_kv_pool_line(&in, line, sizeof line);
+    CHECK(!strcmp(line, "KV pool: 262 pages x 16 rows = 4192 tokens, 45.0 MiB (target 8.00 KiB + drafter 3.00 KiB "
+                        "per row); held drafter context 320 MiB"),
+          "%s", line);
 }
 
 RUN_TESTS("size_arg", test_sizes, test_format)

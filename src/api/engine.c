@@ -315,6 +315,9 @@ void ds_engine_get_info(const ds_engine *e, ds_engine_info *info) {
     info->kv_drafter_row_bytes = e->drafter ? e->kv_row[1] : 0;
     /* As allocated: the drafter's pool was sized for the largest block (DS_MAX_GAMMA) before it opened. */
     info->kv_bytes = ds_kv_pool_bytes(&e->bo, DS_MAX_GAMMA, e->kv_row[0], info->kv_drafter_row_bytes);
+    if (e->drafter)
+        info->held_bytes =
+            ds_batch_held_bytes(&e->bo, e->drafter->gamma, (int64_t)e->drafter->n_taps * e->drafter->hidden);
 }
 
 ds_error *ds_engine_chat_render(ds_engine *e, const ds_chat_message *msgs, size_t n, char **text) {

@@ -129,6 +129,13 @@ int ds_batch_drafter_rows(const ds_batch_opts *o, int gamma) {
     return (o->n_pages + o->max_seqs * per_seq) * o->page_rows;
 }
 
+/* Rows of the held context buffer (hold_pending). */
+static int64_t held_rows(const ds_batch_opts *o, int gamma) { return 2 * (int64_t)o->max_seqs * (gamma + 1); }
+
+int64_t ds_batch_held_bytes(const ds_batch_opts *opts, int gamma, int64_t taps_cols) {
+    return held_rows(opts, gamma) * taps_cols * (int64_t)sizeof(float);
+}
+
 ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, ds_batch **out) {
     *out = NULL;
     const ds_batch_opts o = *opts;
@@ -195,7 +202,7 @@ ds_error *ds_batch_new(ds_target *t, ds_drafter *d, const ds_batch_opts *opts, d
         b->held_cap = 2 * (G + 1) < DS_HELD_MAX ? 2 * (G + 1) : DS_HELD_MAX;
         if (b->held_cap > d->max_rows) b->held_cap = d->max_rows;
         if (b->held_cap > d->batch_taps.rows) b->held_cap = (int)d->batch_taps.rows;
-        if (!e) e = t->be->ops->alloc(t->be, DS_F32, 2 * (int64_t)o.max_seqs * (G + 1), t->taps.cols, &b->held);
+        if (!e) e = t->be->ops->alloc(t->be, DS_F32, held_rows(&o, G), t->taps.cols, &b->held);
         if (!e && !b->held_src) e = ds_errorf("out of memory");
     }
     if (!e && (!b->ids || !b->pos || !b->row_table || !b->logit_rows || !b->best || !b->zeros || !b->logits_host ||

@@ -75,6 +75,9 @@ void ds_batch_free(ds_batch *b);
 /* Cache rows the drafter's pool needs for opts (the target's pages, plus
  * every sequence's block). */
 int ds_batch_drafter_rows(const ds_batch_opts *opts, int gamma);
+/* Bytes of the held drafter context ds_batch_new allocates beside a drafter
+ * of block gamma and taps_cols taps a row (fp32): 2 x max_seqs x (gamma + 1) rows. */
+int64_t ds_batch_held_bytes(const ds_batch_opts *opts, int gamma, int64_t taps_cols);
 
 /* Queues a request; *id numbers it from 0 in submission order. Refuses a
  * request that could never run (empty or over-long prompt, a prompt the

@@ -69,6 +69,12 @@ void ds_kv_pool_line(const ds_engine_info *info, char *buf, size_t n) {
     ds_size_format(info->kv_target_row_bytes, trow, sizeof trow);
     ds_size_format(info->kv_drafter_row_bytes, drow, sizeof drow);
     const bool d = info->kv_drafter_row_bytes > 0;
-    snprintf(buf, n, "KV pool: %d pages x %d rows = %lld tokens, %s (target %s%s%s per row)", info->kv_pages,
-             info->kv_page_rows, (long long)info->kv_tokens, total, trow, d ? " + drafter " : "", d ? drow : "");
+    const int at = snprintf(buf, n, "KV pool: %d pages x %d rows = %lld tokens, %s (target %s%s%s per row)",
+                            info->kv_pages, info->kv_page_rows, (long long)info->kv_tokens, total, trow,
+                            d ? " + drafter " : "", d ? drow : "");
+    if (info->held_bytes > 0 && at > 0 && (size_t)at < n) {
+        char held[32];
+        ds_size_format(info->held_bytes, held, sizeof held);
+        snprintf(buf + at, n - (size_t)at, "; held drafter context %s", held);
+    }
 }
