@@ -127,23 +127,27 @@ ds_error *ds_step_cost_profile(const ds_step_cost_opts *o, ds_time_step_fn time_
     DS_TRY(opts_buckets(o, buckets, &n));
     if (o->reps < 1 || o->reps > 1000) return ds_errorf("step-cost options: reps %d (1 to 1000)", o->reps);
     if (o->warmup < 0 || o->warmup > 1000) return ds_errorf("step-cost options: warmup %d (0 to 1000)", o->warmup);
+    /* Round by round over every bucket (warm-up rounds first), not bucket by bucket: what warms up or drifts
+     * while profiling (first calls, clocks, caches) then lands on every bucket alike, not on the first ones
+     * (on a CPU, the 1-token bucket timed twice the 2-token one when it was profiled first). */
     double medians[DS_STEP_COST_MAX_BUCKETS];
-    double *samples = malloc((size_t)o->reps * sizeof *samples);
+    double *samples = malloc((size_t)o->reps * (size_t)n * sizeof *samples);
     if (!samples) return ds_errorf("step-cost profile: out of memory");
     ds_error *e = NULL;
-    for (int i = 0; i < n && !e; i++) {
-        for (int w = 0; w < o->warmup + o->reps && !e; w++) {
+    for (int w = 0; w < o->warmup + o->reps && !e; w++)
+        for (int i = 0; i < n && !e; i++) {
             double s = 0;
             e = time_step(ctx, buckets[i], &s);
             if (e) e = ds_error_wrap(e, "step-cost profile at %d tokens", buckets[i]);
             else if (!(s > 0) || !isfinite(s))
                 e = ds_errorf("step-cost profile at %d tokens: a step timed %g seconds (must be finite and > 0)",
                               buckets[i], s);
-            else if (w >= o->warmup) samples[w - o->warmup] = s;
+            else if (w >= o->warmup) samples[(size_t)i * o->reps + (w - o->warmup)] = s;
         }
-        if (e) break;
-        qsort(samples, (size_t)o->reps, sizeof *samples, cmp_double);
-        medians[i] = o->reps % 2 ? samples[o->reps / 2] : 0.5 * (samples[o->reps / 2 - 1] + samples[o->reps / 2]);
+    for (int i = 0; i < n && !e; i++) {
+        double *b = samples + (size_t)i * o->reps;
+        qsort(b, (size_t)o->reps, sizeof *b, cmp_double);
+        medians[i] = o->reps % 2 ? b[o->reps / 2] : 0.5 * (b[o->reps / 2 - 1] + b[o->reps / 2]);
     }
     free(samples);
     if (e) return e;
