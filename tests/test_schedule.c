@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "speculate/ceiling.h"
 #include "speculate/schedule.h"
 #include "speculate/sim_acceptance.h"
 #include "speculate/step_cost.h"
@@ -431,17 +432,23 @@ static void test_default_buckets(void) {
     CHECK(ds_step_cost_default_buckets(100, b, 3) == 3, "capped");
 }
 
-/* A fake step timer: warm-up steps take 100x (they must be dropped), timed
- * ones cycle through factors whose median is 1.1, times tokens / 1024 s. */
+/* A fake step timer: each bucket's warm-up steps take 100x (they must be
+ * dropped), its timed ones cycle through factors whose median is 1.1, times
+ * tokens / 1024 s; every bucket's first warm-up step must come before any
+ * bucket's timed one (warm-up rounds first). */
 typedef struct {
-    int calls, fail_at_tokens;
+    int calls, fail_at_tokens, per_tokens[32];
+    int last_warmup_start, first_timed; /* call numbers: the last bucket's first warm-up, the first timed step */
     double bad_value;
 } fake_timer;
 
 static ds_error *fake_time_step(void *ctx, int tokens, double *seconds) {
     fake_timer *f = ctx;
     static const double factors[] = {1.3, 0.9, 1.0, 5.0, 1.1};
-    int k = f->calls++ % 7; /* 2 warm-up + 5 timed per bucket */
+    f->calls++;
+    int k = f->per_tokens[tokens % 32]++ % 7; /* 2 warm-up + 5 timed per bucket */
+    if (k == 0) f->last_warmup_start = f->calls;
+    if (k == 2 && !f->first_timed) f->first_timed = f->calls;
     if (tokens == f->fail_at_tokens) {
         if (f->bad_value != 0) {
             *seconds = f->bad_value;
@@ -462,6 +469,8 @@ static void test_profile(void) {
     ds_step_cost *c = NULL;
     CHECK_OK(ds_step_cost_profile(&prof_opts, fake_time_step, &f, &c));
     CHECK(f.calls == 4 * 7, "%d calls", f.calls);
+    CHECK(f.last_warmup_start < f.first_timed, "a bucket was timed (call %d) before the last one warmed up (call %d)",
+          f.first_timed, f.last_warmup_start);
     for (int i = 0; i < 4; i++) {
         double s;
         ds_step_cost_bucket(c, i, NULL, &s, NULL);
@@ -480,7 +489,7 @@ static void test_profile(void) {
     no_reps.reps = 0;
     CHECK_ERR(ds_step_cost_profile(&no_reps, fake_time_step, &f, &c), "reps 0");
     ds_step_cost_opts defaults = {.max_tokens = 20, .warmup = 2, .reps = 5};
-    f.calls = 0;
+    f = (fake_timer){0};
     CHECK_OK(ds_step_cost_profile(&defaults, fake_time_step, &f, &c));
     CHECK(ds_step_cost_n(c) == 10 && f.calls == 10 * 7, "default buckets to 20: %d buckets, %d calls",
           ds_step_cost_n(c), f.calls);
@@ -880,8 +889,56 @@ static void test_simulated_batch(void) {
     ds_sim_profile_free(p);
 }
 
+/* ---- the speculation ceiling (ceiling.h) ----------------------------------- */
+
+/* Acceptance 1, 1, 0 (no draws: every confidence is exactly its p), R = 2,
+ * gamma 3. Flat steps of 1 s: the best B is 4 (survivals 1, 1, 1, 1; the
+ * zeros add nothing, and a tie keeps the smaller B), 6 tokens a step
+ * against AR's 2: 3x, at 6 verify tokens; with a 1 s draft pass, 6 / 2 s
+ * against 2 / 1 s: 1.5x. Steps of `tokens` seconds (compute-bound): any B
+ * gives (2 + B) / (2 + B) / (2 / 2) = 1, never more, so the ceiling is AR
+ * itself at B = 0. Bad arguments are named. */
+static void test_ceiling(void) {
+    ds_sim_profile *p = NULL;
+    CHECK_OK(ds_sim_profile_new("sure", (const double[]){1, 1, 0}, 3, NULL, 3, &p));
+    const int tk[] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ds_step_cost *flat = curve(tk, (const double[]){1, 1, 1, 1, 1, 1, 1, 1}, 8, DS_STEP_COST_LINEAR);
+    ds_step_cost *lin = curve(tk, (const double[]){1, 2, 3, 4, 5, 6, 7, 8}, 8, DS_STEP_COST_LINEAR);
+    ds_spec_ceiling c;
+    CHECK_OK(ds_spec_ceiling_estimate(flat, p, 2, 3, 0, 4, 1, &c));
+    CHECK(c.free_x_ar == 3 && c.free_verify_tokens == 6, "flat, free drafter: %gx at %g tokens (3x at 6)", c.free_x_ar,
+          c.free_verify_tokens);
+    CHECK(c.cost_x_ar == 3 && c.cost_verify_tokens == 6, "flat, no draft cost: %gx at %g", c.cost_x_ar,
+          c.cost_verify_tokens);
+    CHECK_OK(ds_spec_ceiling_estimate(flat, p, 2, 3, 1, 4, 1, &c));
+    CHECK(c.free_x_ar == 3 && c.cost_x_ar == 1.5 && c.cost_verify_tokens == 6, "flat, 1 s draft: %gx / %gx at %g",
+          c.free_x_ar, c.cost_x_ar, c.cost_verify_tokens);
+    CHECK_OK(ds_spec_ceiling_estimate(lin, p, 2, 3, 0, 4, 1, &c));
+    CHECK(c.free_x_ar == 1 && c.free_verify_tokens == 2, "compute-bound: %gx at %g tokens (1x at 2)", c.free_x_ar,
+          c.free_verify_tokens);
+    /* A profile with spread confidences: the ceiling never falls below AR, and not below a uniform allocation's
+     * expected gain on a flat curve (Algorithm 1 with a free drafter on a flat curve verifies everything). */
+    ds_sim_profile *t1 = NULL;
+    CHECK_OK(ds_sim_profile_load(PROFILES "/mtbench-t1.json", &t1));
+    CHECK_OK(ds_spec_ceiling_estimate(flat, t1, 1, 7, 0, 2000, 7, &c));
+    CHECK(fabs(c.free_x_ar - ds_sim_profile_tau(t1, 7)) < 0.05, "flat curve, mtbench-t1: %gx (tau %g)", c.free_x_ar,
+          ds_sim_profile_tau(t1, 7));
+    CHECK(fabs(c.free_verify_tokens - 8) < 1e-9, "flat curve: every draft verified (%g tokens)", c.free_verify_tokens);
+    ds_error *e = ds_spec_ceiling_estimate(flat, p, 2, 4, 0, 1, 1, &c);
+    CHECK(e && strstr(ds_error_message(e), "gamma 4") && strstr(ds_error_message(e), "3 positions"),
+          "gamma past the profile: %s", e ? ds_error_message(e) : "no error");
+    ds_error_free(e);
+    e = ds_spec_ceiling_estimate(flat, p, 0, 3, 0, 1, 1, &c);
+    CHECK(e && strstr(ds_error_message(e), "0 requests"), "no requests: %s", e ? ds_error_message(e) : "no error");
+    ds_error_free(e);
+    ds_step_cost_free(flat);
+    ds_step_cost_free(lin);
+    ds_sim_profile_free(p);
+    ds_sim_profile_free(t1);
+}
+
 RUN_TESTS("schedule", test_early_stop, test_three_requests, test_ties, test_strictly_better, test_nothing_to_admit,
           test_draft_cost, test_stale_budget, test_fixed, test_bad_input, test_random_vs_slow,
           test_monotone_and_interpolation, test_default_buckets, test_profile, test_cache, test_cached_startup,
           test_profile_tau, test_sim_statistics, test_sim_calibration, test_sim_streams, test_sim_bad_profiles,
-          test_simulated_batch)
+          test_simulated_batch, test_ceiling)

@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "io/checkpoint.h"
 #include "size_arg.h"
+#include "speculate/ceiling.h"
 
 #define MAX_LEVELS 16
 #define DEFAULT_MODEL DS_DEFAULT_MODEL_DIR "/pico-qwen3"
@@ -301,6 +302,17 @@ static int fail(ds_error *e) {
     return 1;
 }
 
+/* The ceiling at c requests (speculate/ceiling.h) from the step-cost curve and the simulated acceptance, with
+ * the draft pass the fixed arm measured at this level (else Algorithm 1's; 0 where neither drafted). */
+static ds_error *level_ceiling(const ds_step_cost *sps, const ds_sim_profile *sim, int gamma, int c,
+                               const arm_result *r, const options *o, double *draft_s, ds_spec_ceiling *out) {
+    const ds_batch_stats *f = &r[ARM_FIXED].st, *a = &r[ARM_ALG1].st;
+    *draft_s = o->arm[ARM_FIXED] && f->draft_passes > 0   ? f->draft_pass_s / (double)f->draft_passes
+               : o->arm[ARM_ALG1] && a->draft_passes > 0 ? a->draft_pass_s / (double)a->draft_passes
+                                                          : 0;
+    return ds_spec_ceiling_estimate(sps, sim, c, gamma, *draft_s, 64, o->seed, out);
+}
+
 int cmd_bench_batch(int argc, char **argv) {
     options o;
     int rc = parse_args(argc, argv, &o);
@@ -395,6 +407,10 @@ int cmd_bench_batch(int argc, char **argv) {
             if (o.arm[arm]) e = run_arm(k.t, k.d, &bo, arm, c, &o, prompts, &r[arm]);
         if (e) break;
         const double ar = o.arm[ARM_AR] ? r[ARM_AR].tokens_per_s : 0;
+        ds_spec_ceiling ceil = {0};
+        double ceil_draft_s = 0;
+        const bool has_ceiling = sps && sim && d;
+        if (has_ceiling && (e = level_ceiling(sps, sim, d->gamma, c, r, &o, &ceil_draft_s, &ceil))) break;
         if (json) {
             cJSON *lv = cJSON_CreateObject();
             cJSON_AddNumberToObject(lv, "concurrency", c);
@@ -422,6 +438,14 @@ int cmd_bench_batch(int argc, char **argv) {
                 if (target_tflops(params, &r[arm].st) > 0)
                     cJSON_AddNumberToObject(a, "target_tflops", target_tflops(params, &r[arm].st));
             }
+            if (has_ceiling) {
+                cJSON *cj = cJSON_AddObjectToObject(lv, "ceiling");
+                cJSON_AddNumberToObject(cj, "free_drafter_x_ar", ceil.free_x_ar);
+                cJSON_AddNumberToObject(cj, "free_drafter_verify_tokens", ceil.free_verify_tokens);
+                cJSON_AddNumberToObject(cj, "draft_pass_s", ceil_draft_s);
+                cJSON_AddNumberToObject(cj, "with_draft_pass_x_ar", ceil.cost_x_ar);
+                cJSON_AddNumberToObject(cj, "with_draft_pass_verify_tokens", ceil.cost_verify_tokens);
+            }
             cJSON_AddItemToArray(levels, lv);
         } else {
             printf("%11d", c);
@@ -432,6 +456,10 @@ int cmd_bench_batch(int argc, char **argv) {
             if (o.arm[ARM_AR] && target_tflops(params, &r[ARM_AR].st) > 0)
                 printf(" | AR forwards %.3g TFLOP/s", target_tflops(params, &r[ARM_AR].st));
             printf("\n");
+            if (has_ceiling)
+                printf("%11s   ceiling (step-cost curve, simulated acceptance): %.2fx AR with a free drafter (%.0f verify "
+                       "tokens), %.2fx with a %.2f ms draft pass\n",
+                       "", ceil.free_x_ar, ceil.free_verify_tokens, ceil.cost_x_ar, ceil_draft_s * 1e3);
         }
         fflush(stdout);
     }
