@@ -31,6 +31,8 @@ python3 - "$OUT" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1] + '/j1.json'))
 for lv in d['levels']:
+    c = lv.get('ceiling')
+    if c: print(lv['concurrency'], 'ceiling x AR: free drafter %.2f (%.0f tokens), with draft pass %.1f ms %.2f (%.0f tokens)' % (c['free_drafter_x_ar'], c['free_drafter_verify_tokens'], 1e3 * c['draft_pass_s'], c['with_draft_pass_x_ar'], c['with_draft_pass_verify_tokens']))
     for a in ('ar', 'fixed', 'confidence'):
         x = lv[a]
         print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],

@@ -110,7 +110,7 @@ ds_error *ds_batch_cancel(ds_batch *b, int64_t id);
 ds_error *ds_batch_release(ds_batch *b, int64_t id);
 
 /* The step-cost cache key's build field: a cached curve of an older probe shape is profiled again. */
-#define DS_BATCH_PROFILE_BUILD "dspark batch v2 (decode-shaped rows)"
+#define DS_BATCH_PROFILE_BUILD "dspark batch v3 (decode-shaped rows, round-robin buckets)"
 /* Profiles the target's step cost (steps per second by rows a step) on b's
  * own pool, cached at cache_path (NULL: not cached) under key: the curve
  * Algorithm 1 weighs drafts against. Run before any request is submitted.
