@@ -23,6 +23,11 @@ for arm in ar fixed; do
     --sim-acceptance bench/profiles/mtbench-t1.json --prompt-len 128 --decode 32 > $OUT/p_$arm.txt 2>$OUT/p_$arm.err
   t "$arm profile rc=$?"; tail -1 $OUT/p_$arm.txt; grep -E "in ops|attention|linear|markov" $OUT/p_$arm.err
 done
+# concurrency 8, T=1: where the fixed round cost ~2.8 AR steps in s40 (single engine: 1.28); which ops
+DS_CUDA_PROFILE=1 timeout 100 ./$B/dspark bench --concurrency 8 --arms fixed --backend cuda -m $M -d $M-dspark --temp 1 \
+  --sim-acceptance bench/profiles/mtbench-t1.json --prompt-len 128 --decode 32 --json > $OUT/p8.json 2>$OUT/p8.err
+t "fixed c=8 profile rc=$?"; grep -E "in ops" -A28 $OUT/p8.err | head -30
+python3 -c "import json,sys; x=json.load(open(sys.argv[1]))['levels'][0]['fixed']; print({k: x[k] for k in ('tokens_per_s','steps','draft_pass_s','decode_step_s','forward_s','draft_s') if k in x})" $OUT/p8.json
 DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.log 2>&1; t "test_batch inv rc=$?"; grep -E "differ|FAIL|passed" $OUT/batch.log | tail -4
 timeout 200 ./$B/dspark bench --concurrency 1,8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
   --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --trace $OUT/trace.jsonl --json > $OUT/j1.json 2>$OUT/j1.err
