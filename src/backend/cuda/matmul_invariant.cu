@@ -47,7 +47,7 @@ struct chunk_walk {
 };
 
 /* SC: chunks of the walk a stage holds (one barrier a stage), chunk-major: chunk j's ROWS rows of 64 bytes. */
-template <int WN, int WM, int TN, int TM, int SC>
+template <int WN, int WM, int TN, int TM, int SC, bool ALIGNED>
 __global__ void __launch_bounds__(WN *WM * 32)
     gemm_invariant_kernel(float *__restrict__ out, int64_t os, const uint16_t *__restrict__ xh, int64_t xs,
                           const uint16_t *__restrict__ w, int64_t ws, int M, int N, int K) {
@@ -65,18 +65,25 @@ __global__ void __launch_bounds__(WN *WM * 32)
     chunk_walk lw;
     lw.start();
     int loaded = 0;
+    /* Thread u copies units u, u + THREADS, ... of every chunk: the same rows and 16-byte columns each time, only
+     * k moves, so their row addresses are worked out once here (worked out per copy, they took ~30 instructions
+     * a tensor-core product in the SASS, and the kernel was issue-bound: ncu, session 40). */
+    constexpr int UPT = UNITS / THREADS;
+    static_assert(UNITS % THREADS == 0, "every thread copies the same number of units a chunk");
+    const uint16_t *src[UPT];
+#pragma unroll
+    for (int i = 0; i < UPT; i++) {
+        const int u = threadIdx.x + i * THREADS, r = u >> 2, q = u & 3;
+        src[i] = (r < BN ? w + (int64_t)min(n0 + r, N - 1) * ws : xh + (int64_t)min(m0 + r - BN, M - 1) * xs) + 8 * q;
+    }
     auto issue = [&](int stage) {
-        uint4 *S = stage_mem + stage * SC * UNITS;
+        uint4 *S = stage_mem + stage * SC * UNITS + threadIdx.x;
 #pragma unroll
         for (int j = 0; j < SC; j++) {
             if (loaded < chunks) {
                 const int64_t k = (int64_t)lw.c * 32;
-                for (int u = threadIdx.x; u < UNITS; u += THREADS) {
-                    const int r = u >> 2, q = u & 3;
-                    const uint16_t *src = r < BN ? w + (int64_t)min(n0 + r, N - 1) * ws + k + 8 * q
-                                                 : xh + (int64_t)min(m0 + r - BN, M - 1) * xs + k + 8 * q;
-                    ds_cu_cp16(S + j * UNITS + u, src);
-                }
+#pragma unroll
+                for (int i = 0; i < UPT; i++) ds_cu_cp16(S + j * UNITS + i * THREADS, src[i] + k);
                 lw.next(chunks);
                 loaded++;
             }
@@ -116,11 +123,9 @@ __global__ void __launch_bounds__(WN *WM * 32)
         __syncthreads(); /* stage s landed for every thread; stage s - 1 is free */
         issue((s + INV_STAGES - 1) % INV_STAGES);
         const uint4 *S0 = stage_mem + (s % INV_STAGES) * SC * UNITS;
-#pragma unroll
-        for (int jc = 0; jc < SC; jc++) {
-            if (s * SC + jc >= chunks) break;
-            const uint4 *S = S0 + jc * UNITS;
-            uint32_t xh[TM][4], xl[TM][4] = {}; /* x's bf16 pairs; xh is bf16 x (DS_X_BF16: no lo half) */
+        /* One chunk: its x fragments (xh is bf16 x, DS_X_BF16: no lo half), then every weight tile's products. */
+        auto chunk = [&](const uint4 *S) {
+            uint32_t xh[TM][4], xl[TM][4] = {};
 #pragma unroll
             for (int j = 0; j < TM; j++) {
                 const uint4 v = S[(brow + 8 * j) * 4 + t];
@@ -129,8 +134,23 @@ __global__ void __launch_bounds__(WN *WM * 32)
 #pragma unroll
             for (int i = 0; i < TN; i++)
                 mma_chunk<TM>(acc[i], S[(arow + 16 * i) * 4 + t], S[(arow + 16 * i + 8) * 4 + t], xh, xl);
-            const int cls = cw.w;
-            if (cw.next(chunks)) fold(cls); /* class cls ends: its sum joins the total, as warp cls's */
+        };
+        if (ALIGNED) {
+            /* Every class is whole stages (chunks a multiple of MMA_WARPS x SC): a class can end only after a
+             * stage's last chunk, so the stage's chunks run with no test between them (a fold between two
+             * chunks had the compiler copy every accumulator at each chunk: 32 moves per 16 products). */
+#pragma unroll
+            for (int jc = 0; jc < SC; jc++) chunk(S0 + jc * UNITS);
+            const int spc = chunks / (MMA_WARPS * SC);
+            if ((s + 1) % spc == 0) fold(s / spc);
+        } else {
+#pragma unroll
+            for (int jc = 0; jc < SC; jc++) {
+                if (s * SC + jc >= chunks) break;
+                chunk(S0 + jc * UNITS);
+                const int cls = cw.w;
+                if (cw.next(chunks)) fold(cls); /* class cls ends: its sum joins the total, as warp cls's */
+            }
         }
     }
     ds_cu_cp_wait<0>();
@@ -154,9 +174,11 @@ static bool launch_tiles(ds_cuda_backend *cb, const char *op, float *out, int64_
                          const uint16_t *w, int64_t ws, int M, int N, int K) {
     constexpr int BN = WN * TN * 16, BM = WM * TM * 8;
     const size_t smem = (size_t)INV_STAGES * SC * (BN + BM) * 64;
-    auto kernel = gemm_invariant_kernel<WN, WM, TN, TM, SC>;
-    static ds_cu_smem_allowed allowed;
-    if (!ds_cu_allow_smem(cb, op, kernel, &allowed, smem)) return false;
+    const bool aligned = (K >> 5) % (MMA_WARPS * SC) == 0; /* Qwen3-8B's K of 4096 and 12288 at SC 4 */
+    auto kernel =
+        aligned ? gemm_invariant_kernel<WN, WM, TN, TM, SC, true> : gemm_invariant_kernel<WN, WM, TN, TM, SC, false>;
+    static ds_cu_smem_allowed allowed[2];
+    if (!ds_cu_allow_smem(cb, op, kernel, &allowed[aligned], smem)) return false;
     const dim3 grid((unsigned)((M + BM - 1) / BM), (unsigned)((N + BN - 1) / BN));
     ds_cu_launch_smem(kernel, grid, WN * WM * 32, smem, cb->stream, out, os, xh, xs, w, ws, M, N, K);
     return ds_cu_launched(cb, op);
