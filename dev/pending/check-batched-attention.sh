@@ -12,11 +12,17 @@ if ! grep -q ds_cu_attention_prefill_runs src/backend/cuda/cuda_internal.h; then
 fi
 source bench/device_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov || exit 1
+ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1
 t built
 timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
 timeout 60 $B/tests/test_cuda_markov >$OUT/markov.log 2>&1; t "test_cuda_markov rc=$?"; grep -E "passed|FAIL|fail" $OUT/markov.log | tail -3
 timeout 60 $B/tests/test_cuda_matmul >$OUT/mm.log 2>&1; t "test_cuda_matmul rc=$?"; grep -E "passed|FAIL|fail" $OUT/mm.log | tail -3
+# 6ae69e4 (the invariant wide GEMM's copy addresses once a thread) against the kernel before it, same machine
+ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_new.txt 2>&1
+cp src/backend/cuda/matmul_invariant.cu /tmp/inv_new.cu && cp dev/pending/matmul_invariant_before_6ae69e4.cu src/backend/cuda/matmul_invariant.cu
+ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_old.txt 2>&1
+cp /tmp/inv_new.cu src/backend/cuda/matmul_invariant.cu; ds_build dspark_cli || exit 1
+t "invariant GEMM A/B (new, then before 6ae69e4)"; grep -v "^#" $OUT/inv_new.txt | head -12; echo "-- before:"; grep -v "^#" $OUT/inv_old.txt | head -12
 M=$M8; ds_synth_8b; t "synth rc=$?"
 for arm in ar fixed; do
   DS_CUDA_PROFILE=1 timeout 100 ./$B/dspark bench --concurrency 256 --arms $arm --backend cuda -m $M -d $M-dspark --temp 0 \
