@@ -173,6 +173,12 @@ static void run_mode(const mode *m, float temp) {
         const ds_batch_stats st = ds_batch_get_stats(b);
         CHECK(st.max_running > 1, "%s, %s: at most %d sequences ran at once", m->name, S->name, st.max_running);
         CHECK(st.prefill_rows > 0, "%s: no prefill rows", S->name);
+        /* Steps of decoding rows alone: at least one row each, none of them prefill rows. */
+        CHECK(st.decode_steps > 0 && st.decode_step_s > 0 && st.decode_rows >= st.decode_steps &&
+                  st.decode_rows <= st.rows - st.prefill_rows && st.decode_steps < st.steps,
+              "%s: %lld decode steps (%g s) of %lld rows, %lld steps of %lld rows (%lld prefill)", S->name,
+              (long long)st.decode_steps, st.decode_step_s, (long long)st.decode_rows, (long long)st.steps,
+              (long long)st.rows, (long long)st.prefill_rows);
         if (S->expect_preemption && n == 32)
             CHECK(st.preemptions > 0, "%s T=%g, %s: no sequence was preempted", m->name, temp, S->name);
         printf("  %-22s T=%g  %-48s %2d/%d identical to solo; %lld steps, %lld rows (%lld prefill), up to %d at "

@@ -932,12 +932,13 @@ static void rows_restore(ds_backend *be, int prev) {
 static ds_error *step(ds_batch *b, int *active);
 ds_error *ds_batch_step(ds_batch *b, int *active) {
     const int prev = rows_free(b->be); /* (the drafter's backend is the target's: ds_batch_new) */
-    const int64_t steps = b->stats.steps, prefill = b->stats.prefill_rows;
+    const int64_t steps = b->stats.steps, prefill = b->stats.prefill_rows, rows = b->stats.rows;
     const double t0 = ds_now_s();
     ds_error *e = step(b, active);
     if (!e && b->stats.steps > steps && b->stats.prefill_rows == prefill) { /* a step of decoding rows alone */
         b->stats.decode_steps++;
         b->stats.decode_step_s += ds_now_s() - t0;
+        b->stats.decode_rows += b->stats.rows - rows;
     }
     rows_restore(b->be, prev);
     return e;

@@ -146,6 +146,7 @@ typedef struct {
      * left out (bench: decode_step_s per arm). */
     int64_t decode_steps;
     double decode_step_s;
+    int64_t decode_rows; /* target rows those steps ran (the forwards' work there, for their TFLOP/s) */
     uint64_t token_hash; /* a running hash of every committed (request, token): ranks under TP compare it */
 } ds_batch_stats;
 ds_batch_stats ds_batch_get_stats(const ds_batch *b);

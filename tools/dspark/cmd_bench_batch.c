@@ -194,6 +194,12 @@ static double target_tflops(double params, const ds_batch_stats *st) {
     return params > 0 && st->forward_s > 0 ? 2 * params * (double)st->rows / st->forward_s / 1e12 : 0;
 }
 
+/* The same over the steps with no prefill rows, whole steps timed (drafting, bookkeeping included): what a
+ * step of decoding rows alone reaches, against the card's peak. */
+static double decode_tflops(double params, const ds_batch_stats *st) {
+    return params > 0 && st->decode_step_s > 0 ? 2 * params * (double)st->decode_rows / st->decode_step_s / 1e12 : 0;
+}
+
 typedef struct {
     double seconds, tokens_per_s, tau;
     long tokens;
@@ -435,6 +441,8 @@ int cmd_bench_batch(int argc, char **argv) {
                 cJSON_AddNumberToObject(a, "forward_s", r[arm].st.forward_s);
                 if (r[arm].st.decode_steps > 0)
                     cJSON_AddNumberToObject(a, "decode_step_s", r[arm].st.decode_step_s / (double)r[arm].st.decode_steps);
+                if (decode_tflops(params, &r[arm].st) > 0)
+                    cJSON_AddNumberToObject(a, "decode_tflops", decode_tflops(params, &r[arm].st));
                 if (target_tflops(params, &r[arm].st) > 0)
                     cJSON_AddNumberToObject(a, "target_tflops", target_tflops(params, &r[arm].st));
             }
@@ -454,7 +462,8 @@ int cmd_bench_batch(int argc, char **argv) {
                     printf(" | %11.1f  %5.2f  %4.2f", r[arm].tokens_per_s, ar > 0 ? r[arm].tokens_per_s / ar : 0,
                            r[arm].tau);
             if (o.arm[ARM_AR] && target_tflops(params, &r[ARM_AR].st) > 0)
-                printf(" | AR forwards %.3g TFLOP/s", target_tflops(params, &r[ARM_AR].st));
+                printf(" | AR forwards %.3g TFLOP/s, decode steps %.3g", target_tflops(params, &r[ARM_AR].st),
+                       decode_tflops(params, &r[ARM_AR].st));
             printf("\n");
             if (has_ceiling)
                 printf("%11s   ceiling (step-cost curve, simulated acceptance): %.2fx AR with a free drafter (%.0f verify "
