@@ -37,7 +37,7 @@ for lv in d['levels']:
     for a in ('ar', 'fixed', 'confidence'):
         x = lv[a]
         print(lv['concurrency'], a, round(x['tokens_per_s']), 'tau %.2f' % x['tau'], 'steps', x['steps'], 'rows', x['rows'],
-              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'passes', x.get('draft_passes'), 'pass ms %.1f' % (1e3 * x.get('draft_pass_s', 0)), 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'], 'decode step ms %.2f' % (1e3 * x.get('decode_step_s', 0)))
+              'ver', x['verified_drafts'], 'draft_s %.2f' % x['draft_s'], 'passes', x.get('draft_passes'), 'pass ms %.1f' % (1e3 * x.get('draft_pass_s', 0)), 'skips', x['draft_skips'], 'probes', x.get('draft_probes'), 'unmeas', x.get('draft_unmeasured'), 'fwd %.2f' % x['forward_s'], 'decode step ms %.2f' % (1e3 * x.get('decode_step_s', 0)), 'decode TFLOP/s %.0f' % x.get('decode_tflops', 0))
 shown = {}
 run = None # Algorithm 1's drafted steps and the predictions (--trace), per level
 for line in open(sys.argv[1] + '/trace.jsonl'):
