@@ -12,7 +12,9 @@ if ! grep -q ds_cu_attention_prefill_runs src/backend/cuda/cuda_internal.h; then
 fi
 source bench/device_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1
+# QUICK=1 (a short device budget): the tests and the GEMM A/B only
+if [ -n "${QUICK:-}" ]; then ds_build test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1
+else ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1; fi
 t built
 timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
 timeout 60 $B/tests/test_cuda_markov >$OUT/markov.log 2>&1; t "test_cuda_markov rc=$?"; grep -E "passed|FAIL|fail" $OUT/markov.log | tail -3
@@ -22,8 +24,10 @@ DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.
 ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_new.txt 2>&1
 cp src/backend/cuda/matmul_invariant.cu /tmp/inv_new.cu && cp dev/pending/matmul_invariant_before_6ae69e4.cu src/backend/cuda/matmul_invariant.cu
 ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_old.txt 2>&1
-cp /tmp/inv_new.cu src/backend/cuda/matmul_invariant.cu; ds_build dspark_cli || exit 1
+cp /tmp/inv_new.cu src/backend/cuda/matmul_invariant.cu
 t "invariant GEMM A/B (new, then before 6ae69e4)"; grep -v "^#" $OUT/inv_new.txt | head -12; echo "-- before:"; grep -v "^#" $OUT/inv_old.txt | head -12
+[ -n "${QUICK:-}" ] && exit 0
+ds_build dspark_cli || exit 1
 M=$M8; ds_synth_8b; t "synth rc=$?"
 timeout 200 ./$B/dspark bench --concurrency 1,8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
   --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --trace $OUT/trace.jsonl --json > $OUT/j1.json 2>$OUT/j1.err
