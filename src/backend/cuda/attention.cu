@@ -361,30 +361,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_chunk_kernel(att_geo g, pos_
     att_stamp(g, RT_END);
 }
 
-/* Merges the chunk partials of rows whose keys span several chunks, in
- * chunk order. One block per (row, head). */
-__global__ void attn_combine_kernel(att_geo g, pos_arg pa) {
-    ds_cu_grid_wait_only(); /* o_proj let in once the partials' sums are read, as in attn_chunk_kernel */
-    const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
-    int lo, hi;
-    key_range(g, row_pos(g, pa, m), &lo, &hi);
-    if (hi <= lo) return;
-    const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
-    if (cfirst == clast) return;
-    const int64_t w = g.Dv + 2;
-    const float *pp = g.part + ((int64_t)m * g.H + h) * g.ny * w;
-    float M = -INFINITY, lsum = 0.0f;
-    for (int c = cfirst; c <= clast; c++) M = fmaxf(M, pp[(c - g.c0) * w]);
-    for (int c = cfirst; c <= clast; c++) lsum += pp[(c - g.c0) * w + 1] * expf(pp[(c - g.c0) * w] - M);
-    ds_cu_grid_trigger();
-    float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
-    for (int d = threadIdx.x; d < g.Dv; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int c = cfirst; c <= clast; c++) acc += pp[(c - g.c0) * w + 2 + d] * expf(pp[(c - g.c0) * w] - M);
-        orow[d] = acc / lsum;
-    }
-}
-
 static void key_range_host(const ds_attn_params *p, int pos, int *lo, int *hi) {
     int a = 0, b = p->n_keys;
     if (p->causal) {
@@ -439,29 +415,23 @@ static void launch_for_heads(ds_cuda_backend *cb, int dmax, dim3 grid, int R, bo
     else ds_cu_launch(attn_chunk_kernel<32, 16, 1, false, 1, P, KB>, grid, ATT_THREADS, s, g, pa, f, pg);
 }
 
-/* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
- * checked), or NULL. pages: the keys through a page table (never with fa,
- * never in a region), or NULL. */
-static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
-                             const ds_attn_params *p, const fresh_arg *fa, const ds_cu_pages *pages) {
-    const int64_t M = q.rows;
-    if (M <= 0 || p->n_heads <= 0) return;
+bool ds_cu_att_geo(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p,
+                   bool fused, att_geo *gp, int *kbp, int *dmaxp) {
     if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads) {
         ds_cu_fail(cb, "attention", "%d heads are not a multiple of %d KV heads", p->n_heads, p->n_kv_heads);
-        return;
+        return false;
     }
     const int dmax = p->head_dim > p->v_head_dim ? p->head_dim : p->v_head_dim;
     if (p->head_dim <= 0 || p->v_head_dim <= 0 || dmax > 512) {
         ds_cu_fail(cb, "attention", "head sizes %d / %d (1..512 supported)", p->head_dim, p->v_head_dim);
-        return;
+        return false;
     }
     /* The caches' dtype (model/kv_cache.h): fp32, or bf16 / f16 widened as read (KB 2; never fused). */
-    if (!ds_cu_kv_dtype_ok(k.dtype) || v.dtype != k.dtype || (fa && k.dtype != DS_F32)) {
+    if (!ds_cu_kv_dtype_ok(k.dtype) || v.dtype != k.dtype || (fused && k.dtype != DS_F32)) {
         ds_cu_fail(cb, "attention", "K/V caches of %s / %s (one of fp32, bf16, f16; fp32 when fused)",
                    ds_dtype_name(k.dtype), ds_dtype_name(v.dtype));
-        return;
+        return false;
     }
-    const int kb = k.dtype == DS_F32 ? 4 : 2;
     att_geo g = {};
     g.kvf16 = k.dtype == DS_F16;
     g.q = (const float *)q.data;
@@ -470,6 +440,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     g.qs = q.stride;
     g.ks = k.stride;
     g.vs = v.stride;
+    g.out = (float *)out.data;
     g.os = out.stride;
     g.H = p->n_heads;
     g.group = p->n_heads / p->n_kv_heads;
@@ -483,7 +454,25 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
     /* 16-byte rows: every row start a multiple of 4 floats from 16-byte aligned bases. */
     const auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
     g.vec = al16(q.data) && al16(k.data) && al16(v.data) && q.stride % 4 == 0 && k.stride % 4 == 0 &&
-            v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0 && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
+            v.stride % 4 == 0 && g.D % 4 == 0 && g.Dv % 4 == 0;
+    *gp = g;
+    *kbp = k.dtype == DS_F32 ? 4 : 2;
+    *dmaxp = dmax;
+    return true;
+}
+
+/* fa: the fused launch's step (qk_norm_rope_attention; its conditions were
+ * checked), or NULL. pages: the keys through a page table (never with fa,
+ * never in a region), or NULL. */
+static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                             const ds_attn_params *p, const fresh_arg *fa, const ds_cu_pages *pages) {
+    const int64_t M = q.rows;
+    if (M <= 0 || p->n_heads <= 0) return;
+    att_geo g;
+    int kb, dmax;
+    if (!ds_cu_att_geo(cb, out, q, k, v, p, fa != NULL, &g, &kb, &dmax)) return;
+    const auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+    g.vec = g.vec && (!fa || (al16(fa->v) && fa->vs % 4 == 0));
     /* Packing loads a key once for R heads but leaves R times fewer blocks, each with a longer chain of dependent
      * steps: packing every call slowed the AR step ~10 % at the 8B shape (8 blocks a layer instead of 32) and sped
      * verify of 8 rows at prompt 512 up (128 blocks) ~2 %. So a launch packs when its packed grid still has
@@ -580,7 +569,7 @@ static void attention_launch(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds
         }
         if (!ds_cu_launched(cb, "attention")) return;
         if (multi) {
-            ds_cu_launch(attn_combine_kernel, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
+            ds_cu_launch(attn_combine_kernel<pos_arg>, (unsigned)(n * g.H), ATT_THREADS, cb->stream, g, pa);
             if (!ds_cu_launched(cb, "attention")) return;
         }
         r0 += n;

@@ -67,6 +67,8 @@ __device__ __forceinline__ int row_pos(const att_geo &g, const pos_arg &pa, int 
 
 /* The step's n_keys: a step region's from the device. */
 __device__ __forceinline__ int step_keys(const att_geo &g) { return g.dnk ? *g.dnk : g.n_keys; }
+/* Row m's key limit: the launch's. */
+__device__ __forceinline__ int row_keys(const att_geo &g, const pos_arg &, int) { return step_keys(g); }
 __device__ __forceinline__ void key_range_of(const att_geo &g, int pos, int n_keys, int *lo, int *hi) {
     int a = 0, b = n_keys;
     if (g.causal) {
@@ -197,10 +199,52 @@ __device__ __forceinline__ float att_merge_dim(const float *so, int os, const fl
     return acc;
 }
 
+/* Merges the chunk partials of rows whose keys span several chunks, in
+ * chunk order. One block per (row, head); PA: the launch's positions
+ * (row_pos(g, pa, m)). */
+template <typename PA>
+__global__ void attn_combine_kernel(att_geo g, PA pa) {
+    ds_cu_grid_wait_only(); /* o_proj let in once the partials' sums are read, as in attn_chunk_kernel */
+    const int m = blockIdx.x / g.H, h = blockIdx.x % g.H;
+    int lo, hi;
+    key_range_of(g, row_pos(g, pa, m), row_keys(g, pa, m), &lo, &hi);
+    if (hi <= lo) return;
+    const int cfirst = lo / ATT_CHUNK, clast = (hi - 1) / ATT_CHUNK;
+    if (cfirst == clast) return;
+    const int64_t w = g.Dv + 2;
+    const float *pp = g.part + ((int64_t)m * g.H + h) * g.ny * w;
+    float M = -INFINITY, lsum = 0.0f;
+    for (int c = cfirst; c <= clast; c++) M = fmaxf(M, pp[(c - g.c0) * w]);
+    for (int c = cfirst; c <= clast; c++) lsum += pp[(c - g.c0) * w + 1] * expf(pp[(c - g.c0) * w] - M);
+    ds_cu_grid_trigger();
+    float *orow = g.out + m * g.os + (int64_t)h * g.Dv;
+    for (int d = threadIdx.x; d < g.Dv; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int c = cfirst; c <= clast; c++) acc += pp[(c - g.c0) * w + 2 + d] * expf(pp[(c - g.c0) * w] - M);
+        orow[d] = acc / lsum;
+    }
+}
+
+/* A key (value) row staged in shared memory: D elements of kb bytes, padded
+ * so that the groups of lanes one shared-memory access serves (128 bytes a
+ * phase, 4 L kb bytes a group) fall in different banks. */
+static inline int att_stage_row_bytes(int D, int kb, int L) {
+    const int want = 4 * L * kb % 128, raw = D * kb;
+    return raw + ((want - raw) % 128 + 128) % 128;
+}
+
 /* The staged kernel for a paged launch (attention_staged.cu): false where
  * its conditions do not hold (head sizes past 128, rows not 16-byte
  * aligned), nothing launched. */
 bool ds_cu_attention_staged(ds_cuda_backend *cb, dim3 grid, int R, const att_geo &g, const pos_arg &pa,
                             const page_arg<true> &pg, int kb, int dmax);
+
+/* The geometry of a call of out / q / k / v under p (g.out, g.q at row 0;
+ * the launch fields c0, ny, part, dpos, dnk, trace zero), its caches'
+ * element bytes and its larger head size; false (recorded) for heads, head
+ * sizes or cache dtypes the kernels do not take (fused: fp32 caches). */
+bool ds_cu_att_geo(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v, const ds_attn_params *p,
+                   bool fused, att_geo *g, int *kb, int *dmax);
+
 
 #endif

@@ -13,7 +13,8 @@
  *
  * Rows are grouped into runs of one sequence (the same list start and key
  * limit) at consecutive positions. A run of DS_CU_PREFILL_ROWS rows or more
- * (a prefill chunk) takes the tiled kernel, every other row the staged
+ * (a prefill chunk) takes the tiled kernel (every such run of the call in
+ * one launch), every other row the staged
  * kernel (attention_staged.cu: the chunk kernel's arithmetic, its keys
  * copied into shared memory a stage at a time; the chunk kernel itself
  * where the staged one does not fit), exactly as a contiguous call of that
@@ -25,6 +26,7 @@
  * becomes its launch's n_keys, which is all n_keys does in both kernels;
  * rows that causality cuts below their limits share one launch. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -127,6 +129,23 @@ static bool causal_cut(const ds_attn_params *p, int64_t i) { return p->causal &&
  * else one per run with the same key limit. (A launch per sequence cost 256 launches a layer at 256 in flight.) */
 static void chunk_rows(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                        const ds_attn_params *p, const int32_t *tab, int64_t r0, int64_t r1) {
+    if (r1 <= r0) return;
+    /* Verify blocks and drafter blocks (rows in groups of one sequence): every group's keys copied once, all
+     * sequences and key limits in one launch (attention_blocks.cu). */
+    int32_t *keys = (int32_t *)malloc((size_t)(r1 - r0) * sizeof *keys);
+    if (!keys) {
+        ds_cu_fail(cb, "attention", "out of memory for %lld rows' key limits", (long long)(r1 - r0));
+        return;
+    }
+    for (int64_t i = r0; i < r1; i++) keys[i - r0] = key_limit(p, i);
+    ds_attn_params pb = *p;
+    pb.pages = NULL;
+    pb.q_pos = p->q_pos + r0;
+    const ds_cu_pages pgb = {tab, p->pages->page_rows, p->pages->row_table + r0};
+    const bool blocks =
+        ds_cu_attention_blocks(cb, ds_rows(out, r0, r1 - r0), ds_rows(q, r0, r1 - r0), k, v, &pb, &pgb, keys);
+    free(keys);
+    if (blocks) return;
     for (int64_t a = r0; a < r1 && !cb->err;) {
         int64_t b = a + 1;
         int n_keys = key_limit(p, a);
@@ -193,24 +212,37 @@ void ds_cu_attention_paged(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_t
         }
     const int32_t *tab = n > 0 ? table_on_device(cb, pg->table, n) : NULL;
     if (n > 0 && !tab) return;
-    int64_t c0 = 0; /* rows [c0, a) wait for the chunk kernel */
+    /* Runs of DS_CU_PREFILL_ROWS rows or more on the tiled kernel, all in one launch; the rows between them on
+     * the chunk kernel. */
+    ds_cu_prefill_run *runs = NULL;
+    int n_runs = 0, cap = 0;
     for (int64_t a = 0; a < M && !cb->err;) {
         int64_t b = a + 1;
         while (b < M && same_run(p, a, b) && p->q_pos[b] == p->q_pos[a] + (b - a)) b++;
-        if (b - a >= DS_CU_PREFILL_ROWS) { /* (cfg.invariant: the prefill kernel refuses) */
-            ds_attn_params pr_ = *p;
-            pr_.pages = NULL;
-            pr_.q_pos = p->q_pos + a;
-            pr_.n_keys = key_limit(p, a);
-            const ds_cu_pages run = {tab, pr, pg->row_table + a};
-            if (ds_cu_attention_prefill_pages(cb, ds_rows(out, a, b - a), ds_rows(q, a, b - a), k, v, &pr_, &run)) {
-                chunk_rows(cb, out, q, k, v, p, tab, c0, a);
-                c0 = b;
+        if (b - a >= DS_CU_PREFILL_ROWS && b - a <= INT32_MAX) {
+            if (n_runs == cap) {
+                cap = cap ? 2 * cap : 16;
+                ds_cu_prefill_run *g = (ds_cu_prefill_run *)realloc(runs, (size_t)cap * sizeof *g);
+                if (!g) {
+                    free(runs);
+                    ds_cu_fail(cb, op, "out of memory for %d prefill runs", cap);
+                    return;
+                }
+                runs = g;
             }
+            runs[n_runs++] = (ds_cu_prefill_run){a, (int)(b - a), p->q_pos[a], key_limit(p, a), pg->row_table[a]};
         }
         a = b;
     }
-    chunk_rows(cb, out, q, k, v, p, tab, c0, M);
+    /* (cfg.invariant: the tiled kernel refuses, and every row takes the chunk kernel) */
+    if (n_runs == 0 || !ds_cu_attention_prefill_runs(cb, out, q, k, v, p, runs, n_runs, tab, pr)) n_runs = 0;
+    int64_t c0 = 0; /* rows [c0, next run) wait for the chunk kernel */
+    for (int r = 0; r < n_runs && !cb->err; r++) {
+        chunk_rows(cb, out, q, k, v, p, tab, c0, runs[r].row0);
+        c0 = runs[r].row0 + runs[r].rows;
+    }
+    free(runs);
+    if (!cb->err) chunk_rows(cb, out, q, k, v, p, tab, c0, M);
 }
 
 /* ---- the paged K/V store ------------------------------------------------ */

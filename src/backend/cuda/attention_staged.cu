@@ -20,14 +20,6 @@
 
 #define ST_KEYS 64 /* keys a stage holds */
 
-/* A stage's key (value) row: D elements of kb bytes, padded so that the
- * groups of lanes one shared-memory access serves (128 bytes a phase, 4 L kb
- * bytes a group) fall in different banks. */
-static int st_row_bytes(int D, int kb, int L) {
-    const int want = 4 * L * kb % 128, raw = D * kb;
-    return raw + ((want - raw) % 128 + 128) % 128;
-}
-
 template <int L, int NPL, int R, int KB>
 __global__ void __launch_bounds__(ATT_THREADS, 2)
     attn_staged_kernel(att_geo g, pos_arg pa, page_arg<true> pg, int krb, int vrb) {
@@ -151,7 +143,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
 template <int L, int NPL, int R, int KB>
 static bool st_launch(ds_cuda_backend *cb, dim3 grid, const att_geo &g, const pos_arg &pa, const page_arg<true> &pg) {
     constexpr int G = ATT_THREADS / L;
-    const int krb = st_row_bytes(g.D, KB, L), vrb = st_row_bytes(g.Dv, KB, L);
+    const int krb = att_stage_row_bytes(g.D, KB, L), vrb = att_stage_row_bytes(g.Dv, KB, L);
     const size_t stages = (size_t)2 * ST_KEYS * (krb + vrb), merge = (size_t)R * G * g.Dv * sizeof(float);
     const size_t smem = stages > merge ? stages : merge;
     auto kernel = attn_staged_kernel<L, NPL, R, KB>;

@@ -469,6 +469,13 @@ typedef struct {
     int page_rows;
     const int32_t *base; /* host, one per row handed to the launch: where its sequence's list starts in tab */
 } ds_cu_pages;
+/* A paged call's rows (p's positions, pages' list starts, keys[i] row i's
+ * key limit) in groups of one sequence's rows, however many sequences and
+ * key limits (attention_blocks.cu: a verify's or a drafter block's rows
+ * share their keys' copy): false where it does not apply (fp32 caches,
+ * heads past 128, a window, rows mostly one a sequence), nothing launched. */
+bool ds_cu_attention_blocks(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                            const ds_attn_params *p, const ds_cu_pages *pages, const int32_t *keys);
 /* ds_cu_attention for p->pages: rows grouped into runs of one sequence at
  * consecutive positions; runs of DS_CU_PREFILL_ROWS rows or more on the
  * tiled kernel, the rest on the chunk kernel, as contiguous calls of those
@@ -479,10 +486,20 @@ void ds_cu_attention_paged(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_t
  * p->n_keys; p->pages ignored), their keys through pg (NULL: contiguous). */
 void ds_cu_attention_rows(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
                           const ds_attn_params *p, const ds_cu_pages *pg);
-/* ds_cu_attention_prefill with the keys through pg (every row of the call
- * one sequence's: pg->base[0]), or contiguous (pg NULL). */
-bool ds_cu_attention_prefill_pages(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
-                                   const ds_attn_params *p, const ds_cu_pages *pg);
+/* A paged call's run of one sequence's rows for the tiled kernel: rows
+ * [row0, row0 + rows) of q / out (DS_CU_PREFILL_ROWS or more) at positions
+ * pos0 .., keys below n_keys, its page list at base in the table. */
+typedef struct {
+    int64_t row0;
+    int rows, pos0, n_keys, base;
+} ds_cu_prefill_run;
+/* The runs on the tiled kernel, many sequences' in one launch (keys through
+ * tab, page_rows a page); false (nothing launched) where it does not take
+ * this call's rows (cfg.invariant, head size, cache dtype): the decode
+ * kernel does. */
+bool ds_cu_attention_prefill_runs(ds_cuda_backend *cb, ds_tensor out, ds_tensor q, ds_tensor k, ds_tensor v,
+                                  const ds_attn_params *p, const ds_cu_prefill_run *runs, int n, const int32_t *tab,
+                                  int page_rows);
 /* qk_norm_rope_attention on paged caches: the q/k norms and RoPE (the
  * qk_norm_rope op), the step's K/V rows stored through the pages in one
  * launch, then paged attention; the bits of ds_qk_norm_rope_then_attention. */

@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# The second call after check-batched-attention.sh, on the still-warm machine (its build and /tmp/synth-qwen3-8b
+# The second call after gpu_batch_check.sh, on the still-warm machine (its build and /tmp/synth-qwen3-8b
 # kept): ncu on the grouped attention kernel and on the batched Markov walk's step kernel at 256 in flight.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-if ! grep -q ds_cu_attention_prefill_runs src/backend/cuda/cuda_internal.h; then # (a kept untracked file would block the apply)
-  rm -f src/backend/cuda/attention_blocks.cu; git apply dev/pending/s40-batched-attention.patch || exit 1
-fi
+cd "$(dirname "$0")/.."
 source bench/device_lib.sh
 ds_build dspark_cli || exit 1
 M=$M8; ds_synth_8b; t "ready"

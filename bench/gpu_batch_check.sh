@@ -1,33 +1,23 @@
 #!/usr/bin/env bash
-# One device call that checks dev/pending/s40-batched-attention.patch (applied here if the tree lacks it): the
-# attention tests (paged == contiguous bit for bit), the batched engine's invariance (DS_CUDA_INVARIANT=1
-# test_batch), per-op profiles at 256 in flight (AR, fixed; compare attention (wide) with session 40's 651 /
-# 1,196 us a call), the 8B table with the decode-shaped step-cost probe. ~9 min on a fresh H100 (the most needed first: the tests, the A/B, the table).
-#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]):
-#     bash dev/pending/check-batched-attention.sh
+# One device call on the batched engine (issue 39): the GPU tests it rests on (attention paged == contiguous bit
+# for bit, the Markov walks, the matmuls' row invariance, DS_CUDA_INVARIANT=1 test_batch), then at the Qwen3-8B
+# shape the T=1 table at 1 / 8 / 64 / 256 with --trace (Algorithm 1's drafted steps, predicted vs measured), each
+# level's speculation ceiling and decode TFLOP/s, per-op profiles at 256 (AR, fixed) and at 8 (fixed, T=1), and
+# the single-request engine's round (concurrency 1's reference). ~9 min on a fresh H100; QUICK=1: the tests only.
+#   run (carry [".devdata/root.tar.xz", ".devdata/tls.tar.xz", ".devdata/devenv.sh"]): bash bench/gpu_batch_check.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-if ! grep -q ds_cu_attention_prefill_runs src/backend/cuda/cuda_internal.h; then # (a kept untracked file would block the apply)
-  rm -f src/backend/cuda/attention_blocks.cu; git apply dev/pending/s40-batched-attention.patch || exit 1
-fi
+cd "$(dirname "$0")/.."
 source bench/device_lib.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
-# QUICK=1 (a short device budget): the tests and the GEMM A/B only
-if [ -n "${QUICK:-}" ]; then ds_build test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1
-else ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov bench_cuda_ops || exit 1; fi
+# QUICK=1 (a short device budget): the tests only
+if [ -n "${QUICK:-}" ]; then ds_build test_cuda_attention test_batch test_cuda_matmul test_cuda_markov || exit 1
+else ds_build dspark_cli test_cuda_attention test_batch test_cuda_matmul test_cuda_markov || exit 1; fi
 t built
 timeout 100 $B/tests/test_cuda_attention >$OUT/att.log 2>&1; t "test_cuda_attention rc=$?"; grep -E "passed|FAIL|fail" $OUT/att.log | tail -6
 timeout 60 $B/tests/test_cuda_markov >$OUT/markov.log 2>&1; t "test_cuda_markov rc=$?"; grep -E "passed|FAIL|fail" $OUT/markov.log | tail -3
 timeout 60 $B/tests/test_cuda_matmul >$OUT/mm.log 2>&1; t "test_cuda_matmul rc=$?"; grep -E "passed|FAIL|fail" $OUT/mm.log | tail -3
 DS_BACKEND=cuda DS_CUDA_INVARIANT=1 timeout 100 $B/tests/test_batch >$OUT/batch.log 2>&1; t "test_batch inv rc=$?"; grep -E "differ|FAIL|passed" $OUT/batch.log | tail -4
-# 6ae69e4 (the invariant wide GEMM's copy addresses once a thread) against the kernel before it, same machine
-ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_new.txt 2>&1
-cp src/backend/cuda/matmul_invariant.cu /tmp/inv_new.cu && cp dev/pending/matmul_invariant_before_6ae69e4.cu src/backend/cuda/matmul_invariant.cu
-ds_build bench_cuda_ops && timeout 60 ./$B/bench/bench_cuda_ops --batched --inv 1 --rows 64,256 > $OUT/inv_old.txt 2>&1
-cp /tmp/inv_new.cu src/backend/cuda/matmul_invariant.cu
-t "invariant GEMM A/B (new, then before 6ae69e4)"; grep -v "^#" $OUT/inv_new.txt | head -12; echo "-- before:"; grep -v "^#" $OUT/inv_old.txt | head -12
 [ -n "${QUICK:-}" ] && exit 0
-ds_build dspark_cli || exit 1
 M=$M8; ds_synth_8b; t "synth rc=$?"
 timeout 200 ./$B/dspark bench --concurrency 1,8,64,256 --backend cuda -m $M -d $M-dspark --temp 1 --sim-acceptance bench/profiles/mtbench-t1.json \
   --prompt-len 128 --decode 64 --sps-cache $OUT/sps.json --trace $OUT/trace.jsonl --json > $OUT/j1.json 2>$OUT/j1.err
